@@ -1,0 +1,122 @@
+//! Moving Braid's datagrams, and nothing else: this crate holds no protocol logic.
+//!
+//! A [`Datapath`] sends batches of datagrams, each on a chosen *path* (a UDP source port, so
+//! switches hashing the 5-tuple route each path differently), and receives batches. The
+//! backends are [`udp`] (plain sockets, the default that needs no privileges) and [`sim`] (a
+//! deterministic, seeded network for tests, which is driven directly rather than through the
+//! trait because it runs on virtual time).
+#![warn(missing_docs, unreachable_pub)]
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+pub mod sim;
+pub mod udp;
+
+/// The largest datagram any backend carries (UDP payload bytes).
+pub const MAX_DATAGRAM: usize = 65_507;
+
+/// ECN codepoint of an IP packet (the low two bits of the TOS byte).
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Ecn {
+    /// Not ECN-capable transport.
+    #[default]
+    NotEct = 0b00,
+    /// ECN-capable, codepoint 1.
+    Ect1 = 0b01,
+    /// ECN-capable, codepoint 0.
+    Ect0 = 0b10,
+    /// Congestion experienced.
+    Ce = 0b11,
+}
+
+impl Ecn {
+    /// The codepoint in the low two bits of `tos`.
+    pub fn from_tos(tos: u8) -> Ecn {
+        match tos & 0b11 {
+            0b01 => Ecn::Ect1,
+            0b10 => Ecn::Ect0,
+            0b11 => Ecn::Ce,
+            _ => Ecn::NotEct,
+        }
+    }
+}
+
+/// One datagram to send.
+#[derive(Debug, Clone, Copy)]
+pub struct Transmit<'a> {
+    /// Destination address (the peer device's address).
+    pub dest: SocketAddr,
+    /// Path index, `0..paths()`: selects the local source port.
+    pub path: u16,
+    /// ECN codepoint to set on the IP header, where the backend can.
+    pub ecn: Ecn,
+    /// The UDP payload.
+    pub contents: &'a [u8],
+}
+
+/// What arrived with one received datagram.
+#[derive(Debug, Clone, Copy)]
+pub struct RecvMeta {
+    /// Source address (peer IP and the source port of the path it used).
+    pub src: SocketAddr,
+    /// Payload length in bytes.
+    pub len: usize,
+    /// ECN codepoint read from the IP header (`NotEct` where the backend cannot see it).
+    pub ecn: Ecn,
+}
+
+/// Buffers for one batched receive, owned by the caller and reused across calls.
+#[derive(Debug)]
+pub struct RecvBatch {
+    /// One buffer per datagram slot, each `buf_size` bytes long.
+    pub bufs: Vec<Box<[u8]>>,
+    /// Metadata of the datagrams received by the last call, one per filled slot.
+    pub metas: Vec<RecvMeta>,
+}
+
+impl RecvBatch {
+    /// Room for `count` datagrams of up to `buf_size` bytes each.
+    pub fn new(count: usize, buf_size: usize) -> Self {
+        RecvBatch {
+            bufs: (0..count)
+                .map(|_| vec![0u8; buf_size].into_boxed_slice())
+                .collect(),
+            metas: Vec::with_capacity(count),
+        }
+    }
+
+    /// The datagrams received by the last call: metadata and payload.
+    pub fn iter(&self) -> impl Iterator<Item = (&RecvMeta, &[u8])> {
+        self.metas
+            .iter()
+            .zip(self.bufs.iter())
+            .map(|(m, b)| (m, &b[..m.len]))
+    }
+}
+
+/// A backend that moves datagrams between devices.
+///
+/// `send` may be called from several threads at once; `recv` is called by one progress
+/// thread. `wake` interrupts a `recv` that is waiting, from any thread.
+pub trait Datapath: Send + Sync + core::fmt::Debug {
+    /// Short name for logs and reports: `"udp"`, ...
+    fn kind(&self) -> &'static str;
+    /// The address peers send to.
+    fn local_addr(&self) -> SocketAddr;
+    /// Number of paths (distinct source ports) this datapath sends on.
+    fn paths(&self) -> u16;
+    /// Largest UDP payload this datapath sends without fragmenting.
+    fn max_payload(&self) -> usize;
+    /// Sends as many of `batch` as it can without blocking for long; returns how many were
+    /// handed to the kernel (the rest should be retried or treated as lost).
+    fn send(&self, batch: &[Transmit<'_>]) -> io::Result<usize>;
+    /// Waits up to `timeout` (forever if `None`) for datagrams, then fills `batch` with as
+    /// many as are ready without waiting again. Returns the number received (0 on timeout or
+    /// wake-up).
+    fn recv(&self, batch: &mut RecvBatch, timeout: Option<Duration>) -> io::Result<usize>;
+    /// Makes a waiting or the next `recv` return promptly.
+    fn wake(&self);
+}

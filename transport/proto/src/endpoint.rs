@@ -1,0 +1,1496 @@
+//! The protocol engine: one [`Endpoint`] per device, holding protection domains, memory
+//! regions, completion queues and queue pairs.
+//!
+//! # Driving an endpoint
+//!
+//! The endpoint performs no I/O and reads no clock. Its caller (the runtime, or a simulator)
+//! drives it with four families of methods, as quinn-proto's `Connection`:
+//!
+//! 1. Getters (`&self`): [`Endpoint::qp_info`], [`Endpoint::stats`], ...
+//! 2. Inputs: [`Endpoint::handle_datagram`] for every received datagram and
+//!    [`Endpoint::handle_timeout`] whenever the deadline from `poll_timeout` has passed.
+//! 3. Commands that only enqueue: [`Endpoint::post_send`], [`Endpoint::post_recv`], and the
+//!    resource calls.
+//! 4. Outputs, polled after every input or command, in this order until each returns `None`:
+//!    [`Endpoint::poll_transmit`] (datagrams to send), [`Endpoint::poll_completion`]
+//!    (completions for the application), then [`Endpoint::poll_timeout`] (when to call
+//!    `handle_timeout` next).
+//!
+//! Skipping `poll_transmit` stalls the connection; skipping `poll_timeout` loses
+//! retransmissions.
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use braid_cc::Controller;
+use braid_time::Timestamp;
+use rand_chacha::ChaCha8Rng;
+use rand_core::{RngCore, SeedableRng};
+
+use crate::mem::{Access, Region};
+use crate::tracker::{Class, RecvTracker};
+use crate::types::*;
+use crate::wire::{self, Body, Header, Op, Syndrome};
+
+/// Most NAKs queued per QP; more are dropped (the sender's retransmission asks again).
+const MAX_PENDING_NAKS: usize = 64;
+/// Most READ/atomic responses one QP queues for its peer; more requests get an RNR NAK.
+const MAX_RESPONSE_JOBS: usize = 1024;
+/// Lower bound of the reordering window used by time-based loss detection, ns.
+const REO_WND_MIN_NS: u64 = 20_000;
+/// Largest RTO backoff exponent.
+const MAX_BACKOFF_SHIFT: u32 = 10;
+
+/// ECN codepoint for ECN-capable transport, codepoint 0.
+pub const ECN_ECT0: u8 = 0b10;
+/// ECN codepoint for congestion experienced.
+pub const ECN_CE: u8 = 0b11;
+
+/// A datagram the endpoint wrote into the caller's buffer, to be sent.
+#[must_use]
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Transmit {
+    /// Destination device address.
+    pub dest: SocketAddr,
+    /// Path (source port index) to send it on.
+    pub path: u16,
+    /// ECN codepoint to set in the IP header.
+    pub ecn: u8,
+    /// Bytes written at the start of the buffer.
+    pub len: usize,
+}
+
+/// Counters and state of one QP.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QpStats {
+    /// Current state.
+    pub state: QpState,
+    /// Smoothed RTT, ns (0 before any sample).
+    pub srtt_ns: u64,
+    /// Minimum RTT seen, ns (0 before any sample).
+    pub min_rtt_ns: u64,
+    /// Current retransmit timeout, ns.
+    pub rto_ns: u64,
+    /// Congestion window, bytes.
+    pub cwnd_bytes: u64,
+    /// Bytes in flight.
+    pub in_flight_bytes: u64,
+    /// Data packets sent (first transmissions).
+    pub packets_sent: u64,
+    /// Data packets retransmitted.
+    pub retransmits: u64,
+    /// Send work requests posted and not yet completed.
+    pub outstanding_sends: usize,
+    /// Receive work requests posted and not yet completed.
+    pub outstanding_recvs: usize,
+}
+
+struct Mr {
+    region: Arc<Region>,
+    pd: u32,
+    access: Access,
+    rkey: u32,
+}
+
+/// Everything outside the QPs, borrowed by QP methods alongside the QP itself.
+struct Shared {
+    cfg: EndpointConfig,
+    rng: ChaCha8Rng,
+    mrs: HashMap<u32, Mr>,
+    rkeys: HashMap<u32, u32>,
+    completions: VecDeque<(CqId, Completion)>,
+    stats: EndpointStats,
+    paths: Vec<PathStats>,
+    req_chunk: u32,
+    resp_chunk: u32,
+}
+
+impl Shared {
+    fn complete(&mut self, cq: u32, c: Completion) {
+        self.completions.push_back((CqId(cq), c));
+    }
+
+    /// Finds the region behind `rkey` for a remote access, checking PD, rights and bounds.
+    fn remote_region(
+        &self,
+        pd: u32,
+        rkey: u32,
+        need: Access,
+        offset: u64,
+        len: u64,
+    ) -> Result<Arc<Region>, Syndrome> {
+        let mr = self.rkeys.get(&rkey).and_then(|l| self.mrs.get(l)).ok_or(Syndrome::RemoteAccess)?;
+        if mr.pd != pd || !mr.access.contains(need) {
+            return Err(Syndrome::RemoteAccess);
+        }
+        mr.region.check(offset, len).map_err(|_| Syndrome::RemoteAccess)?;
+        Ok(mr.region.clone())
+    }
+
+    fn random_nonzero(&mut self) -> u32 {
+        loop {
+            let v = self.rng.next_u32();
+            if v != 0 {
+                return v;
+            }
+        }
+    }
+
+    fn other_path(&mut self, old: u8) -> u8 {
+        let n = u32::from(self.cfg.paths);
+        if n <= 1 {
+            return 0;
+        }
+        let step = 1 + self.rng.next_u32() % (n - 1);
+        ((u32::from(old) + step) % n) as u8
+    }
+}
+
+/// A local buffer resolved at post time.
+#[derive(Clone, Debug)]
+struct Seg {
+    region: Arc<Region>,
+    offset: u64,
+    len: u32,
+}
+
+/// Copies message bytes `[off, off + out.len())` out of a gather list.
+fn gather(segs: &[Seg], mut off: u64, out: &mut [u8]) {
+    let mut done = 0;
+    for s in segs {
+        if done == out.len() {
+            break;
+        }
+        let len = u64::from(s.len);
+        if off >= len {
+            off -= len;
+            continue;
+        }
+        let n = ((len - off) as usize).min(out.len() - done);
+        // Bounds were checked when the work request was posted.
+        let _ = s.region.read(s.offset + off, &mut out[done..done + n]);
+        done += n;
+        off = 0;
+    }
+}
+
+/// Copies `data` into a scatter list at message offset `off`. False if it does not fit.
+fn scatter(segs: &[Seg], mut off: u64, data: &[u8]) -> bool {
+    let total: u64 = segs.iter().map(|s| u64::from(s.len)).sum();
+    if off + data.len() as u64 > total {
+        return false;
+    }
+    let mut done = 0;
+    for s in segs {
+        if done == data.len() {
+            break;
+        }
+        let len = u64::from(s.len);
+        if off >= len {
+            off -= len;
+            continue;
+        }
+        let n = ((len - off) as usize).min(data.len() - done);
+        if s.region.write(s.offset + off, &data[done..done + n]).is_err() {
+            return false;
+        }
+        done += n;
+        off = 0;
+    }
+    true
+}
+
+#[derive(Debug)]
+struct SendWqe {
+    wr_id: u64,
+    op: Op,
+    segs: Vec<Seg>,
+    len: u32,
+    remote: RemoteAddr,
+    imm: u32,
+    operands: (u64, u64),
+    signaled: bool,
+    msn: u32,
+    ssn: u32,
+    next_offset: u32,
+    packetized: bool,
+    unacked_pkts: u32,
+    read_placed: u32,
+    got_resp: bool,
+    atomic_result: Option<u64>,
+    rnr_retries: u32,
+    rnr_until: Timestamp,
+    status: Option<WcStatus>,
+}
+
+impl SendWqe {
+    fn is_done(&self) -> bool {
+        match self.op {
+            Op::Read => self.got_resp && self.read_placed == self.len,
+            Op::FetchAdd | Op::CompareSwap => self.atomic_result.is_some(),
+            _ => self.packetized && self.unacked_pkts == 0,
+        }
+    }
+
+    fn awaits_response(&self) -> bool {
+        self.packetized && matches!(self.op, Op::Read | Op::FetchAdd | Op::CompareSwap) && !self.is_done()
+    }
+
+    fn opcode(&self) -> WcOpcode {
+        match self.op {
+            Op::Send | Op::SendImm => WcOpcode::Send,
+            Op::Write | Op::WriteImm => WcOpcode::Write,
+            Op::Read => WcOpcode::Read,
+            Op::FetchAdd => WcOpcode::FetchAdd,
+            Op::CompareSwap => WcOpcode::CompareSwap,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct RecvWqe {
+    wr_id: u64,
+    segs: Vec<Seg>,
+    cap: u64,
+    /// Op and total length of the message matched to it, from its first packet.
+    msg: Option<(Op, u32)>,
+    placed: u64,
+    imm: Option<u32>,
+    done: bool,
+}
+
+#[derive(Debug)]
+enum SentWhat {
+    Req { msn: u32, offset: u32, len: u32 },
+    ReadResp { msn: u32, region: Arc<Region>, base: u64, offset: u32, len: u32, msg_len: u32 },
+    AtomicResp { msn: u32, original: u64 },
+}
+
+#[derive(Debug)]
+struct SentPkt {
+    psn: u32,
+    what: SentWhat,
+    send_ts: Timestamp,
+    path: u8,
+    wire_len: u32,
+    acked: bool,
+    /// Declared lost and not yet sent again (in `rtx` or `held`).
+    lost: bool,
+    hold_until: Timestamp,
+}
+
+#[derive(Debug)]
+enum RespJob {
+    Read { msn: u32, region: Arc<Region>, base: u64, msg_len: u32, next_offset: u32 },
+    Atomic { msn: u32, original: u64 },
+}
+
+#[derive(Debug, Default)]
+struct Rtt {
+    srtt_ns: u64,
+    rttvar_ns: u64,
+    min_ns: u64,
+    samples: u64,
+}
+
+impl Rtt {
+    fn sample(&mut self, rtt: u64) {
+        if self.samples == 0 {
+            self.srtt_ns = rtt;
+            self.rttvar_ns = rtt / 2;
+            self.min_ns = rtt;
+        } else {
+            let err = self.srtt_ns.abs_diff(rtt);
+            self.rttvar_ns = (3 * self.rttvar_ns + err) / 4;
+            self.srtt_ns = (7 * self.srtt_ns + rtt) / 8;
+            self.min_ns = self.min_ns.min(rtt);
+        }
+        self.samples += 1;
+    }
+}
+
+struct Qp {
+    qpn: u32,
+    pd: u32,
+    send_cq: u32,
+    recv_cq: u32,
+    state: QpState,
+    peer: Option<QpInfo>,
+    initial_psn: u32,
+    // Requester.
+    sq: VecDeque<SendWqe>,
+    sq_base_msn: u32,
+    next_msn: u32,
+    next_ssn: u32,
+    /// Index in `sq` of the first work request with packets still to emit.
+    pack_idx: usize,
+    // Responder output.
+    resp: VecDeque<RespJob>,
+    // Reliability of what this QP sends.
+    next_psn: u32,
+    snd_una: u32,
+    sent: VecDeque<SentPkt>,
+    rtx: VecDeque<u32>,
+    held: Vec<u32>,
+    in_flight_bytes: u64,
+    in_flight_pkts: u32,
+    rtt: Rtt,
+    rto_deadline: Option<Timestamp>,
+    backoff: u32,
+    consecutive_rto: u32,
+    rack_ts: Timestamp,
+    cc: Box<dyn Controller>,
+    path_cursor: u16,
+    peer_ce_seen: u32,
+    last_echo: (u32, u64),
+    packets_sent: u64,
+    retransmits: u64,
+    // Receiving the peer's packets.
+    rx: RecvTracker,
+    ack_pending: bool,
+    echo: Option<(u32, u64, Timestamp)>,
+    ce_count: u32,
+    naks: VecDeque<wire::Nak>,
+    rq: VecDeque<RecvWqe>,
+    rq_base_ssn: u32,
+}
+
+/// One device's protocol state. See the module documentation for the driving order.
+pub struct Endpoint {
+    local: SocketAddr,
+    sh: Shared,
+    qps: HashMap<u32, Qp>,
+    /// QP numbers in creation order, for round-robin transmission.
+    order: Vec<u32>,
+    cursor: usize,
+    pds: HashMap<u32, u32>,
+    cqs: Vec<u32>,
+    next_id: u32,
+}
+
+impl core::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Endpoint").field("local", &self.local).field("qps", &self.qps.len()).finish()
+    }
+}
+
+impl Endpoint {
+    /// A new endpoint for a device reachable at `local`.
+    ///
+    /// `cfg.paths` is clamped to `1..=MAX_PATHS` and the queue depths to their maxima.
+    pub fn new(mut cfg: EndpointConfig, local: SocketAddr) -> Endpoint {
+        cfg.paths = cfg.paths.clamp(1, MAX_PATHS);
+        cfg.max_send_wr = cfg.max_send_wr.clamp(1, MAX_SEND_WR);
+        cfg.max_recv_wr = cfg.max_recv_wr.clamp(1, MAX_RECV_WR);
+        let min_dgram = wire::HEADER_LEN + wire::MAX_BODY_LEN + wire::TRAILER_LEN + 64;
+        cfg.max_datagram = cfg.max_datagram.clamp(min_dgram, 65_507);
+        let overhead = |body: usize| (cfg.max_datagram - wire::HEADER_LEN - body - wire::TRAILER_LEN) as u32;
+        let sh = Shared {
+            rng: ChaCha8Rng::seed_from_u64(cfg.seed),
+            req_chunk: overhead(wire::REQUEST_LEN),
+            resp_chunk: overhead(wire::READ_RESP_LEN),
+            paths: vec![PathStats::default(); usize::from(cfg.paths)],
+            cfg,
+            mrs: HashMap::new(),
+            rkeys: HashMap::new(),
+            completions: VecDeque::new(),
+            stats: EndpointStats::default(),
+        };
+        Endpoint { local, sh, qps: HashMap::new(), order: Vec::new(), cursor: 0, pds: HashMap::new(), cqs: Vec::new(), next_id: 1 }
+    }
+
+    /// The device address this endpoint was created for.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// The configuration in force (after clamping).
+    pub fn config(&self) -> &EndpointConfig {
+        &self.sh.cfg
+    }
+
+    /// Endpoint-wide counters.
+    pub fn stats(&self) -> &EndpointStats {
+        &self.sh.stats
+    }
+
+    /// Per-path counters, one entry per path.
+    pub fn path_stats(&self) -> &[PathStats] {
+        &self.sh.paths
+    }
+
+    /// Payload bytes carried by one full request packet.
+    pub fn chunk_size(&self) -> u32 {
+        self.sh.req_chunk
+    }
+
+    fn new_id(&mut self) -> u32 {
+        let id = self.next_id;
+        self.next_id += 1;
+        id
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&mut self) -> PdId {
+        let id = self.new_id();
+        self.pds.insert(id, 0);
+        PdId(id)
+    }
+
+    /// Frees a protection domain that no region or QP uses any more.
+    pub fn dealloc_pd(&mut self, pd: PdId) -> Result<(), ResourceError> {
+        match self.pds.get(&pd.0) {
+            None => Err(ResourceError::UnknownPd),
+            Some(&n) if n > 0 => Err(ResourceError::Busy),
+            Some(_) => {
+                self.pds.remove(&pd.0);
+                Ok(())
+            }
+        }
+    }
+
+    /// Creates a completion queue.
+    pub fn create_cq(&mut self) -> CqId {
+        let id = self.new_id();
+        self.cqs.push(id);
+        CqId(id)
+    }
+
+    /// Registers `region` in `pd` with `access` rights; returns fresh random keys.
+    pub fn register(&mut self, pd: PdId, region: Arc<Region>, access: Access) -> Result<MrKeys, ResourceError> {
+        let users = self.pds.get_mut(&pd.0).ok_or(ResourceError::UnknownPd)?;
+        *users += 1;
+        let lkey = loop {
+            let k = self.sh.random_nonzero();
+            if !self.sh.mrs.contains_key(&k) {
+                break k;
+            }
+        };
+        let rkey = loop {
+            let k = self.sh.random_nonzero();
+            if !self.sh.rkeys.contains_key(&k) {
+                break k;
+            }
+        };
+        self.sh.mrs.insert(lkey, Mr { region, pd: pd.0, access, rkey });
+        self.sh.rkeys.insert(rkey, lkey);
+        Ok(MrKeys { lkey, rkey })
+    }
+
+    /// Deregisters the region with local key `lkey`. Peers lose access at once; work requests
+    /// already posted keep their buffers alive until they complete.
+    pub fn deregister(&mut self, lkey: u32) -> Result<(), ResourceError> {
+        let mr = self.sh.mrs.remove(&lkey).ok_or(ResourceError::UnknownMr)?;
+        self.sh.rkeys.remove(&mr.rkey);
+        if let Some(n) = self.pds.get_mut(&mr.pd) {
+            *n = n.saturating_sub(1);
+        }
+        Ok(())
+    }
+
+    /// Creates a QP in `pd` reporting to `send_cq` and `recv_cq`. It starts in `Init`.
+    pub fn create_qp(&mut self, pd: PdId, send_cq: CqId, recv_cq: CqId) -> Result<QpInfo, ResourceError> {
+        if !self.pds.contains_key(&pd.0) {
+            return Err(ResourceError::UnknownPd);
+        }
+        if !self.cqs.contains(&send_cq.0) || !self.cqs.contains(&recv_cq.0) {
+            return Err(ResourceError::UnknownCq);
+        }
+        if self.qps.len() >= MAX_QPS {
+            return Err(ResourceError::Limit);
+        }
+        let qpn = loop {
+            let q = self.sh.random_nonzero() & 0x00ff_ffff;
+            if q != 0 && !self.qps.contains_key(&q) {
+                break q;
+            }
+        };
+        let psn = self.sh.rng.next_u32();
+        let cc = self.sh.cfg.cc.build(self.sh.cfg.max_datagram as u32);
+        let qp = Qp {
+            qpn,
+            pd: pd.0,
+            send_cq: send_cq.0,
+            recv_cq: recv_cq.0,
+            state: QpState::Init,
+            peer: None,
+            initial_psn: psn,
+            sq: VecDeque::new(),
+            sq_base_msn: 0,
+            next_msn: 0,
+            next_ssn: 0,
+            pack_idx: 0,
+            resp: VecDeque::new(),
+            next_psn: psn,
+            snd_una: psn,
+            sent: VecDeque::new(),
+            rtx: VecDeque::new(),
+            held: Vec::new(),
+            in_flight_bytes: 0,
+            in_flight_pkts: 0,
+            rtt: Rtt::default(),
+            rto_deadline: None,
+            backoff: 0,
+            consecutive_rto: 0,
+            rack_ts: Timestamp::ZERO,
+            cc,
+            path_cursor: (self.sh.rng.next_u32() % u32::from(self.sh.cfg.paths)) as u16,
+            peer_ce_seen: 0,
+            last_echo: (0, 0),
+            packets_sent: 0,
+            retransmits: 0,
+            rx: RecvTracker::new(0),
+            ack_pending: false,
+            echo: None,
+            ce_count: 0,
+            naks: VecDeque::new(),
+            rq: VecDeque::new(),
+            rq_base_ssn: 0,
+        };
+        self.qps.insert(qpn, qp);
+        self.order.push(qpn);
+        if let Some(n) = self.pds.get_mut(&pd.0) {
+            *n += 1;
+        }
+        Ok(QpInfo { addr: self.local, qpn, psn })
+    }
+
+    /// What a peer needs to connect to `qpn`.
+    pub fn qp_info(&self, qpn: u32) -> Option<QpInfo> {
+        self.qps.get(&qpn).map(|q| QpInfo { addr: self.local, qpn, psn: q.initial_psn })
+    }
+
+    /// Connects `qpn` (in `Init`) to the peer QP described by `peer`.
+    pub fn connect(&mut self, qpn: u32, peer: QpInfo) -> Result<(), ResourceError> {
+        let qp = self.qps.get_mut(&qpn).ok_or(ResourceError::UnknownQp)?;
+        if qp.state != QpState::Init {
+            return Err(ResourceError::BadState);
+        }
+        qp.peer = Some(peer);
+        qp.rx = RecvTracker::new(peer.psn);
+        qp.state = QpState::Connected;
+        Ok(())
+    }
+
+    /// Moves `qpn` to the error state: every outstanding work request completes as flushed.
+    pub fn set_error(&mut self, qpn: u32) -> Result<(), ResourceError> {
+        let qp = self.qps.get_mut(&qpn).ok_or(ResourceError::UnknownQp)?;
+        qp.enter_error(&mut self.sh);
+        Ok(())
+    }
+
+    /// Destroys `qpn` without generating completions.
+    pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), ResourceError> {
+        let qp = self.qps.remove(&qpn).ok_or(ResourceError::UnknownQp)?;
+        self.order.retain(|&q| q != qpn);
+        if let Some(n) = self.pds.get_mut(&qp.pd) {
+            *n = n.saturating_sub(1);
+        }
+        Ok(())
+    }
+
+    /// State and counters of `qpn`.
+    pub fn qp_stats(&self, qpn: u32) -> Option<QpStats> {
+        self.qps.get(&qpn).map(|q| QpStats {
+            state: q.state,
+            srtt_ns: q.rtt.srtt_ns,
+            min_rtt_ns: q.rtt.min_ns,
+            rto_ns: q.rto_ns(&self.sh.cfg),
+            cwnd_bytes: q.cc.window(),
+            in_flight_bytes: q.in_flight_bytes,
+            packets_sent: q.packets_sent,
+            retransmits: q.retransmits,
+            outstanding_sends: q.sq.len(),
+            outstanding_recvs: q.rq.len(),
+        })
+    }
+
+    fn resolve(&self, pd: u32, sges: &[Sge], need: Access) -> Result<(Vec<Seg>, u32), PostError> {
+        if sges.len() > MAX_SGE {
+            return Err(PostError::TooManySges);
+        }
+        let mut total: u64 = 0;
+        let mut segs = Vec::with_capacity(sges.len());
+        for s in sges {
+            let mr = self.sh.mrs.get(&s.lkey).ok_or(PostError::InvalidLkey)?;
+            if mr.pd != pd {
+                return Err(PostError::WrongPd);
+            }
+            if !mr.access.contains(need) {
+                return Err(PostError::NoLocalWrite);
+            }
+            mr.region.check(s.offset, u64::from(s.len)).map_err(|_| PostError::OutOfBounds)?;
+            total += u64::from(s.len);
+            segs.push(Seg { region: mr.region.clone(), offset: s.offset, len: s.len });
+        }
+        let total = u32::try_from(total).map_err(|_| PostError::TooManySges)?;
+        Ok((segs, total))
+    }
+
+    /// Queues a send work request on `qpn`. On a QP in the error state it is accepted and
+    /// completes at once as flushed.
+    pub fn post_send(&mut self, qpn: u32, wr: SendWr) -> Result<(), PostError> {
+        let (pd, state, depth) = {
+            let qp = self.qps.get(&qpn).ok_or(PostError::UnknownQp)?;
+            (qp.pd, qp.state, qp.sq.len())
+        };
+        if state == QpState::Init {
+            return Err(PostError::NotConnected);
+        }
+        if depth >= self.sh.cfg.max_send_wr {
+            return Err(PostError::QueueFull);
+        }
+        let (op, remote, imm, operands) = match wr.op {
+            SendOp::Send => (Op::Send, RemoteAddr { rkey: 0, offset: 0 }, 0, (0, 0)),
+            SendOp::SendImm(i) => (Op::SendImm, RemoteAddr { rkey: 0, offset: 0 }, i, (0, 0)),
+            SendOp::Write(r) => (Op::Write, r, 0, (0, 0)),
+            SendOp::WriteImm(r, i) => (Op::WriteImm, r, i, (0, 0)),
+            SendOp::Read(r) => (Op::Read, r, 0, (0, 0)),
+            SendOp::FetchAdd(r, add) => (Op::FetchAdd, r, 0, (add, 0)),
+            SendOp::CompareSwap { remote, compare, swap } => (Op::CompareSwap, remote, 0, (swap, compare)),
+        };
+        let need = if matches!(op, Op::Read | Op::FetchAdd | Op::CompareSwap) { Access::LOCAL_WRITE } else { Access::NONE };
+        let (segs, len) = self.resolve(pd, &wr.sges, need)?;
+        if op.is_atomic() && (segs.len() != 1 || len != 8 || remote.offset % 8 != 0) {
+            return Err(PostError::BadAtomic);
+        }
+        let qp = self.qps.get_mut(&qpn).ok_or(PostError::UnknownQp)?;
+        let msn = qp.next_msn;
+        qp.next_msn = msn.wrapping_add(1);
+        let ssn = if op.consumes_recv() {
+            let s = qp.next_ssn;
+            qp.next_ssn = s.wrapping_add(1);
+            s
+        } else {
+            0
+        };
+        let wqe = SendWqe {
+            wr_id: wr.wr_id,
+            op,
+            segs,
+            len: if op.is_atomic() { 8 } else { len },
+            remote,
+            imm,
+            operands,
+            signaled: wr.signaled,
+            msn,
+            ssn,
+            next_offset: 0,
+            packetized: false,
+            unacked_pkts: 0,
+            read_placed: 0,
+            got_resp: false,
+            atomic_result: None,
+            rnr_retries: 0,
+            rnr_until: Timestamp::ZERO,
+            status: None,
+        };
+        if state == QpState::Error {
+            qp.sq_base_msn = qp.next_msn;
+            let c = Completion { wr_id: wqe.wr_id, status: WcStatus::Flushed, opcode: wqe.opcode(), byte_len: 0, imm: None, qpn };
+            self.sh.complete(qp.send_cq, c);
+            return Ok(());
+        }
+        qp.sq.push_back(wqe);
+        Ok(())
+    }
+
+    /// Queues a receive work request on `qpn` (allowed from `Init` on). On a QP in the error
+    /// state it is accepted and completes at once as flushed.
+    pub fn post_recv(&mut self, qpn: u32, wr: RecvWr) -> Result<(), PostError> {
+        let (pd, state, depth) = {
+            let qp = self.qps.get(&qpn).ok_or(PostError::UnknownQp)?;
+            (qp.pd, qp.state, qp.rq.len())
+        };
+        if depth >= self.sh.cfg.max_recv_wr {
+            return Err(PostError::QueueFull);
+        }
+        let (segs, cap) = self.resolve(pd, &wr.sges, Access::LOCAL_WRITE)?;
+        let qp = self.qps.get_mut(&qpn).ok_or(PostError::UnknownQp)?;
+        if state == QpState::Error {
+            let c = Completion { wr_id: wr.wr_id, status: WcStatus::Flushed, opcode: WcOpcode::Recv, byte_len: 0, imm: None, qpn };
+            self.sh.complete(qp.recv_cq, c);
+            return Ok(());
+        }
+        qp.rq.push_back(RecvWqe { wr_id: wr.wr_id, segs, cap: u64::from(cap), msg: None, placed: 0, imm: None, done: false });
+        Ok(())
+    }
+
+    /// Processes one received datagram. Anything malformed, unexpected or hostile is counted
+    /// and dropped; nothing here panics or touches memory outside registered regions.
+    pub fn handle_datagram(&mut self, now: Timestamp, src: SocketAddr, ecn: u8, datagram: &[u8]) {
+        self.sh.stats.rx_datagrams += 1;
+        let pkt = match wire::Packet::parse(datagram) {
+            Ok(p) => p,
+            Err(wire::Error::BadCrc) => {
+                self.sh.stats.rx_bad_crc += 1;
+                return;
+            }
+            Err(_) => {
+                self.sh.stats.rx_malformed += 1;
+                return;
+            }
+        };
+        let Some(qp) = self.qps.get_mut(&pkt.header.dst_qpn) else {
+            self.sh.stats.rx_unknown_qp += 1;
+            return;
+        };
+        match qp.peer {
+            Some(p) if p.addr.ip() == src.ip() && p.qpn == pkt.header.src_qpn => {}
+            _ => {
+                self.sh.stats.rx_wrong_peer += 1;
+                return;
+            }
+        }
+        let h = pkt.header;
+        match pkt.body {
+            Body::Ack(a) => qp.on_ack(now, &a, &mut self.sh),
+            Body::Nak(n) => qp.on_nak(now, &n, &mut self.sh),
+            Body::Request(r) => qp.on_request(now, &h, &r, pkt.payload, ecn, &mut self.sh),
+            Body::ReadResponse(r) => qp.on_read_response(now, &h, &r, pkt.payload, ecn, &mut self.sh),
+            Body::AtomicResponse(r) => qp.on_atomic_response(now, &h, &r, ecn, &mut self.sh),
+        }
+    }
+
+    /// Runs the timers that are due at `now`: retransmit timeouts and RNR waits.
+    pub fn handle_timeout(&mut self, now: Timestamp) {
+        for qp in self.qps.values_mut() {
+            qp.on_timeout(now, &mut self.sh);
+        }
+    }
+
+    /// The next datagram to send, written at the start of `buf` (which must hold
+    /// `config().max_datagram` bytes). QPs take turns, one datagram each.
+    pub fn poll_transmit(&mut self, now: Timestamp, buf: &mut [u8]) -> Option<Transmit> {
+        let n = self.order.len();
+        for i in 0..n {
+            let idx = (self.cursor + i) % n;
+            let qpn = self.order[idx];
+            let Some(qp) = self.qps.get_mut(&qpn) else { continue };
+            if let Some(t) = qp.poll_transmit(now, buf, &mut self.sh) {
+                self.cursor = (idx + 1) % n;
+                self.sh.stats.tx_datagrams += 1;
+                return Some(t);
+            }
+        }
+        None
+    }
+
+    /// The next completion, with the completion queue it belongs to.
+    pub fn poll_completion(&mut self) -> Option<(CqId, Completion)> {
+        self.sh.completions.pop_front()
+    }
+
+    /// When `handle_timeout` must next be called, if any timer is armed.
+    pub fn poll_timeout(&self) -> Option<Timestamp> {
+        self.qps.values().filter_map(|q| q.next_deadline(&self.sh)).min()
+    }
+
+    /// Whether any QP has work in progress (unacknowledged packets, queued work or responses).
+    pub fn is_busy(&self) -> bool {
+        self.qps.values().any(|q| q.state == QpState::Connected && (!q.sq.is_empty() || !q.sent.is_empty() || !q.resp.is_empty()))
+    }
+}
+
+impl Qp {
+    fn rto_ns(&self, cfg: &EndpointConfig) -> u64 {
+        let base = if self.rtt.samples == 0 {
+            cfg.rto_initial_ns
+        } else {
+            self.rtt.srtt_ns + (4 * self.rtt.rttvar_ns).max(10_000)
+        };
+        let base = base.clamp(cfg.rto_min_ns, cfg.rto_max_ns);
+        (base << self.backoff.min(MAX_BACKOFF_SHIFT)).min(cfg.rto_max_ns)
+    }
+
+    fn next_deadline(&self, sh: &Shared) -> Option<Timestamp> {
+        if self.state != QpState::Connected {
+            return None;
+        }
+        let held = self
+            .held
+            .iter()
+            .filter_map(|&psn| self.sent_index(psn).map(|i| self.sent[i].hold_until))
+            .min();
+        let _ = sh;
+        match (self.rto_deadline, held) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn sent_index(&self, psn: u32) -> Option<usize> {
+        let i = psn.wrapping_sub(self.snd_una) as usize;
+        (i < self.sent.len()).then_some(i)
+    }
+
+    fn wqe_index(&self, msn: u32) -> Option<usize> {
+        let i = msn.wrapping_sub(self.sq_base_msn) as usize;
+        (i < self.sq.len()).then_some(i)
+    }
+
+    fn header(&self, kind: wire::Kind, psn: u32, path: u8, now: Timestamp, flags: u8) -> Option<Header> {
+        let peer = self.peer?;
+        Some(Header { kind, path, flags, dst_qpn: peer.qpn, src_qpn: self.qpn, psn, send_ts_ns: now.as_nanos() })
+    }
+
+    fn next_path(&mut self, sh: &Shared) -> u8 {
+        let p = self.path_cursor;
+        self.path_cursor = (p + 1) % sh.cfg.paths;
+        p as u8
+    }
+
+    /// Emits the packet described by `what` with sequence number `psn`.
+    fn emit(&self, what: &SentWhat, psn: u32, path: u8, flags: u8, now: Timestamp, buf: &mut [u8]) -> Option<usize> {
+        match what {
+            SentWhat::Req { msn, offset, len } => {
+                let w = &self.sq[self.wqe_index(*msn)?];
+                let body = Body::Request(wire::Request {
+                    op: w.op,
+                    msn: w.msn,
+                    ssn: w.ssn,
+                    imm: w.imm,
+                    rkey: w.remote.rkey,
+                    msg_len: w.len,
+                    offset: *offset,
+                    remote_offset: w.remote.offset,
+                });
+                let h = self.header(wire::Kind::Request, psn, path, now, flags)?;
+                let (plen, ops) = if w.op.is_atomic() {
+                    (wire::ATOMIC_OPERANDS_LEN, Some(w.operands))
+                } else if w.op.carries_data() {
+                    (*len as usize, None)
+                } else {
+                    (0, None)
+                };
+                wire::emit(buf, &h, &body, plen, |p| match ops {
+                    Some((a, b)) => {
+                        p[..8].copy_from_slice(&a.to_be_bytes());
+                        p[8..16].copy_from_slice(&b.to_be_bytes());
+                    }
+                    None => gather(&w.segs, u64::from(*offset), p),
+                })
+                .ok()
+            }
+            SentWhat::ReadResp { msn, region, base, offset, len, msg_len } => {
+                let h = self.header(wire::Kind::ReadResponse, psn, path, now, flags)?;
+                let body = Body::ReadResponse(wire::ReadResponse { msn: *msn, offset: *offset, msg_len: *msg_len });
+                wire::emit(buf, &h, &body, *len as usize, |p| {
+                    // Bounds were checked when the READ was accepted.
+                    let _ = region.read(base + u64::from(*offset), p);
+                })
+                .ok()
+            }
+            SentWhat::AtomicResp { msn, original } => {
+                let h = self.header(wire::Kind::AtomicResponse, psn, path, now, flags)?;
+                let body = Body::AtomicResponse(wire::AtomicResponse { msn: *msn, original: *original });
+                wire::emit(buf, &h, &body, 0, |_| {}).ok()
+            }
+        }
+    }
+
+    fn poll_transmit(&mut self, now: Timestamp, buf: &mut [u8], sh: &mut Shared) -> Option<Transmit> {
+        let peer = self.peer?;
+        let out = |len: usize, path: u8, ecn: u8| Transmit { dest: peer.addr, path: u16::from(path), ecn, len };
+        if let Some(nak) = self.naks.pop_front() {
+            let h = self.header(wire::Kind::Nak, 0, self.path_cursor as u8, now, 0)?;
+            let len = wire::emit(buf, &h, &Body::Nak(nak), 0, |_| {}).ok()?;
+            sh.stats.naks_sent += 1;
+            return Some(out(len, h.path, 0));
+        }
+        if self.state != QpState::Connected {
+            return None;
+        }
+        if self.ack_pending {
+            self.ack_pending = false;
+            let (echo_psn, echo_ts, at) = self.echo.unwrap_or((0, 0, now));
+            let ack = wire::Ack {
+                cum_psn: self.rx.cum(),
+                echo_psn,
+                echo_ts_ns: echo_ts,
+                hold_ns: u32::try_from(now.nanos_since(at)).unwrap_or(u32::MAX),
+                ce_count: self.ce_count,
+                sack: self.rx.sack(),
+            };
+            let path = self.next_path(sh);
+            let h = self.header(wire::Kind::Ack, 0, path, now, 0)?;
+            let len = wire::emit(buf, &h, &Body::Ack(ack), 0, |_| {}).ok()?;
+            return Some(out(len, path, 0));
+        }
+        // Retransmissions first: they are not limited by the window.
+        while let Some(psn) = self.rtx.pop_front() {
+            let Some(i) = self.sent_index(psn) else { continue };
+            if self.sent[i].acked || !self.sent[i].lost {
+                continue;
+            }
+            if let SentWhat::Req { msn, .. } = self.sent[i].what
+                && self.wqe_index(msn).is_none()
+            {
+                // Its work request completed (a READ or atomic answered): nothing to resend.
+                self.sent[i].acked = true;
+                self.sent[i].lost = false;
+                continue;
+            }
+            let path = sh.other_path(self.sent[i].path);
+            let Some(len) = self.emit(&self.sent[i].what, psn, path, wire::FLAG_RETRANSMIT, now, buf) else {
+                continue;
+            };
+            let p = &mut self.sent[i];
+            p.lost = false;
+            p.send_ts = now;
+            p.path = path;
+            p.wire_len = len as u32;
+            self.in_flight_bytes += len as u64;
+            self.in_flight_pkts += 1;
+            self.retransmits += 1;
+            sh.stats.retransmits += 1;
+            let ps = &mut sh.paths[usize::from(path)];
+            ps.packets += 1;
+            ps.retransmits += 1;
+            self.cc.on_sent(now, len as u32, psn);
+            if self.rto_deadline.is_none() {
+                self.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));
+            }
+            return Some(out(len, path, ECN_ECT0));
+        }
+        // New packets, within the window and the SACK span.
+        let span = self.next_psn.wrapping_sub(self.snd_una);
+        if span >= wire::SACK_BITS {
+            return None;
+        }
+        if self.in_flight_bytes > 0 && self.in_flight_bytes + sh.cfg.max_datagram as u64 > self.cc.window() {
+            return None;
+        }
+        let what = self.next_new_packet(sh)?;
+        let psn = self.next_psn;
+        let path = self.next_path(sh);
+        let len = self.emit(&what, psn, path, 0, now, buf)?;
+        self.next_psn = psn.wrapping_add(1);
+        self.sent.push_back(SentPkt { psn, what, send_ts: now, path, wire_len: len as u32, acked: false, lost: false, hold_until: Timestamp::ZERO });
+        self.in_flight_bytes += len as u64;
+        self.in_flight_pkts += 1;
+        self.packets_sent += 1;
+        sh.paths[usize::from(path)].packets += 1;
+        self.cc.on_sent(now, len as u32, psn);
+        if self.rto_deadline.is_none() {
+            self.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));
+        }
+        Some(out(len, path, ECN_ECT0))
+    }
+
+    /// Takes the next packet's worth of new work: responses first, then requests.
+    fn next_new_packet(&mut self, sh: &Shared) -> Option<SentWhat> {
+        if let Some(job) = self.resp.front_mut() {
+            match job {
+                RespJob::Read { msn, region, base, msg_len, next_offset } => {
+                    let offset = *next_offset;
+                    let len = (*msg_len - offset).min(sh.resp_chunk);
+                    let what = SentWhat::ReadResp { msn: *msn, region: region.clone(), base: *base, offset, len, msg_len: *msg_len };
+                    *next_offset = offset + len;
+                    if *next_offset >= *msg_len {
+                        self.resp.pop_front();
+                    }
+                    return Some(what);
+                }
+                RespJob::Atomic { msn, original } => {
+                    let what = SentWhat::AtomicResp { msn: *msn, original: *original };
+                    self.resp.pop_front();
+                    return Some(what);
+                }
+            }
+        }
+        let w = self.sq.get_mut(self.pack_idx)?;
+        let offset = w.next_offset;
+        let len = if w.op.carries_data() { (w.len - offset).min(sh.req_chunk) } else { 0 };
+        w.next_offset = offset + len;
+        w.unacked_pkts += 1;
+        if w.next_offset >= w.len || !w.op.carries_data() {
+            w.packetized = true;
+            self.pack_idx += 1;
+        }
+        Some(SentWhat::Req { msn: w.msn, offset, len })
+    }
+
+    /// Records a newly accepted packet of the peer's for acknowledgement.
+    fn accepted(&mut self, now: Timestamp, h: &Header, ecn: u8) {
+        self.rx.accept(h.psn);
+        self.ack_pending = true;
+        self.echo = Some((h.psn, h.send_ts_ns, now));
+        if ecn == ECN_CE {
+            self.ce_count = self.ce_count.wrapping_add(1);
+        }
+        self.made_progress();
+    }
+
+    fn made_progress(&mut self) {
+        self.consecutive_rto = 0;
+        self.backoff = 0;
+    }
+
+    /// Classifies a sequenced packet from the peer; true if it is new and should be processed.
+    fn admit(&mut self, h: &Header, sh: &mut Shared) -> bool {
+        match self.rx.classify(h.psn) {
+            Class::New => true,
+            Class::Duplicate => {
+                sh.stats.rx_duplicates += 1;
+                self.ack_pending = true;
+                false
+            }
+            Class::OutOfWindow => {
+                sh.stats.rx_out_of_window += 1;
+                false
+            }
+        }
+    }
+
+    fn nak(&mut self, h: &Header, msn: u32, syndrome: Syndrome) {
+        if self.naks.len() < MAX_PENDING_NAKS {
+            self.naks.push_back(wire::Nak { psn: h.psn, msn, syndrome });
+        }
+    }
+
+    fn on_request(&mut self, now: Timestamp, h: &Header, r: &wire::Request, payload: &[u8], ecn: u8, sh: &mut Shared) {
+        if self.state == QpState::Error {
+            self.nak(h, r.msn, Syndrome::RemoteOperation);
+            return;
+        }
+        if !self.admit(h, sh) {
+            return;
+        }
+        match self.execute(r, payload, sh) {
+            Ok(()) => self.accepted(now, h, ecn),
+            Err(Some(syndrome)) => self.nak(h, r.msn, syndrome),
+            Err(None) => sh.stats.rx_bad_response += 1,
+        }
+        if self.state == QpState::Error {
+            // A local length error took the QP down while executing.
+            return;
+        }
+        self.complete_rq(sh);
+    }
+
+    /// Executes one request packet. `Err(Some)` refuses it with a NAK, `Err(None)` drops it
+    /// silently (an inconsistent peer).
+    fn execute(&mut self, r: &wire::Request, payload: &[u8], sh: &mut Shared) -> Result<(), Option<Syndrome>> {
+        let plen = payload.len() as u64;
+        let recv_idx = if r.op.consumes_recv() {
+            let i = r.ssn.wrapping_sub(self.rq_base_ssn) as usize;
+            if i >= 1 << 31 {
+                return Err(None); // a message that already completed
+            }
+            if i >= self.rq.len() {
+                return Err(Some(Syndrome::ReceiverNotReady));
+            }
+            let w = &self.rq[i];
+            if let Some((op, len)) = w.msg
+                && (op != r.op || len != r.msg_len)
+            {
+                return Err(None);
+            }
+            Some(i)
+        } else {
+            None
+        };
+        match r.op {
+            Op::Write | Op::WriteImm => {
+                let region = sh
+                    .remote_region(self.pd, r.rkey, Access::REMOTE_WRITE, r.remote_offset, u64::from(r.msg_len))
+                    .map_err(Some)?;
+                region.write(r.remote_offset + u64::from(r.offset), payload).map_err(|_| Some(Syndrome::RemoteAccess))?;
+            }
+            Op::Send | Op::SendImm => {
+                let i = recv_idx.unwrap_or(0);
+                if u64::from(r.msg_len) > self.rq[i].cap {
+                    let w = self.rq.remove(i).map(|w| w.wr_id).unwrap_or(0);
+                    // Complete every earlier receive in order, then this one with the error.
+                    let c = Completion { wr_id: w, status: WcStatus::LocalLengthError, opcode: WcOpcode::Recv, byte_len: r.msg_len, imm: None, qpn: self.qpn };
+                    self.complete_rq(sh);
+                    sh.complete(self.recv_cq, c);
+                    self.enter_error(sh);
+                    return Err(Some(Syndrome::InvalidRequest));
+                }
+                if !scatter(&self.rq[i].segs, u64::from(r.offset), payload) {
+                    return Err(Some(Syndrome::InvalidRequest));
+                }
+            }
+            Op::Read => {
+                sh.remote_region(self.pd, r.rkey, Access::REMOTE_READ, r.remote_offset, u64::from(r.msg_len))
+                    .map_err(Some)
+                    .map(|region| {
+                        self.resp.push_back(RespJob::Read { msn: r.msn, region, base: r.remote_offset, msg_len: r.msg_len, next_offset: 0 })
+                    })?;
+                if self.resp.len() > MAX_RESPONSE_JOBS {
+                    self.resp.pop_back();
+                    return Err(Some(Syndrome::ReceiverNotReady));
+                }
+            }
+            Op::FetchAdd | Op::CompareSwap => {
+                if self.resp.len() >= MAX_RESPONSE_JOBS {
+                    return Err(Some(Syndrome::ReceiverNotReady));
+                }
+                if r.remote_offset % 8 != 0 {
+                    return Err(Some(Syndrome::InvalidRequest));
+                }
+                let region = sh.remote_region(self.pd, r.rkey, Access::REMOTE_ATOMIC, r.remote_offset, 8).map_err(Some)?;
+                let mut a = [0u8; 8];
+                let mut b = [0u8; 8];
+                a.copy_from_slice(payload.get(..8).ok_or(None)?);
+                b.copy_from_slice(payload.get(8..16).ok_or(None)?);
+                let (a, b) = (u64::from_be_bytes(a), u64::from_be_bytes(b));
+                let original = if r.op == Op::FetchAdd {
+                    region.fetch_add(r.remote_offset, a)
+                } else {
+                    region.compare_swap(r.remote_offset, b, a)
+                }
+                .map_err(|_| Some(Syndrome::InvalidRequest))?;
+                self.resp.push_back(RespJob::Atomic { msn: r.msn, original });
+            }
+        }
+        if let Some(i) = recv_idx {
+            let w = &mut self.rq[i];
+            w.msg = Some((r.op, r.msg_len));
+            w.placed += plen;
+            if matches!(r.op, Op::SendImm | Op::WriteImm) {
+                w.imm = Some(r.imm);
+            }
+            if w.placed >= u64::from(r.msg_len) {
+                w.done = true;
+            }
+        }
+        Ok(())
+    }
+
+    /// Completes receives from the front of the queue, in posting order.
+    fn complete_rq(&mut self, sh: &mut Shared) {
+        while self.rq.front().is_some_and(|w| w.done) {
+            let Some(w) = self.rq.pop_front() else { break };
+            self.rq_base_ssn = self.rq_base_ssn.wrapping_add(1);
+            let (op, len) = w.msg.unwrap_or((Op::Send, 0));
+            let opcode = if op == Op::WriteImm { WcOpcode::RecvRdmaWithImm } else { WcOpcode::Recv };
+            sh.complete(self.recv_cq, Completion { wr_id: w.wr_id, status: WcStatus::Success, opcode, byte_len: len, imm: w.imm, qpn: self.qpn });
+        }
+    }
+
+    /// Completes send work requests from the front of the queue, in posting order.
+    fn complete_sq(&mut self, sh: &mut Shared) {
+        while self.sq.front().is_some_and(|w| w.is_done()) {
+            let Some(w) = self.sq.pop_front() else { break };
+            self.sq_base_msn = self.sq_base_msn.wrapping_add(1);
+            self.pack_idx = self.pack_idx.saturating_sub(1);
+            if w.signaled {
+                sh.complete(self.send_cq, Completion { wr_id: w.wr_id, status: WcStatus::Success, opcode: w.opcode(), byte_len: w.len, imm: None, qpn: self.qpn });
+            }
+        }
+    }
+
+    fn on_read_response(&mut self, now: Timestamp, h: &Header, r: &wire::ReadResponse, payload: &[u8], ecn: u8, sh: &mut Shared) {
+        if self.state != QpState::Connected {
+            self.nak(h, r.msn, Syndrome::RemoteOperation);
+            return;
+        }
+        if !self.admit(h, sh) {
+            return;
+        }
+        let ok = self.wqe_index(r.msn).is_some_and(|i| {
+            let w = &mut self.sq[i];
+            if w.op != Op::Read || w.len != r.msg_len || !w.packetized || w.is_done() {
+                return false;
+            }
+            if !scatter(&w.segs, u64::from(r.offset), payload) {
+                return false;
+            }
+            w.read_placed += payload.len() as u32;
+            w.got_resp = true;
+            true
+        });
+        if !ok {
+            sh.stats.rx_bad_response += 1;
+            return;
+        }
+        self.accepted(now, h, ecn);
+        self.complete_sq(sh);
+        self.rearm_rto(now, sh);
+    }
+
+    fn on_atomic_response(&mut self, now: Timestamp, h: &Header, r: &wire::AtomicResponse, ecn: u8, sh: &mut Shared) {
+        if self.state != QpState::Connected {
+            self.nak(h, r.msn, Syndrome::RemoteOperation);
+            return;
+        }
+        if !self.admit(h, sh) {
+            return;
+        }
+        let ok = self.wqe_index(r.msn).is_some_and(|i| {
+            let w = &mut self.sq[i];
+            if !w.op.is_atomic() || !w.packetized || w.atomic_result.is_some() {
+                return false;
+            }
+            w.atomic_result = Some(r.original);
+            scatter(&w.segs, 0, &r.original.to_ne_bytes())
+        });
+        if !ok {
+            sh.stats.rx_bad_response += 1;
+            return;
+        }
+        self.accepted(now, h, ecn);
+        self.complete_sq(sh);
+        self.rearm_rto(now, sh);
+    }
+
+    /// Bookkeeping for one packet newly acknowledged.
+    fn packet_acked(&mut self, i: usize, now: Timestamp) {
+        let p = &mut self.sent[i];
+        if p.acked {
+            return;
+        }
+        p.acked = true;
+        if !p.lost {
+            self.in_flight_bytes = self.in_flight_bytes.saturating_sub(u64::from(p.wire_len));
+            self.in_flight_pkts = self.in_flight_pkts.saturating_sub(1);
+        }
+        p.lost = false;
+        if p.send_ts > self.rack_ts {
+            self.rack_ts = p.send_ts;
+        }
+        let (send_ts, wire_len) = (p.send_ts, p.wire_len);
+        self.cc.on_ack(now, send_ts, wire_len, None);
+        if let SentWhat::Req { msn, .. } = self.sent[i].what
+            && let Some(w) = self.wqe_index(msn)
+        {
+            let w = &mut self.sq[w];
+            w.unacked_pkts = w.unacked_pkts.saturating_sub(1);
+        }
+    }
+
+    fn on_ack(&mut self, now: Timestamp, a: &wire::Ack, sh: &mut Shared) {
+        if self.state != QpState::Connected {
+            return;
+        }
+        // The cumulative point must lie within what was sent.
+        let adv = a.cum_psn.wrapping_sub(self.snd_una);
+        if adv > self.next_psn.wrapping_sub(self.snd_una) {
+            sh.stats.rx_bad_response += 1;
+            return;
+        }
+        // RTT from the echoed timestamp, minus the receiver's holding time.
+        if (a.echo_psn, a.echo_ts_ns) != self.last_echo && a.echo_ts_ns != 0 && a.echo_ts_ns <= now.as_nanos() {
+            self.last_echo = (a.echo_psn, a.echo_ts_ns);
+            let rtt = (now.as_nanos() - a.echo_ts_ns).saturating_sub(u64::from(a.hold_ns)).max(1);
+            self.rtt.sample(rtt);
+            if let Some(i) = self.sent_index(a.echo_psn) {
+                let ps = &mut sh.paths[usize::from(self.sent[i].path)];
+                ps.srtt_ns = if ps.rtt_samples == 0 { rtt } else { (7 * ps.srtt_ns + rtt) / 8 };
+                ps.rtt_samples += 1;
+            }
+        }
+        let mut newest = None;
+        for i in 0..(adv as usize).min(self.sent.len()) {
+            if !self.sent[i].acked {
+                self.packet_acked(i, now);
+                newest = Some(i);
+            }
+        }
+        for bit in 0..wire::SACK_BITS {
+            let psn = a.cum_psn.wrapping_add(1 + bit);
+            if a.sacked(psn)
+                && let Some(i) = self.sent_index(psn)
+                && !self.sent[i].acked
+            {
+                self.packet_acked(i, now);
+                newest = Some(i);
+            }
+        }
+        // ECN echo.
+        let ce = a.ce_count.wrapping_sub(self.peer_ce_seen);
+        if ce != 0 && ce < 1 << 31 {
+            self.peer_ce_seen = a.ce_count;
+            self.cc.on_congestion_event(now, now, true, 0);
+        }
+        while self.sent.front().is_some_and(|p| p.acked) {
+            self.sent.pop_front();
+            self.snd_una = self.snd_una.wrapping_add(1);
+        }
+        if let Some(newest) = newest {
+            let _ = newest;
+            self.made_progress();
+            self.detect_losses(now, sh);
+            self.rearm_rto(now, sh);
+        }
+        self.complete_sq(sh);
+    }
+
+    /// Time-based loss detection (RACK): a packet sent more than a reordering window before
+    /// the newest delivered one is lost. With spraying, reordering is normal, so counting
+    /// duplicate ACKs would be wrong.
+    fn detect_losses(&mut self, now: Timestamp, sh: &mut Shared) {
+        let reo = (self.rtt.min_ns / 4).max(REO_WND_MIN_NS);
+        let limit = self.rack_ts.as_nanos().saturating_sub(reo);
+        for i in 0..self.sent.len() {
+            let p = &mut self.sent[i];
+            if p.acked || p.lost || p.send_ts.as_nanos() >= limit {
+                continue;
+            }
+            p.lost = true;
+            let (psn, path, len, ts) = (p.psn, p.path, p.wire_len, p.send_ts);
+            self.in_flight_bytes = self.in_flight_bytes.saturating_sub(u64::from(len));
+            self.in_flight_pkts = self.in_flight_pkts.saturating_sub(1);
+            self.rtx.push_back(psn);
+            sh.paths[usize::from(path)].lost += 1;
+            self.cc.on_congestion_event(now, ts, false, len);
+        }
+    }
+
+    fn rearm_rto(&mut self, now: Timestamp, sh: &Shared) {
+        let waiting = self.sq.iter().any(|w| w.awaits_response());
+        self.rto_deadline = (self.in_flight_pkts > 0 || waiting).then(|| now.add_nanos(self.rto_ns(&sh.cfg)));
+    }
+
+    fn on_nak(&mut self, now: Timestamp, n: &wire::Nak, sh: &mut Shared) {
+        sh.stats.naks_received += 1;
+        if self.state != QpState::Connected {
+            return;
+        }
+        let Some(i) = self.sent_index(n.psn) else { return };
+        if self.sent[i].acked {
+            return;
+        }
+        let msn = match self.sent[i].what {
+            SentWhat::Req { msn, .. } if msn == n.msn => msn,
+            SentWhat::ReadResp { .. } | SentWhat::AtomicResp { .. } => {
+                // The requester gave up on this response: stop sending it.
+                self.packet_acked(i, now);
+                return;
+            }
+            _ => {
+                sh.stats.rx_bad_response += 1;
+                return;
+            }
+        };
+        let Some(wi) = self.wqe_index(msn) else { return };
+        self.made_progress();
+        let status = match n.syndrome {
+            Syndrome::ReceiverNotReady => {
+                let w = &mut self.sq[wi];
+                if now >= w.rnr_until {
+                    w.rnr_retries += 1;
+                    w.rnr_until = now.add_nanos(sh.cfg.rnr_timer_ns);
+                }
+                if w.rnr_retries <= sh.cfg.rnr_retry_limit {
+                    let until = w.rnr_until;
+                    let p = &mut self.sent[i];
+                    if !p.lost {
+                        p.lost = true;
+                        self.in_flight_bytes = self.in_flight_bytes.saturating_sub(u64::from(p.wire_len));
+                        self.in_flight_pkts = self.in_flight_pkts.saturating_sub(1);
+                    }
+                    p.hold_until = until;
+                    let psn = p.psn;
+                    self.rtx.retain(|&q| q != psn);
+                    if !self.held.contains(&psn) {
+                        self.held.push(psn);
+                    }
+                    self.rearm_rto(now, sh);
+                    return;
+                }
+                WcStatus::RnrRetryExceeded
+            }
+            Syndrome::RemoteAccess => WcStatus::RemoteAccessError,
+            Syndrome::InvalidRequest => WcStatus::RemoteInvalidRequest,
+            Syndrome::RemoteOperation => WcStatus::RemoteOperationError,
+        };
+        self.sq[wi].status = Some(status);
+        self.enter_error(sh);
+    }
+
+    fn on_timeout(&mut self, now: Timestamp, sh: &mut Shared) {
+        if self.state != QpState::Connected {
+            return;
+        }
+        if !self.held.is_empty() {
+            let mut i = 0;
+            while i < self.held.len() {
+                let psn = self.held[i];
+                match self.sent_index(psn) {
+                    Some(s) if self.sent[s].hold_until > now && !self.sent[s].acked => i += 1,
+                    Some(s) => {
+                        self.held.swap_remove(i);
+                        if !self.sent[s].acked {
+                            self.rtx.push_back(psn);
+                        }
+                    }
+                    None => {
+                        self.held.swap_remove(i);
+                    }
+                }
+            }
+        }
+        let Some(deadline) = self.rto_deadline else { return };
+        if now < deadline {
+            return;
+        }
+        sh.stats.rto_fired += 1;
+        self.consecutive_rto += 1;
+        if self.consecutive_rto > sh.cfg.retry_limit {
+            // The work request that was waiting longest gets the error; the rest are flushed.
+            let oldest = self.sent.iter().find(|p| !p.acked).and_then(|p| match p.what {
+                SentWhat::Req { msn, .. } => self.wqe_index(msn),
+                _ => None,
+            });
+            let target = oldest.or_else(|| self.sq.iter().position(|w| !w.is_done()));
+            if let Some(i) = target {
+                self.sq[i].status = Some(WcStatus::RetryExceeded);
+            }
+            self.enter_error(sh);
+            return;
+        }
+        let rto = self.rto_ns(&sh.cfg);
+        for i in 0..self.sent.len() {
+            let p = &mut self.sent[i];
+            if p.acked || p.lost || p.send_ts.add_nanos(rto) > now {
+                continue;
+            }
+            p.lost = true;
+            let (psn, path, len, ts) = (p.psn, p.path, p.wire_len, p.send_ts);
+            self.in_flight_bytes = self.in_flight_bytes.saturating_sub(u64::from(len));
+            self.in_flight_pkts = self.in_flight_pkts.saturating_sub(1);
+            self.rtx.push_back(psn);
+            sh.paths[usize::from(path)].lost += 1;
+            self.cc.on_congestion_event(now, ts, false, len);
+        }
+        self.backoff = (self.backoff + 1).min(MAX_BACKOFF_SHIFT);
+        self.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));
+    }
+
+    /// Moves the QP to the error state and completes every outstanding work request: the
+    /// finished ones as successes, the one that failed with its status, the rest as flushed.
+    fn enter_error(&mut self, sh: &mut Shared) {
+        if self.state == QpState::Error {
+            return;
+        }
+        self.state = QpState::Error;
+        for w in self.sq.drain(..) {
+            let (status, byte_len) = match w.status {
+                Some(s) => (s, 0),
+                None if w.is_done() => (WcStatus::Success, w.len),
+                None => (WcStatus::Flushed, 0),
+            };
+            if status != WcStatus::Success || w.signaled {
+                sh.complete(self.send_cq, Completion { wr_id: w.wr_id, status, opcode: w.opcode(), byte_len, imm: None, qpn: self.qpn });
+            }
+        }
+        self.sq_base_msn = self.next_msn;
+        self.pack_idx = 0;
+        for w in self.rq.drain(..) {
+            sh.complete(self.recv_cq, Completion { wr_id: w.wr_id, status: WcStatus::Flushed, opcode: WcOpcode::Recv, byte_len: 0, imm: None, qpn: self.qpn });
+        }
+        self.resp.clear();
+        self.sent.clear();
+        self.snd_una = self.next_psn;
+        self.rtx.clear();
+        self.held.clear();
+        self.in_flight_bytes = 0;
+        self.in_flight_pkts = 0;
+        self.rto_deadline = None;
+        self.ack_pending = false;
+    }
+}

@@ -1,0 +1,22 @@
+//! Braid's protocol engine, sans-IO: it opens no socket, starts no thread, reads no clock and
+//! draws no OS entropy. Every input takes `now` as a [`Timestamp`]; randomness comes from the
+//! seed in [`EndpointConfig`]. That is what lets the same engine run over UDP sockets, AF_XDP
+//! and the deterministic simulator, and lets a failing simulated run be replayed from its seed.
+//!
+//! What it does: the wire format ([`wire`]), memory regions and direct placement ([`mem`]),
+//! per-connection sequence numbers, selective ACKs, time-based loss detection, retransmit
+//! timeouts, RNR retries, response replay for READ and atomics, and the verbs-like queue pair
+//! state machine ([`Endpoint`]). Congestion control is delegated to `braid-cc`.
+#![warn(missing_docs, unreachable_pub)]
+
+pub mod endpoint;
+pub mod mem;
+pub mod tracker;
+pub mod types;
+pub mod wire;
+
+pub use braid_cc as cc;
+pub use braid_time::Timestamp;
+pub use endpoint::{ECN_CE, ECN_ECT0, Endpoint, QpStats, Transmit};
+pub use mem::{Access, MemError, Region};
+pub use types::*;

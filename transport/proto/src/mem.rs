@@ -1,0 +1,320 @@
+//! Memory regions: the bytes peers read and write.
+//!
+//! # The access rule
+//!
+//! A region can be written by the network (a remote WRITE, a READ response, a SEND landing in
+//! a posted receive, an atomic) at any moment, from the progress thread, while the owner reads
+//! or writes it from its own threads. Plain `&[u8]` access would then be a data race, which is
+//! undefined behaviour. So a region never hands out references to its bytes: every access,
+//! local or remote, goes through [`Region::read`], [`Region::write`] and the atomic methods,
+//! and all of them touch memory only as aligned 64-bit atomic words (partial words are updated
+//! with a compare-and-swap loop, so neighbouring bytes are never torn). The result is what RDMA
+//! hardware gives: while a remote WRITE is landing, a concurrent read may see some old and some
+//! new bytes, but it is never undefined behaviour. Data is stable once the completion that
+//! covers it has been polled.
+//!
+//! Regions allocated by Braid own their words. [`Region::from_raw`] registers caller memory
+//! (for the C API); its safety contract extends the same rule to the caller.
+use core::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+/// Access rights of a memory region, as verbs' `IBV_ACCESS_*`.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Access(u8);
+
+impl Access {
+    /// No rights beyond local read.
+    pub const NONE: Access = Access(0);
+    /// The local side may place incoming data here (RECV buffers, READ destinations).
+    pub const LOCAL_WRITE: Access = Access(1);
+    /// Peers may RDMA WRITE here.
+    pub const REMOTE_WRITE: Access = Access(2);
+    /// Peers may RDMA READ from here.
+    pub const REMOTE_READ: Access = Access(4);
+    /// Peers may run atomics here.
+    pub const REMOTE_ATOMIC: Access = Access(8);
+    /// Every right.
+    pub const ALL: Access = Access(15);
+
+    /// Whether every right in `other` is granted.
+    pub const fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// Raw bits (stable, for the C API).
+    pub const fn bits(self) -> u8 {
+        self.0
+    }
+
+    /// From raw bits; unknown bits are ignored.
+    pub const fn from_bits_truncate(bits: u8) -> Access {
+        Access(bits & Access::ALL.0)
+    }
+}
+
+impl core::ops::BitOr for Access {
+    type Output = Access;
+    fn bitor(self, rhs: Access) -> Access {
+        Access(self.0 | rhs.0)
+    }
+}
+
+/// Why a region access was refused.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MemError {
+    /// `offset + len` is past the end of the region.
+    OutOfBounds,
+    /// An atomic at an offset that is not 8-byte aligned.
+    Misaligned,
+}
+
+impl core::fmt::Display for MemError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            MemError::OutOfBounds => "access outside the memory region",
+            MemError::Misaligned => "atomic access not 8-byte aligned",
+        })
+    }
+}
+
+impl std::error::Error for MemError {}
+
+enum Storage {
+    Owned(Box<[AtomicU64]>),
+    Borrowed(&'static [AtomicU64]),
+}
+
+/// The bytes of one memory region. Shared (`Arc`) between the owner and the engine.
+pub struct Region {
+    storage: Storage,
+    /// Byte offset of the region's first byte within the first word.
+    head: usize,
+    len: usize,
+}
+
+impl core::fmt::Debug for Region {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Region").field("len", &self.len).finish_non_exhaustive()
+    }
+}
+
+impl Region {
+    /// A zero-filled region of `len` bytes owned by Braid.
+    pub fn new(len: usize) -> Arc<Region> {
+        let words = len.div_ceil(8);
+        let storage = Storage::Owned((0..words).map(|_| AtomicU64::new(0)).collect());
+        Arc::new(Region { storage, head: 0, len })
+    }
+
+    /// Registers `len` bytes of caller memory at `ptr`.
+    ///
+    /// # Safety
+    /// Every aligned 8-byte word that overlaps `[ptr, ptr + len)` must be valid for reads and
+    /// writes, and stay so until the last clone of the returned `Arc` is dropped; and while
+    /// any clone is alive, those words may only be accessed through this region or through
+    /// other atomic operations (no plain loads or stores that could race with the network).
+    pub unsafe fn from_raw(ptr: *mut u8, len: usize) -> Arc<Region> {
+        if len == 0 {
+            return Arc::new(Region { storage: Storage::Owned(Box::new([])), head: 0, len: 0 });
+        }
+        let addr = ptr as usize;
+        let head = addr % 8;
+        let words = (head + len).div_ceil(8);
+        // SAFETY: the caller guarantees that the `words` aligned words starting at
+        // `ptr - head` are valid, live as long as the region, and are accessed only
+        // atomically; AtomicU64 has the size and alignment of those words.
+        let slice = unsafe {
+            core::slice::from_raw_parts(ptr.wrapping_sub(head).cast::<AtomicU64>(), words)
+        };
+        Arc::new(Region { storage: Storage::Borrowed(slice), head, len })
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the region has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn words(&self) -> &[AtomicU64] {
+        match &self.storage {
+            Storage::Owned(b) => b,
+            Storage::Borrowed(s) => s,
+        }
+    }
+
+    /// Checks that `[offset, offset + len)` lies inside the region.
+    pub fn check(&self, offset: u64, len: u64) -> Result<(), MemError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len as u64 => Ok(()),
+            _ => Err(MemError::OutOfBounds),
+        }
+    }
+
+    /// Copies `dst.len()` bytes starting at `offset` out of the region.
+    pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), MemError> {
+        self.check(offset, dst.len() as u64)?;
+        let words = self.words();
+        let mut pos = self.head + offset as usize; // fits: checked against len above
+        let mut out = 0;
+        while out < dst.len() {
+            let w = words[pos / 8].load(Relaxed).to_ne_bytes();
+            let in_word = pos % 8;
+            let n = (8 - in_word).min(dst.len() - out);
+            dst[out..out + n].copy_from_slice(&w[in_word..in_word + n]);
+            out += n;
+            pos += n;
+        }
+        Ok(())
+    }
+
+    /// Copies `src` into the region starting at `offset`.
+    pub fn write(&self, offset: u64, src: &[u8]) -> Result<(), MemError> {
+        self.check(offset, src.len() as u64)?;
+        let words = self.words();
+        let mut pos = self.head + offset as usize; // fits: checked against len above
+        let mut done = 0;
+        // A partial first word.
+        if pos % 8 != 0 && done < src.len() {
+            let in_word = pos % 8;
+            let n = (8 - in_word).min(src.len());
+            merge_word(&words[pos / 8], in_word, &src[..n]);
+            done += n;
+            pos += n;
+        }
+        // Whole words.
+        let whole = (src.len() - done) / 8;
+        let first = pos / 8;
+        for (w, chunk) in words[first..first + whole].iter().zip(src[done..].chunks_exact(8)) {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(chunk);
+            w.store(u64::from_ne_bytes(b), Relaxed);
+        }
+        done += whole * 8;
+        pos += whole * 8;
+        // A partial last word.
+        if done < src.len() {
+            merge_word(&words[pos / 8], 0, &src[done..]);
+        }
+        Ok(())
+    }
+
+    /// Fills `len` bytes at `offset` with `byte`.
+    pub fn fill(&self, offset: u64, len: u64, byte: u8) -> Result<(), MemError> {
+        self.check(offset, len)?;
+        let chunk = [byte; 4096];
+        let mut done = 0u64;
+        while done < len {
+            let n = (len - done).min(chunk.len() as u64);
+            self.write(offset + done, &chunk[..n as usize])?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn atomic_word(&self, offset: u64) -> Result<&AtomicU64, MemError> {
+        self.check(offset, 8)?;
+        let pos = self.head + offset as usize;
+        if pos % 8 != 0 {
+            return Err(MemError::Misaligned);
+        }
+        Ok(&self.words()[pos / 8])
+    }
+
+    /// Atomically adds `add` to the native-endian u64 at `offset`; returns the old value.
+    pub fn fetch_add(&self, offset: u64, add: u64) -> Result<u64, MemError> {
+        Ok(self.atomic_word(offset)?.fetch_add(add, core::sync::atomic::Ordering::AcqRel))
+    }
+
+    /// Atomically replaces the u64 at `offset` with `swap` if it equals `compare`; returns the
+    /// old value either way.
+    pub fn compare_swap(&self, offset: u64, compare: u64, swap: u64) -> Result<u64, MemError> {
+        let w = self.atomic_word(offset)?;
+        use core::sync::atomic::Ordering::{AcqRel, Acquire};
+        Ok(match w.compare_exchange(compare, swap, AcqRel, Acquire) {
+            Ok(v) | Err(v) => v,
+        })
+    }
+
+    /// Atomically loads the u64 at `offset`.
+    pub fn load_u64(&self, offset: u64) -> Result<u64, MemError> {
+        Ok(self.atomic_word(offset)?.load(core::sync::atomic::Ordering::Acquire))
+    }
+
+    /// Copies the region's bytes `[offset, offset+len)` into a new vector.
+    pub fn to_vec(&self, offset: u64, len: usize) -> Result<Vec<u8>, MemError> {
+        let mut v = vec![0u8; len];
+        self.read(offset, &mut v)?;
+        Ok(v)
+    }
+}
+
+/// Replaces bytes `[at, at + src.len())` of one word, leaving its other bytes as they are even
+/// if another thread changes them meanwhile.
+fn merge_word(word: &AtomicU64, at: usize, src: &[u8]) {
+    let mut cur = word.load(Relaxed);
+    loop {
+        let mut b = cur.to_ne_bytes();
+        b[at..at + src.len()].copy_from_slice(src);
+        match word.compare_exchange_weak(cur, u64::from_ne_bytes(b), Relaxed, Relaxed) {
+            Ok(_) => return,
+            Err(v) => cur = v,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_write_any_alignment() {
+        let r = Region::new(37);
+        for off in 0..10u64 {
+            for len in 0..20usize {
+                let data: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(7) ^ off as u8).collect();
+                r.fill(0, 37, 0xAA).unwrap();
+                r.write(off, &data).unwrap();
+                let all = r.to_vec(0, 37).unwrap();
+                assert_eq!(&all[off as usize..off as usize + len], &data[..]);
+                assert!(all[..off as usize].iter().all(|&b| b == 0xAA));
+                assert!(all[off as usize + len..].iter().all(|&b| b == 0xAA));
+            }
+        }
+    }
+
+    #[test]
+    fn bounds_and_alignment_are_checked() {
+        let r = Region::new(16);
+        assert_eq!(r.write(10, &[0; 7]), Err(MemError::OutOfBounds));
+        assert_eq!(r.read(u64::MAX, &mut [0; 2]), Err(MemError::OutOfBounds));
+        assert_eq!(r.fetch_add(4, 1), Err(MemError::Misaligned));
+        assert_eq!(r.fetch_add(16, 1), Err(MemError::OutOfBounds));
+        assert_eq!(r.fetch_add(8, 5), Ok(0));
+        assert_eq!(r.compare_swap(8, 5, 9), Ok(5));
+        assert_eq!(r.compare_swap(8, 5, 1), Ok(9));
+        assert_eq!(r.load_u64(8), Ok(9));
+    }
+
+    #[test]
+    fn raw_registration_respects_edges() {
+        let mut backing = vec![0u64; 8];
+        let base = backing.as_mut_ptr().cast::<u8>();
+        // SAFETY: `backing` outlives `r` (dropped at the end of the test) and is not touched
+        // while `r` is alive.
+        let r = unsafe { Region::from_raw(base.wrapping_add(3), 40) };
+        r.fill(0, 40, 0xFF).unwrap();
+        let mut head = [0u8; 8];
+        r.read(0, &mut head).unwrap();
+        assert_eq!(head, [0xFF; 8]);
+        drop(r);
+        let bytes: Vec<u8> = backing.iter().flat_map(|w| w.to_ne_bytes()).collect();
+        assert_eq!(&bytes[..3], &[0, 0, 0]);
+        assert!(bytes[3..43].iter().all(|&b| b == 0xFF));
+        assert!(bytes[43..].iter().all(|&b| b == 0));
+    }
+}

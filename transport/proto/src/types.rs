@@ -1,0 +1,383 @@
+//! The engine's public vocabulary: configuration, work requests, completions, errors and
+//! counters.
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use braid_cc::{ControllerFactory, FixedWindowConfig};
+
+/// Most paths a connection sprays over (path index is one byte on the wire).
+pub const MAX_PATHS: u16 = 256;
+/// Most work requests one QP's send queue holds.
+pub const MAX_SEND_WR: usize = 16_384;
+/// Most work requests one QP's receive queue holds.
+pub const MAX_RECV_WR: usize = 16_384;
+/// Most scatter/gather entries in one work request.
+pub const MAX_SGE: usize = 32;
+/// Most QPs one endpoint holds.
+pub const MAX_QPS: usize = 65_536;
+
+/// Endpoint configuration. `Default` gives 16 paths and 1472-byte datagrams.
+#[derive(Clone, Debug)]
+pub struct EndpointConfig {
+    /// Seed for every random choice (keys, initial PSNs, retransmit paths). The runtime
+    /// seeds it from the OS; simulations pass a fixed seed to replay a run.
+    pub seed: u64,
+    /// Largest datagram (UDP payload) the engine emits.
+    pub max_datagram: usize,
+    /// Paths each connection sprays over, 1 to [`MAX_PATHS`].
+    pub paths: u16,
+    /// Retransmit timeout before any RTT sample, ns.
+    pub rto_initial_ns: u64,
+    /// Retransmit timeout floor, ns.
+    pub rto_min_ns: u64,
+    /// Retransmit timeout ceiling (after backoff), ns.
+    pub rto_max_ns: u64,
+    /// Consecutive retransmit timeouts without progress before the QP fails with
+    /// `RetryExceeded`.
+    pub retry_limit: u32,
+    /// RNR NAKs one message may receive before it fails with `RnrRetryExceeded`.
+    pub rnr_retry_limit: u32,
+    /// Wait after an RNR NAK before sending the message again, ns.
+    pub rnr_timer_ns: u64,
+    /// Send queue depth per QP (at most [`MAX_SEND_WR`]).
+    pub max_send_wr: usize,
+    /// Receive queue depth per QP (at most [`MAX_RECV_WR`]).
+    pub max_recv_wr: usize,
+    /// Congestion controller factory.
+    pub cc: Arc<dyn ControllerFactory>,
+}
+
+impl Default for EndpointConfig {
+    fn default() -> Self {
+        EndpointConfig {
+            seed: 0,
+            max_datagram: 1472,
+            paths: 16,
+            rto_initial_ns: 2_000_000,
+            rto_min_ns: 500_000,
+            rto_max_ns: 64_000_000,
+            retry_limit: 7,
+            rnr_retry_limit: 7,
+            rnr_timer_ns: 200_000,
+            max_send_wr: 4096,
+            max_recv_wr: 4096,
+            cc: Arc::new(FixedWindowConfig::default()),
+        }
+    }
+}
+
+/// A protection domain handle.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PdId(pub u32);
+
+/// A completion queue handle.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CqId(pub u32);
+
+/// Keys of a registered memory region.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct MrKeys {
+    /// Local key, used in this side's scatter/gather entries.
+    pub lkey: u32,
+    /// Remote key, given to peers for WRITE, READ and atomics.
+    pub rkey: u32,
+}
+
+/// What a peer needs to connect to a QP (exchanged out of band).
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct QpInfo {
+    /// The device address.
+    pub addr: SocketAddr,
+    /// The QP number.
+    pub qpn: u32,
+    /// The first PSN this QP will send.
+    pub psn: u32,
+}
+
+/// A local scatter/gather entry: `len` bytes at `offset` in the region with key `lkey`.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Sge {
+    /// Local key of the region.
+    pub lkey: u32,
+    /// Byte offset in the region.
+    pub offset: u64,
+    /// Length in bytes.
+    pub len: u32,
+}
+
+/// A place in a peer's memory: remote key and byte offset in that region.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RemoteAddr {
+    /// The peer region's remote key.
+    pub rkey: u32,
+    /// Byte offset in that region.
+    pub offset: u64,
+}
+
+/// The operation of a send work request.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum SendOp {
+    /// SEND into the peer's next posted RECV.
+    Send,
+    /// SEND with 32 bits of immediate data.
+    SendImm(u32),
+    /// RDMA WRITE of the gathered bytes to `remote`.
+    Write(RemoteAddr),
+    /// RDMA WRITE with immediate: also consumes a RECV at the peer.
+    WriteImm(RemoteAddr, u32),
+    /// RDMA READ from `remote` into the scatter list.
+    Read(RemoteAddr),
+    /// Atomic fetch-and-add of `add` to the u64 at `remote`; the old value lands in the
+    /// (single, 8-byte) scatter entry.
+    FetchAdd(RemoteAddr, u64),
+    /// Atomic compare-and-swap of the u64 at `remote`; the old value lands in the (single,
+    /// 8-byte) scatter entry.
+    CompareSwap {
+        /// Where.
+        remote: RemoteAddr,
+        /// Expected value.
+        compare: u64,
+        /// New value if the expected one is there.
+        swap: u64,
+    },
+}
+
+/// A send work request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SendWr {
+    /// Caller's identifier, returned in the completion.
+    pub wr_id: u64,
+    /// What to do.
+    pub op: SendOp,
+    /// Local buffers: gathered for SEND/WRITE, scattered into for READ/atomics.
+    pub sges: Vec<Sge>,
+    /// Whether a successful completion is reported (errors always are).
+    pub signaled: bool,
+}
+
+/// A receive work request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecvWr {
+    /// Caller's identifier, returned in the completion.
+    pub wr_id: u64,
+    /// Where an incoming SEND's bytes are scattered.
+    pub sges: Vec<Sge>,
+}
+
+/// The operation a completion reports.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WcOpcode {
+    /// A SEND (with or without immediate) finished.
+    Send,
+    /// An RDMA WRITE (with or without immediate) finished.
+    Write,
+    /// An RDMA READ finished.
+    Read,
+    /// A fetch-and-add finished.
+    FetchAdd,
+    /// A compare-and-swap finished.
+    CompareSwap,
+    /// A RECV was filled by a SEND.
+    Recv,
+    /// A RECV was consumed by a WRITE with immediate.
+    RecvRdmaWithImm,
+}
+
+/// The status of a completion.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WcStatus {
+    /// It worked.
+    Success,
+    /// An incoming SEND was longer than the RECV's buffers.
+    LocalLengthError,
+    /// A local buffer could not be used (key, bounds or rights).
+    LocalProtectionError,
+    /// The peer refused the key, the bounds or the rights.
+    RemoteAccessError,
+    /// The peer found the request invalid (e.g. longer than its posted RECV).
+    RemoteInvalidRequest,
+    /// The peer could not perform the operation (e.g. its QP is in error).
+    RemoteOperationError,
+    /// No acknowledgement after the retry limit: the peer is gone or unreachable.
+    RetryExceeded,
+    /// The peer had no RECV posted, after every RNR retry.
+    RnrRetryExceeded,
+    /// Not executed: the QP went to the error state first.
+    Flushed,
+}
+
+/// One completion.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Completion {
+    /// The work request's identifier.
+    pub wr_id: u64,
+    /// Result.
+    pub status: WcStatus,
+    /// What completed.
+    pub opcode: WcOpcode,
+    /// Bytes transferred (RECV: bytes received; READ: bytes read; atomics: 8).
+    pub byte_len: u32,
+    /// Immediate data, for RECVs consumed by SEND_IMM or WRITE_IMM.
+    pub imm: Option<u32>,
+    /// The QP it belongs to.
+    pub qpn: u32,
+}
+
+/// State of a queue pair.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub enum QpState {
+    /// Created, not connected: RECVs may be posted.
+    Init,
+    /// Connected to a peer: everything may be posted.
+    Connected,
+    /// Failed: every work request completes as flushed.
+    Error,
+}
+
+/// Why `post_send` or `post_recv` refused a work request. Nothing was queued.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum PostError {
+    /// No QP with this number.
+    UnknownQp,
+    /// `post_send` before `connect`.
+    NotConnected,
+    /// The queue is full.
+    QueueFull,
+    /// More than [`MAX_SGE`] entries, or a total length above `u32::MAX`.
+    TooManySges,
+    /// An entry names an unknown local key.
+    InvalidLkey,
+    /// An entry's region belongs to another protection domain.
+    WrongPd,
+    /// An entry reaches past the end of its region.
+    OutOfBounds,
+    /// An entry's region lacks local write access, needed to place incoming bytes.
+    NoLocalWrite,
+    /// An atomic needs exactly one 8-byte scatter entry and an 8-byte-aligned remote offset.
+    BadAtomic,
+}
+
+impl core::fmt::Display for PostError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            PostError::UnknownQp => "unknown queue pair",
+            PostError::NotConnected => "queue pair is not connected",
+            PostError::QueueFull => "work queue is full",
+            PostError::TooManySges => "too many scatter/gather entries or message too long",
+            PostError::InvalidLkey => "unknown local key",
+            PostError::WrongPd => "memory region belongs to another protection domain",
+            PostError::OutOfBounds => "scatter/gather entry outside its memory region",
+            PostError::NoLocalWrite => "memory region lacks local write access",
+            PostError::BadAtomic => "atomics need one 8-byte entry and an aligned remote offset",
+        })
+    }
+}
+
+impl std::error::Error for PostError {}
+
+/// Why a resource operation (create, connect, register) failed.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ResourceError {
+    /// An unknown protection domain.
+    UnknownPd,
+    /// An unknown completion queue.
+    UnknownCq,
+    /// An unknown QP.
+    UnknownQp,
+    /// An unknown memory region key.
+    UnknownMr,
+    /// The QP is not in a state that allows this (e.g. connecting twice).
+    BadState,
+    /// A limit (`MAX_QPS`, queue depths) would be exceeded.
+    Limit,
+    /// The resource is still in use (e.g. a PD with regions or QPs).
+    Busy,
+}
+
+impl core::fmt::Display for ResourceError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            ResourceError::UnknownPd => "unknown protection domain",
+            ResourceError::UnknownCq => "unknown completion queue",
+            ResourceError::UnknownQp => "unknown queue pair",
+            ResourceError::UnknownMr => "unknown memory region",
+            ResourceError::BadState => "queue pair is in the wrong state",
+            ResourceError::Limit => "resource limit reached",
+            ResourceError::Busy => "resource still in use",
+        })
+    }
+}
+
+impl std::error::Error for ResourceError {}
+
+/// Ways a peer (or anyone on the network) can break the protocol. Each is counted in
+/// [`EndpointStats`] and the packet is dropped; none of them stops the endpoint.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum PeerViolation {
+    /// The packet did not parse (length, CRC, version, kind, fields).
+    Malformed,
+    /// No QP with the destination number.
+    UnknownQp,
+    /// The source address or QP is not the connected peer's.
+    WrongPeer,
+    /// A PSN far outside the receive window.
+    OutOfWindow,
+    /// A response for no outstanding request, or one inconsistent with it.
+    BadResponse,
+    /// A message's length changed between its packets.
+    InconsistentMessage,
+    /// An ACK for packets never sent.
+    BadAck,
+}
+
+/// Counters for one endpoint.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EndpointStats {
+    /// Datagrams handed to the engine.
+    pub rx_datagrams: u64,
+    /// Datagrams emitted.
+    pub tx_datagrams: u64,
+    /// Data packets retransmitted.
+    pub retransmits: u64,
+    /// Datagrams that failed the CRC check.
+    pub rx_bad_crc: u64,
+    /// Datagrams that failed to parse for other reasons.
+    pub rx_malformed: u64,
+    /// Packets for no known QP.
+    pub rx_unknown_qp: u64,
+    /// Packets from an address or QP that is not the connected peer.
+    pub rx_wrong_peer: u64,
+    /// Duplicate data packets suppressed.
+    pub rx_duplicates: u64,
+    /// Data packets beyond the receive window.
+    pub rx_out_of_window: u64,
+    /// Responses or ACKs inconsistent with what was sent.
+    pub rx_bad_response: u64,
+    /// NAKs sent.
+    pub naks_sent: u64,
+    /// NAKs received.
+    pub naks_received: u64,
+    /// Retransmit timeouts fired.
+    pub rto_fired: u64,
+}
+
+/// Counters for one path (summed over the endpoint's QPs).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PathStats {
+    /// Data packets sent on this path (first transmissions and retransmissions).
+    pub packets: u64,
+    /// Packets sent on this path that were declared lost.
+    pub lost: u64,
+    /// Retransmissions sent on this path.
+    pub retransmits: u64,
+    /// Smoothed RTT measured on this path, ns (0 before any sample).
+    pub srtt_ns: u64,
+    /// RTT samples taken on this path.
+    pub rtt_samples: u64,
+}

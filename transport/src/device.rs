@@ -1,0 +1,565 @@
+//! The runtime: a device drives one [`Endpoint`] over a real datapath, with a progress thread
+//! for receives and timers; application threads post work and poll completions.
+//!
+//! Concurrency is confined to three places: the engine behind one mutex (posting, progress),
+//! one queue per completion queue (engine → application), and the datapath's `send`, which
+//! any thread may call. A post runs the engine's transmit loop on the posting thread, so a
+//! WRITE leaves without waiting for the progress thread (an inline doorbell).
+use std::collections::{HashMap, VecDeque};
+use std::io;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use braid_datapath::udp::{UdpConfig, UdpDatapath};
+use braid_datapath::{Datapath, Ecn, RecvBatch};
+use braid_proto::{
+    Access, Completion, CqId, Endpoint, EndpointConfig, EndpointStats, MrKeys, PathStats, PdId,
+    PostError, QpInfo, QpStats, RecvWr, Region, RemoteAddr, ResourceError, SendWr, Sge,
+    Timestamp,
+};
+
+/// Datagrams moved per batch between the engine and the datapath.
+const BATCH: usize = 64;
+/// Longest the progress thread sleeps without a timer, so it notices a stop promptly.
+const IDLE_WAIT: Duration = Duration::from_millis(50);
+
+/// Which datapath a device uses.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DatapathKind {
+    /// Plain UDP sockets with sendmmsg/recvmmsg: needs no privileges, works anywhere.
+    #[default]
+    Udp,
+}
+
+impl std::str::FromStr for DatapathKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "udp" => Ok(DatapathKind::Udp),
+            other => Err(format!("unknown datapath {other:?} (this build has: udp)")),
+        }
+    }
+}
+
+/// How to open a device.
+#[derive(Clone, Debug)]
+pub struct DeviceConfig {
+    /// Local address to bind (port 0 picks one).
+    pub local: SocketAddr,
+    /// Datapath backend.
+    pub datapath: DatapathKind,
+    /// Engine settings (paths, timers, queue depths, congestion control). Its `seed` is
+    /// replaced by OS entropy unless `deterministic_seed` is set.
+    pub engine: EndpointConfig,
+    /// Use `engine.seed` as is (for reproducible key and PSN choice in tests).
+    pub deterministic_seed: bool,
+}
+
+impl DeviceConfig {
+    /// A UDP device on `local` with default engine settings (16 paths).
+    pub fn udp(local: SocketAddr) -> DeviceConfig {
+        DeviceConfig { local, datapath: DatapathKind::Udp, engine: EndpointConfig::default(), deterministic_seed: false }
+    }
+
+    /// Sets the number of paths (UDP source ports) to spray over, 1 to 256.
+    pub fn paths(mut self, paths: u16) -> Self {
+        self.engine.paths = paths;
+        self
+    }
+
+    /// Sets the largest datagram (UDP payload), e.g. 8972 for jumbo frames or loopback.
+    pub fn max_datagram(mut self, bytes: usize) -> Self {
+        self.engine.max_datagram = bytes;
+        self
+    }
+}
+
+/// Why a device could not be opened.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// The configuration is invalid (e.g. 0 or more than 256 paths).
+    InvalidConfig(&'static str),
+    /// The datapath could not be set up (bind failed, no permission, ...).
+    Datapath(io::Error),
+    /// The progress thread could not be started.
+    Thread(io::Error),
+}
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpenError::InvalidConfig(why) => write!(f, "invalid device configuration: {why}"),
+            OpenError::Datapath(e) => write!(f, "datapath setup failed: {e}"),
+            OpenError::Thread(e) => write!(f, "could not start the progress thread: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for OpenError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            OpenError::Datapath(e) | OpenError::Thread(e) => Some(e),
+            OpenError::InvalidConfig(_) => None,
+        }
+    }
+}
+
+struct CqShared {
+    queue: Mutex<VecDeque<Completion>>,
+    ready: Condvar,
+}
+
+struct Core {
+    ep: Endpoint,
+    cqs: HashMap<CqId, Arc<CqShared>>,
+}
+
+struct Inner {
+    core: Mutex<Core>,
+    datapath: Box<dyn Datapath>,
+    epoch: Instant,
+    stop: AtomicBool,
+    /// When the progress thread will wake up on its own, ns since `epoch`.
+    sleep_until_ns: AtomicU64,
+    tx_pool: Mutex<Vec<TxBatch>>,
+}
+
+/// Owns the progress thread: dropping the last handle stops it.
+struct Owner {
+    inner: Arc<Inner>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Ordering::Release);
+        self.inner.datapath.wake();
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct TxBatch {
+    bufs: Vec<Box<[u8]>>,
+    metas: Vec<braid_proto::Transmit>,
+}
+
+impl TxBatch {
+    fn new(size: usize) -> TxBatch {
+        TxBatch { bufs: (0..BATCH).map(|_| vec![0u8; size].into_boxed_slice()).collect(), metas: Vec::with_capacity(BATCH) }
+    }
+}
+
+impl Inner {
+    fn now(&self) -> Timestamp {
+        Timestamp::from_nanos(self.epoch.elapsed().as_nanos() as u64)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Core> {
+        self.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Hands completions to their queues and fills `batch` with up to `BATCH` datagrams.
+    /// Returns whether the engine may have more to send.
+    fn drain(core: &mut Core, now: Timestamp, batch: &mut TxBatch) -> bool {
+        while let Some((cq, c)) = core.ep.poll_completion() {
+            if let Some(q) = core.cqs.get(&cq) {
+                q.queue.lock().unwrap_or_else(|e| e.into_inner()).push_back(c);
+                q.ready.notify_all();
+            }
+        }
+        batch.metas.clear();
+        while batch.metas.len() < BATCH {
+            let i = batch.metas.len();
+            match core.ep.poll_transmit(now, &mut batch.bufs[i]) {
+                Some(t) => batch.metas.push(t),
+                None => return false,
+            }
+        }
+        true
+    }
+
+    fn send(&self, batch: &TxBatch) {
+        let txs: Vec<braid_datapath::Transmit<'_>> = batch
+            .metas
+            .iter()
+            .zip(&batch.bufs)
+            .map(|(t, b)| braid_datapath::Transmit { dest: t.dest, path: t.path, ecn: Ecn::from_tos(t.ecn), contents: &b[..t.len] })
+            .collect();
+        let mut sent = 0;
+        while sent < txs.len() {
+            match self.datapath.send(&txs[sent..]) {
+                Ok(0) | Err(_) => break, // the rest are lost; the engine retransmits them
+                Ok(n) => sent += n,
+            }
+        }
+    }
+
+    fn take_batch(&self) -> TxBatch {
+        self.tx_pool.lock().unwrap_or_else(|e| e.into_inner()).pop().unwrap_or_else(|| TxBatch::new(self.datapath.max_payload()))
+    }
+
+    fn put_batch(&self, b: TxBatch) {
+        self.tx_pool.lock().unwrap_or_else(|e| e.into_inner()).push(b);
+    }
+
+    /// Runs `f` on the engine, then sends what it produced, from this thread. Wakes the
+    /// progress thread if a timer now falls before its wake-up time.
+    fn with_engine<R>(&self, f: impl FnOnce(&mut Endpoint) -> R) -> R {
+        let mut batch = self.take_batch();
+        let (r, mut more, deadline) = {
+            let mut core = self.lock();
+            let r = f(&mut core.ep);
+            let more = Inner::drain(&mut core, self.now(), &mut batch);
+            (r, more, core.ep.poll_timeout())
+        };
+        self.send(&batch);
+        while more {
+            more = Inner::drain(&mut self.lock(), self.now(), &mut batch);
+            self.send(&batch);
+        }
+        self.put_batch(batch);
+        if deadline.is_some_and(|d| d.as_nanos() < self.sleep_until_ns.load(Ordering::Acquire)) {
+            self.datapath.wake();
+        }
+        r
+    }
+
+    fn progress(self: Arc<Inner>) {
+        let mut rx = RecvBatch::new(BATCH, self.datapath.max_payload());
+        let mut tx = TxBatch::new(self.datapath.max_payload());
+        while !self.stop.load(Ordering::Acquire) {
+            let now = self.now();
+            let wait = match self.lock().ep.poll_timeout() {
+                Some(t) => t.saturating_since(now).min(IDLE_WAIT),
+                None => IDLE_WAIT,
+            };
+            self.sleep_until_ns.store(now.as_nanos() + wait.as_nanos() as u64, Ordering::Release);
+            let n = self.datapath.recv(&mut rx, Some(wait)).unwrap_or(0);
+            self.sleep_until_ns.store(0, Ordering::Release);
+            let now = self.now();
+            let mut more = {
+                let mut core = self.lock();
+                for (meta, bytes) in rx.iter().take(n) {
+                    core.ep.handle_datagram(now, meta.src, meta.ecn as u8, bytes);
+                }
+                if core.ep.poll_timeout().is_some_and(|t| t <= now) {
+                    core.ep.handle_timeout(now);
+                }
+                Inner::drain(&mut core, now, &mut tx)
+            };
+            self.send(&tx);
+            while more {
+                more = Inner::drain(&mut self.lock(), self.now(), &mut tx);
+                self.send(&tx);
+            }
+        }
+    }
+}
+
+/// An open device: an endpoint bound to a local address over a datapath.
+#[derive(Clone)]
+pub struct Device {
+    owner: Arc<Owner>,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device").field("addr", &self.local_addr()).field("datapath", &self.datapath_kind()).finish()
+    }
+}
+
+impl Device {
+    /// Opens a device: binds the datapath and starts the progress thread.
+    pub fn open(cfg: DeviceConfig) -> Result<Device, OpenError> {
+        if cfg.engine.paths == 0 || cfg.engine.paths > braid_proto::MAX_PATHS {
+            return Err(OpenError::InvalidConfig("paths must be 1 to 256"));
+        }
+        let mut engine = cfg.engine;
+        if !cfg.deterministic_seed {
+            let mut seed = [0u8; 8];
+            getrandom::getrandom(&mut seed).map_err(|e| OpenError::Datapath(io::Error::other(e)))?;
+            engine.seed = u64::from_le_bytes(seed);
+        }
+        let datapath: Box<dyn Datapath> = match cfg.datapath {
+            DatapathKind::Udp => {
+                let mut u = UdpConfig::new(cfg.local, engine.paths);
+                u.max_payload = engine.max_datagram;
+                Box::new(UdpDatapath::bind(u).map_err(OpenError::Datapath)?)
+            }
+        };
+        engine.max_datagram = engine.max_datagram.min(datapath.max_payload());
+        let ep = Endpoint::new(engine, datapath.local_addr());
+        let inner = Arc::new(Inner {
+            core: Mutex::new(Core { ep, cqs: HashMap::new() }),
+            datapath,
+            epoch: Instant::now(),
+            stop: AtomicBool::new(false),
+            sleep_until_ns: AtomicU64::new(0),
+            tx_pool: Mutex::new(Vec::new()),
+        });
+        let worker = inner.clone();
+        let thread = std::thread::Builder::new()
+            .name("braid-progress".into())
+            .spawn(move || worker.progress())
+            .map_err(OpenError::Thread)?;
+        Ok(Device { owner: Arc::new(Owner { inner, thread: Mutex::new(Some(thread)) }) })
+    }
+
+    fn inner(&self) -> &Inner {
+        &self.owner.inner
+    }
+
+    /// The address peers send to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.inner().datapath.local_addr()
+    }
+
+    /// The datapath in use (`"udp"`, ...).
+    pub fn datapath_kind(&self) -> &'static str {
+        self.inner().datapath.kind()
+    }
+
+    /// Payload bytes per full packet.
+    pub fn chunk_size(&self) -> u32 {
+        self.inner().lock().ep.chunk_size()
+    }
+
+    /// Endpoint counters.
+    pub fn stats(&self) -> EndpointStats {
+        self.inner().lock().ep.stats().clone()
+    }
+
+    /// Per-path counters.
+    pub fn path_stats(&self) -> Vec<PathStats> {
+        self.inner().lock().ep.path_stats().to_vec()
+    }
+
+    /// Allocates a protection domain.
+    pub fn alloc_pd(&self) -> ProtectionDomain {
+        let pd = self.inner().lock().ep.alloc_pd();
+        ProtectionDomain { dev: self.clone(), pd }
+    }
+
+    /// Creates a completion queue.
+    pub fn create_cq(&self) -> CompletionQueue {
+        let shared = Arc::new(CqShared { queue: Mutex::new(VecDeque::new()), ready: Condvar::new() });
+        let mut core = self.inner().lock();
+        let id = core.ep.create_cq();
+        core.cqs.insert(id, shared.clone());
+        CompletionQueue { dev: self.clone(), id, shared }
+    }
+}
+
+/// A protection domain: regions and QPs in one domain may be used together.
+#[derive(Clone)]
+pub struct ProtectionDomain {
+    dev: Device,
+    pd: PdId,
+}
+
+impl std::fmt::Debug for ProtectionDomain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProtectionDomain").field("id", &self.pd.0).finish()
+    }
+}
+
+impl ProtectionDomain {
+    /// Allocates a zero-filled region of `len` bytes and registers it with `access`.
+    pub fn alloc_mr(&self, len: usize, access: Access) -> Result<MemoryRegion, ResourceError> {
+        self.register(Region::new(len), access)
+    }
+
+    /// Registers `len` bytes of caller memory at `ptr` (for the C API).
+    ///
+    /// # Safety
+    /// As [`Region::from_raw`]: the memory stays valid until the region is dropped and every
+    /// work request using it has completed, and meanwhile it is only accessed through the
+    /// region or atomically.
+    pub unsafe fn register_raw(&self, ptr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion, ResourceError> {
+        // SAFETY: forwarded to the caller's contract above.
+        let region = unsafe { Region::from_raw(ptr, len) };
+        self.register(region, access)
+    }
+
+    fn register(&self, region: Arc<Region>, access: Access) -> Result<MemoryRegion, ResourceError> {
+        let keys = self.dev.inner().lock().ep.register(self.pd, region.clone(), access)?;
+        Ok(MemoryRegion { dev: self.dev.clone(), region, keys, access })
+    }
+
+    /// Creates a reliable QP reporting sends to `send_cq` and receives to `recv_cq`.
+    pub fn create_qp(&self, send_cq: &CompletionQueue, recv_cq: &CompletionQueue) -> Result<QueuePair, ResourceError> {
+        let info = self.dev.inner().lock().ep.create_qp(self.pd, send_cq.id, recv_cq.id)?;
+        Ok(QueuePair { dev: self.dev.clone(), info })
+    }
+}
+
+/// A registered memory region. Read and write it through its methods (see
+/// [`braid_proto::mem`] for why there is no `&[u8]` access); peers use its [`rkey`](Self::rkey).
+/// Dropping it deregisters it: peers lose access at once.
+pub struct MemoryRegion {
+    dev: Device,
+    region: Arc<Region>,
+    keys: MrKeys,
+    access: Access,
+}
+
+impl std::fmt::Debug for MemoryRegion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryRegion").field("len", &self.region.len()).field("lkey", &self.keys.lkey).field("rkey", &self.keys.rkey).finish()
+    }
+}
+
+impl Drop for MemoryRegion {
+    fn drop(&mut self) {
+        let _ = self.dev.inner().lock().ep.deregister(self.keys.lkey);
+    }
+}
+
+impl MemoryRegion {
+    /// Local key.
+    pub fn lkey(&self) -> u32 {
+        self.keys.lkey
+    }
+    /// Remote key, to give to peers.
+    pub fn rkey(&self) -> u32 {
+        self.keys.rkey
+    }
+    /// Access rights.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.region.len()
+    }
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.region.is_empty()
+    }
+    /// The shared bytes (read, write, atomics).
+    pub fn region(&self) -> &Arc<Region> {
+        &self.region
+    }
+    /// Copies bytes out of the region.
+    pub fn read(&self, offset: u64, dst: &mut [u8]) -> Result<(), braid_proto::MemError> {
+        self.region.read(offset, dst)
+    }
+    /// Copies bytes into the region.
+    pub fn write(&self, offset: u64, src: &[u8]) -> Result<(), braid_proto::MemError> {
+        self.region.write(offset, src)
+    }
+    /// A scatter/gather entry for `len` bytes at `offset`.
+    pub fn sge(&self, offset: u64, len: u32) -> Sge {
+        Sge { lkey: self.keys.lkey, offset, len }
+    }
+    /// The remote address of byte `offset`, for a peer's WRITE, READ or atomic.
+    pub fn remote(&self, offset: u64) -> RemoteAddr {
+        RemoteAddr { rkey: self.keys.rkey, offset }
+    }
+}
+
+/// A completion queue.
+#[derive(Clone)]
+pub struct CompletionQueue {
+    dev: Device,
+    id: CqId,
+    shared: Arc<CqShared>,
+}
+
+impl std::fmt::Debug for CompletionQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompletionQueue").field("id", &self.id.0).finish()
+    }
+}
+
+impl CompletionQueue {
+    /// Takes up to `out.len()` completions without waiting; returns how many.
+    pub fn poll(&self, out: &mut [Completion]) -> usize {
+        let mut q = self.shared.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let n = out.len().min(q.len());
+        for (slot, c) in out.iter_mut().zip(q.drain(..n)) {
+            *slot = c;
+        }
+        n
+    }
+
+    /// Takes one completion without waiting.
+    pub fn poll_one(&self) -> Option<Completion> {
+        self.shared.queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front()
+    }
+
+    /// Waits up to `timeout` for one completion.
+    pub fn wait(&self, timeout: Duration) -> Option<Completion> {
+        let deadline = Instant::now() + timeout;
+        let mut q = self.shared.queue.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if let Some(c) = q.pop_front() {
+                return Some(c);
+            }
+            let left = deadline.checked_duration_since(Instant::now())?;
+            q = self.shared.ready.wait_timeout(q, left).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    /// The device it belongs to.
+    pub fn device(&self) -> &Device {
+        &self.dev
+    }
+}
+
+/// A reliable queue pair, connected to one peer QP.
+pub struct QueuePair {
+    dev: Device,
+    info: QpInfo,
+}
+
+impl std::fmt::Debug for QueuePair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueuePair").field("qpn", &self.info.qpn).finish()
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        let _ = self.dev.inner().lock().ep.destroy_qp(self.info.qpn);
+    }
+}
+
+impl QueuePair {
+    /// What the peer needs to connect to this QP (address, QP number, first PSN).
+    pub fn info(&self) -> QpInfo {
+        self.info
+    }
+
+    /// Connects to the peer QP described by `peer`.
+    pub fn connect(&self, peer: QpInfo) -> Result<(), ResourceError> {
+        self.dev.inner().lock().ep.connect(self.info.qpn, peer)
+    }
+
+    /// Posts a send work request; its packets leave from this thread.
+    pub fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
+        self.dev.inner().with_engine(|ep| ep.post_send(self.info.qpn, wr))
+    }
+
+    /// Posts a receive work request.
+    pub fn post_recv(&self, wr: RecvWr) -> Result<(), PostError> {
+        self.dev.inner().with_engine(|ep| ep.post_recv(self.info.qpn, wr))
+    }
+
+    /// Moves the QP to the error state: outstanding work completes as flushed.
+    pub fn set_error(&self) -> Result<(), ResourceError> {
+        self.dev.inner().with_engine(|ep| ep.set_error(self.info.qpn))
+    }
+
+    /// State and counters.
+    pub fn stats(&self) -> Option<QpStats> {
+        self.dev.inner().lock().ep.qp_stats(self.info.qpn)
+    }
+}
