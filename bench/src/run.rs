@@ -1,0 +1,557 @@
+//! The test loops, run over one connected queue pair.
+//!
+//! Bandwidth loops keep a bounded window of outstanding work requests: message `m` uses slot
+//! `m % window`, at byte offset `slot * size` in both the local and the remote region, and is
+//! posted only once message `m - window` has completed. Every work request is signaled and
+//! completions arrive in posting order, so the completion of `m` frees slot `m % window`.
+use std::time::{Duration, Instant};
+
+use braid::{Completion, CompletionQueue, MemoryRegion, QueuePair, RecvWr, RemoteAddr, SendOp, SendWr, WcOpcode, WcStatus};
+
+use crate::pattern;
+use crate::report::{BwResult, LatResult};
+use crate::stats;
+
+/// Most outstanding work requests in a bandwidth run.
+pub const MAX_WINDOW: usize = 64;
+/// Outstanding bytes a bandwidth run aims for (fewer work requests for big messages).
+pub const WINDOW_BYTES: u64 = 32 << 20;
+/// A run fails when no completion arrives for this long.
+pub const STALL: Duration = Duration::from_secs(10);
+
+/// The window for messages of `size` bytes: `WINDOW_BYTES / size`, within 2..=`MAX_WINDOW`.
+pub fn window_for(size: u64) -> usize {
+    (WINDOW_BYTES / size.max(1)).clamp(2, MAX_WINDOW as u64) as usize
+}
+
+/// How long a run lasts.
+#[derive(Copy, Clone, Debug, PartialEq)]
+pub enum Limit {
+    /// A fixed number of messages.
+    Iters(u64),
+    /// Posting stops after this long; outstanding work is then drained.
+    Duration(Duration),
+}
+
+/// One side of a connected QP pair, as a test sees it.
+#[derive(Copy, Clone)]
+pub struct Conn<'a> {
+    /// The connected QP.
+    pub qp: &'a QueuePair,
+    /// Its send (and receive) completion queue.
+    pub cq: &'a CompletionQueue,
+    /// The local region (WRITE source, READ destination, SEND/RECV buffers).
+    pub local: &'a MemoryRegion,
+    /// The peer region's remote key.
+    pub rkey: u32,
+    /// The peer region's length.
+    pub remote_len: u64,
+}
+
+/// One-sided operation of a bandwidth run.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub enum BwOp {
+    /// RDMA WRITE from the local slot to the remote slot.
+    Write,
+    /// RDMA READ from the remote slot into the local slot.
+    Read,
+}
+
+impl BwOp {
+    /// Lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            BwOp::Write => "write",
+            BwOp::Read => "read",
+        }
+    }
+}
+
+/// A bandwidth run.
+#[derive(Clone, Debug)]
+pub struct BwSpec {
+    /// Operation.
+    pub op: BwOp,
+    /// Message size, bytes.
+    pub size: u32,
+    /// Length of the run.
+    pub limit: Limit,
+    /// Outstanding work requests allowed (clamped to what the regions hold).
+    pub window: usize,
+    /// Spin on the completion queue instead of sleeping on it.
+    pub busy_poll: bool,
+    /// Print a progress line per second to stderr.
+    pub progress: bool,
+}
+
+/// Content checks around each message: `before` prepares message `msg` in slot offset `off`
+/// just before it is posted; `after` checks it once it has completed and returns the bytes
+/// verified, or a description of the first mismatch.
+pub trait Check {
+    /// Prepares message `msg` at slot offset `off`.
+    fn before(&mut self, msg: u64, off: u64);
+    /// Checks message `msg` at slot offset `off`.
+    fn after(&mut self, msg: u64, off: u64) -> Result<u64, String>;
+}
+
+/// No checks.
+pub struct NoCheck;
+
+impl Check for NoCheck {
+    fn before(&mut self, _: u64, _: u64) {}
+    fn after(&mut self, _: u64, _: u64) -> Result<u64, String> {
+        Ok(0)
+    }
+}
+
+/// End-to-end check with both regions at hand: fills `src`'s slot with a pattern unique to
+/// (`salt`, message) before the post and compares `dst`'s slot with it after completion.
+pub struct Verifier<'a> {
+    src: &'a MemoryRegion,
+    dst: &'a MemoryRegion,
+    size: usize,
+    salt: u64,
+    expected: Vec<Vec<u8>>,
+    got: Vec<u8>,
+}
+
+impl<'a> Verifier<'a> {
+    /// A verifier for messages of `size` bytes moving from `src` to `dst` in up to
+    /// `slots` slots.
+    pub fn new(src: &'a MemoryRegion, dst: &'a MemoryRegion, size: usize, slots: usize, salt: u64) -> Self {
+        Verifier { src, dst, size, salt, expected: vec![Vec::new(); slots], got: vec![0u8; size] }
+    }
+
+    fn slot(&self, off: u64) -> usize {
+        (off / self.size.max(1) as u64) as usize % self.expected.len()
+    }
+}
+
+impl Check for Verifier<'_> {
+    fn before(&mut self, msg: u64, off: u64) {
+        let slot = self.slot(off);
+        let e = &mut self.expected[slot];
+        e.resize(self.size, 0);
+        pattern::fill(self.salt ^ msg.wrapping_mul(0x100_0000_01B3), e);
+        // The slot was checked to fit when the window was chosen.
+        let _ = self.src.write(off, e);
+    }
+
+    fn after(&mut self, msg: u64, off: u64) -> Result<u64, String> {
+        let slot = self.slot(off);
+        self.dst.read(off, &mut self.got).map_err(|e| format!("message {msg}: reading the destination: {e:?}"))?;
+        match pattern::first_mismatch(&self.got, &self.expected[slot]) {
+            None => Ok(self.size as u64),
+            Some(i) => Err(format!(
+                "message {msg}: byte {i} of {} differs (got {:#04x}, want {:#04x})",
+                self.size,
+                self.got.get(i).copied().unwrap_or(0),
+                self.expected[slot].get(i).copied().unwrap_or(0)
+            )),
+        }
+    }
+}
+
+/// A placeholder completion for poll buffers.
+pub fn empty_completion() -> Completion {
+    Completion { wr_id: 0, status: WcStatus::Success, opcode: WcOpcode::Send, byte_len: 0, imm: None, qpn: 0 }
+}
+
+/// Takes at least one completion into `buf`: spinning when `busy`, else sleeping on the CQ.
+/// Fails after [`STALL`] without any.
+pub fn next_completions(cq: &CompletionQueue, buf: &mut [Completion], busy: bool) -> Result<usize, String> {
+    let start = Instant::now();
+    let mut spins = 0u32;
+    loop {
+        let n = cq.poll(buf);
+        if n > 0 {
+            return Ok(n);
+        }
+        if busy {
+            std::hint::spin_loop();
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(4096) && start.elapsed() > STALL {
+                return Err(format!("no completion for {} s: the connection stalled", STALL.as_secs()));
+            }
+        } else {
+            if let Some(c) = cq.wait(Duration::from_millis(100)) {
+                buf[0] = c;
+                return Ok(1 + cq.poll(&mut buf[1..]));
+            }
+            if start.elapsed() > STALL {
+                return Err(format!("no completion for {} s: the connection stalled", STALL.as_secs()));
+            }
+        }
+    }
+}
+
+/// Prints a progress line per second to stderr.
+pub struct Progress {
+    enabled: bool,
+    label: String,
+    start: Instant,
+    last: Instant,
+    last_done: u64,
+}
+
+impl Progress {
+    /// Starts the clock.
+    pub fn new(enabled: bool, label: impl Into<String>) -> Self {
+        let now = Instant::now();
+        Progress { enabled, label: label.into(), start: now, last: now, last_done: 0 }
+    }
+
+    /// Reports `done` messages of `size` bytes if a second has passed since the last line.
+    pub fn tick(&mut self, done: u64, size: u64) {
+        if !self.enabled {
+            return;
+        }
+        let Some(now) = now_if_due(self.last) else { return };
+        let dt = now.duration_since(self.last).as_secs_f64();
+        let msgs = done - self.last_done;
+        eprintln!(
+            "[{:6.1} s] {}: {} msgs, {:.3} Gbit/s, {:.0} msg/s",
+            now.duration_since(self.start).as_secs_f64(),
+            self.label,
+            done,
+            (msgs * size) as f64 * 8.0 / dt / 1e9,
+            msgs as f64 / dt
+        );
+        self.last = now;
+        self.last_done = done;
+    }
+}
+
+fn now_if_due(last: Instant) -> Option<Instant> {
+    let now = Instant::now();
+    (now.duration_since(last) >= Duration::from_secs(1)).then_some(now)
+}
+
+fn check_wc(wc: &Completion, want_id: u64, what: &str) -> Result<(), String> {
+    if wc.status != WcStatus::Success {
+        return Err(format!("{what} {} completed with {:?}", wc.wr_id, wc.status));
+    }
+    if wc.wr_id != want_id {
+        return Err(format!("{what}: completion for {} while {} was expected (out of order)", wc.wr_id, want_id));
+    }
+    Ok(())
+}
+
+fn record(res: Result<u64, String>, verified: &mut u64, mismatches: &mut u64) {
+    match res {
+        Ok(b) => *verified += b,
+        Err(e) => {
+            *mismatches += 1;
+            if *mismatches <= 5 {
+                eprintln!("VERIFY FAILED: {e}");
+            }
+        }
+    }
+}
+
+/// Runs a WRITE or READ bandwidth test.
+pub fn run_bw(c: &Conn<'_>, spec: &BwSpec, check: &mut dyn Check) -> Result<BwResult, String> {
+    let size = u64::from(spec.size);
+    if size == 0 {
+        return Err("message size must be at least 1 byte".into());
+    }
+    let fit = (c.local.len() as u64 / size).min(c.remote_len / size) as usize;
+    let window = spec.window.min(fit);
+    if window == 0 {
+        return Err(format!("regions too small for {size}-byte messages"));
+    }
+    let mut wcs = vec![empty_completion(); MAX_WINDOW];
+    let (mut posted, mut done, mut verified, mut mismatches) = (0u64, 0u64, 0u64, 0u64);
+    let mut progress = Progress::new(spec.progress, format!("{} {size} B", spec.op.name()));
+    let start = Instant::now();
+    let mut end = start;
+    loop {
+        let more = match spec.limit {
+            Limit::Iters(n) => posted < n,
+            Limit::Duration(d) => start.elapsed() < d,
+        };
+        if more {
+            let cap = match spec.limit {
+                Limit::Iters(n) => n,
+                Limit::Duration(_) => u64::MAX,
+            };
+            while posted - done < window as u64 && posted < cap {
+                let off = (posted % window as u64) * size;
+                check.before(posted, off);
+                let remote = RemoteAddr { rkey: c.rkey, offset: off };
+                let op = match spec.op {
+                    BwOp::Write => SendOp::Write(remote),
+                    BwOp::Read => SendOp::Read(remote),
+                };
+                let wr = SendWr { wr_id: posted, op, sges: vec![c.local.sge(off, spec.size)], signaled: true };
+                c.qp.post_send(wr).map_err(|e| format!("post_send: {e}"))?;
+                posted += 1;
+            }
+        } else if done == posted {
+            break;
+        }
+        if done == posted {
+            continue;
+        }
+        let n = next_completions(c.cq, &mut wcs, spec.busy_poll)?;
+        for wc in &wcs[..n] {
+            check_wc(wc, done, spec.op.name())?;
+            let off = (done % window as u64) * size;
+            record(check.after(done, off), &mut verified, &mut mismatches);
+            done += 1;
+        }
+        end = Instant::now();
+        progress.tick(done, size);
+    }
+    let mut r = BwResult::new(spec.op.name(), size, done, end.duration_since(start).as_secs_f64(), window);
+    r.verified_bytes = verified;
+    r.mismatches = mismatches;
+    Ok(r)
+}
+
+/// Runs a WRITE latency test: each round trip posts one signaled WRITE of `size` bytes and
+/// spins on the CQ until its completion (= the peer's ACK) arrives. `check` runs outside the
+/// timed part; `warmup` round trips are not counted.
+pub fn run_write_lat(c: &Conn<'_>, size: u32, iters: u64, warmup: u64, progress: bool, check: &mut dyn Check) -> Result<LatResult, String> {
+    if u64::from(size) > c.remote_len || size as usize > c.local.len() {
+        return Err(format!("regions too small for {size}-byte messages"));
+    }
+    let mut samples = Vec::with_capacity(iters as usize);
+    let mut mismatches = 0u64;
+    let mut verified = 0u64;
+    let mut wcs = [empty_completion()];
+    let mut prog = Progress::new(progress, format!("write_lat {size} B"));
+    for i in 0..warmup + iters {
+        check.before(i, 0);
+        let wr = SendWr {
+            wr_id: i,
+            op: SendOp::Write(RemoteAddr { rkey: c.rkey, offset: 0 }),
+            sges: vec![c.local.sge(0, size)],
+            signaled: true,
+        };
+        let t0 = Instant::now();
+        c.qp.post_send(wr).map_err(|e| format!("post_send: {e}"))?;
+        next_completions(c.cq, &mut wcs, true)?;
+        let dt = t0.elapsed();
+        check_wc(&wcs[0], i, "write")?;
+        record(check.after(i, 0), &mut verified, &mut mismatches);
+        if i >= warmup {
+            samples.push(dt.as_nanos() as u64);
+            prog.tick(i + 1 - warmup, u64::from(size));
+        }
+    }
+    Ok(LatResult { op: "write".into(), size: u64::from(size), iterations: iters, lat: stats::summarize(&mut samples), mismatches })
+}
+
+/// Runs a SEND ping-pong latency test against a peer that echoes every SEND back (see
+/// [`serve_echo`]). The local region holds the send buffer at 0 and the receive buffer at
+/// `size` rounded up to 8. Every echo is checked against what was sent.
+pub fn run_send_lat(c: &Conn<'_>, size: u32, iters: u64, warmup: u64, progress: bool) -> Result<LatResult, String> {
+    let rx_off = u64::from(size).div_ceil(8) * 8;
+    if (rx_off + u64::from(size)) as usize > c.local.len() {
+        return Err(format!("local region too small for {size}-byte messages"));
+    }
+    let mut samples = Vec::with_capacity(iters as usize);
+    let mut mismatches = 0u64;
+    let mut wcs = vec![empty_completion(); 4];
+    let mut sent = vec![0u8; size as usize];
+    let mut got = vec![0u8; size as usize];
+    let mut prog = Progress::new(progress, format!("send_lat {size} B"));
+    for i in 0..warmup + iters {
+        pattern::fill(0x5E4D ^ i, &mut sent);
+        c.local.write(0, &sent).map_err(|e| format!("local write: {e:?}"))?;
+        c.qp.post_recv(RecvWr { wr_id: i, sges: vec![c.local.sge(rx_off, size)] }).map_err(|e| format!("post_recv: {e}"))?;
+        let t0 = Instant::now();
+        c.qp.post_send(SendWr { wr_id: i, op: SendOp::Send, sges: vec![c.local.sge(0, size)], signaled: true })
+            .map_err(|e| format!("post_send: {e}"))?;
+        let (mut send_done, mut rtt) = (false, None);
+        while !send_done || rtt.is_none() {
+            let n = next_completions(c.cq, &mut wcs, true)?;
+            let now = t0.elapsed();
+            for wc in &wcs[..n] {
+                match wc.opcode {
+                    WcOpcode::Recv => {
+                        check_wc(wc, i, "recv")?;
+                        if wc.byte_len != size {
+                            return Err(format!("echo {i} has {} bytes, want {size}", wc.byte_len));
+                        }
+                        rtt = Some(now);
+                    }
+                    _ => {
+                        check_wc(wc, i, "send")?;
+                        send_done = true;
+                    }
+                }
+            }
+        }
+        c.local.read(rx_off, &mut got).map_err(|e| format!("local read: {e:?}"))?;
+        if let Some(at) = pattern::first_mismatch(&got, &sent) {
+            mismatches += 1;
+            if mismatches <= 5 {
+                eprintln!("VERIFY FAILED: echo {i}: byte {at} differs");
+            }
+        }
+        if i >= warmup {
+            samples.push(rtt.map_or(0, |d| d.as_nanos() as u64));
+            prog.tick(i + 1 - warmup, u64::from(size));
+        }
+    }
+    Ok(LatResult { op: "send".into(), size: u64::from(size), iterations: iters, lat: stats::summarize(&mut samples), mismatches })
+}
+
+/// Slots the echo server keeps receives posted in.
+pub const ECHO_SLOTS: usize = 64;
+
+/// Posts the echo server's receives: `ECHO_SLOTS` slots of `size` bytes in `mr`.
+pub fn post_echo_recvs(qp: &QueuePair, mr: &MemoryRegion, size: u32) -> Result<(), String> {
+    let stride = u64::from(size).div_ceil(8).max(1) * 8;
+    if stride * ECHO_SLOTS as u64 > mr.len() as u64 {
+        return Err(format!("region too small for {ECHO_SLOTS} receives of {size} bytes"));
+    }
+    for k in 0..ECHO_SLOTS as u64 {
+        qp.post_recv(RecvWr { wr_id: k, sges: vec![mr.sge(k * stride, size)] }).map_err(|e| format!("post_recv: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Echoes every SEND that lands in a receive posted by [`post_echo_recvs`] back from the same
+/// buffer, until `stop` is set. Returns how many were echoed.
+pub fn serve_echo(qp: &QueuePair, cq: &CompletionQueue, mr: &MemoryRegion, size: u32, busy: bool, stop: &std::sync::atomic::AtomicBool) -> Result<u64, String> {
+    use std::sync::atomic::Ordering;
+    let stride = u64::from(size).div_ceil(8).max(1) * 8;
+    let mut wcs = vec![empty_completion(); 16];
+    let mut echoed = 0u64;
+    while !stop.load(Ordering::Acquire) {
+        let n = if busy {
+            cq.poll(&mut wcs)
+        } else {
+            match cq.wait(Duration::from_millis(20)) {
+                Some(c) => {
+                    wcs[0] = c;
+                    1 + cq.poll(&mut wcs[1..])
+                }
+                None => 0,
+            }
+        };
+        for wc in &wcs[..n] {
+            if wc.status != WcStatus::Success {
+                return Err(format!("echo: {:?} completed with {:?}", wc.opcode, wc.status));
+            }
+            if wc.opcode != WcOpcode::Recv {
+                continue;
+            }
+            let slot = wc.wr_id % ECHO_SLOTS as u64;
+            let off = slot * stride;
+            qp.post_send(SendWr { wr_id: wc.wr_id, op: SendOp::Send, sges: vec![mr.sge(off, wc.byte_len)], signaled: true })
+                .map_err(|e| format!("echo post_send: {e}"))?;
+            // The slot's next SEND arrives only after this echo was received (ping-pong), so
+            // reposting it now is safe.
+            qp.post_recv(RecvWr { wr_id: wc.wr_id + ECHO_SLOTS as u64, sges: vec![mr.sge(off, size)] })
+                .map_err(|e| format!("echo post_recv: {e}"))?;
+            echoed += 1;
+        }
+        if busy && n == 0 {
+            std::hint::spin_loop();
+        }
+    }
+    Ok(echoed)
+}
+
+/// The receiving side of an in-process SEND bandwidth test.
+pub struct RecvSide<'a> {
+    /// The receiving QP.
+    pub qp: &'a QueuePair,
+    /// Its receive completion queue.
+    pub cq: &'a CompletionQueue,
+    /// Its region (receive buffers, slot `m % window` at `slot * size`).
+    pub mr: &'a MemoryRegion,
+}
+
+/// Runs a SEND bandwidth test with both ends in this process: the receiver keeps one RECV
+/// posted per window slot, and a SEND is posted only once its RECV is. `check.after` runs on
+/// each receive completion (so it should read the receiver's region).
+pub fn run_send_bw_local(c: &Conn<'_>, r: &RecvSide<'_>, spec: &BwSpec, check: &mut dyn Check) -> Result<BwResult, String> {
+    let size = u64::from(spec.size);
+    if size == 0 {
+        return Err("message size must be at least 1 byte".into());
+    }
+    let window = spec.window.min((c.local.len() as u64 / size).min(r.mr.len() as u64 / size) as usize);
+    if window == 0 {
+        return Err(format!("regions too small for {size}-byte messages"));
+    }
+    let w = window as u64;
+    for m in 0..w {
+        r.qp.post_recv(RecvWr { wr_id: m, sges: vec![r.mr.sge(m * size, spec.size)] }).map_err(|e| format!("post_recv: {e}"))?;
+    }
+    let mut recv_posted = w;
+    let mut wcs = vec![empty_completion(); MAX_WINDOW];
+    let (mut posted, mut sent, mut received, mut verified, mut mismatches) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let mut progress = Progress::new(spec.progress, format!("send {size} B"));
+    let start = Instant::now();
+    let mut end = start;
+    let mut idle_since = Instant::now();
+    loop {
+        let more = match spec.limit {
+            Limit::Iters(n) => posted < n,
+            Limit::Duration(d) => start.elapsed() < d,
+        };
+        let cap = match spec.limit {
+            Limit::Iters(n) => n,
+            Limit::Duration(_) => u64::MAX,
+        };
+        if more {
+            while posted - sent < w && posted < recv_posted && posted < cap {
+                let off = (posted % w) * size;
+                check.before(posted, off);
+                let wr = SendWr { wr_id: posted, op: SendOp::Send, sges: vec![c.local.sge(off, spec.size)], signaled: true };
+                c.qp.post_send(wr).map_err(|e| format!("post_send: {e}"))?;
+                posted += 1;
+            }
+        } else if sent == posted && received == posted {
+            break;
+        }
+        let mut got_any = false;
+        let n = r.cq.poll(&mut wcs);
+        for wc in &wcs[..n] {
+            check_wc(wc, received, "recv")?;
+            if u64::from(wc.byte_len) != size {
+                return Err(format!("recv {} has {} bytes, want {size}", wc.wr_id, wc.byte_len));
+            }
+            let off = (received % w) * size;
+            record(check.after(received, off), &mut verified, &mut mismatches);
+            r.qp.post_recv(RecvWr { wr_id: recv_posted, sges: vec![r.mr.sge(off, spec.size)] }).map_err(|e| format!("post_recv: {e}"))?;
+            recv_posted += 1;
+            received += 1;
+            got_any = true;
+        }
+        if sent < posted {
+            let n = if spec.busy_poll || n > 0 {
+                c.cq.poll(&mut wcs)
+            } else {
+                match c.cq.wait(Duration::from_millis(1)) {
+                    Some(x) => {
+                        wcs[0] = x;
+                        1 + c.cq.poll(&mut wcs[1..])
+                    }
+                    None => 0,
+                }
+            };
+            for wc in &wcs[..n] {
+                check_wc(wc, sent, "send")?;
+                sent += 1;
+                got_any = true;
+            }
+        }
+        if got_any {
+            end = Instant::now();
+            idle_since = end;
+            progress.tick(received, size);
+        } else if idle_since.elapsed() > STALL {
+            return Err(format!("no completion for {} s: the connection stalled", STALL.as_secs()));
+        }
+    }
+    let mut res = BwResult::new("send", size, received, end.duration_since(start).as_secs_f64(), window);
+    res.verified_bytes = verified;
+    res.mismatches = mismatches;
+    Ok(res)
+}
