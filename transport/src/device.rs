@@ -8,7 +8,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -23,7 +23,11 @@ use braid_proto::{
 
 /// Datagrams moved per batch between the engine and the datapath.
 const BATCH: usize = 64;
-/// Longest the progress thread sleeps without a timer, so it notices a stop promptly.
+/// Longest the progress thread sleeps. Posting threads never wake it for timers, so a
+/// retransmit timeout armed by a post fires at most this late; the floor of the timeout is
+/// 500 µs by default, so the slack stays within the same order.
+const TIMER_SLACK: Duration = Duration::from_millis(1);
+/// Longest the progress thread sleeps while the device has no QP.
 const IDLE_WAIT: Duration = Duration::from_millis(50);
 
 /// Which datapath a device uses.
@@ -112,6 +116,8 @@ impl std::error::Error for OpenError {
 struct CqShared {
     queue: Mutex<VecDeque<Completion>>,
     ready: Condvar,
+    /// Threads blocked in `wait`; changed only with `queue` locked.
+    waiters: AtomicUsize,
 }
 
 struct Core {
@@ -124,8 +130,10 @@ struct Inner {
     datapath: Box<dyn Datapath>,
     epoch: Instant,
     stop: AtomicBool,
-    /// When the progress thread will wake up on its own, ns since `epoch`.
-    sleep_until_ns: AtomicU64,
+    /// Held from stamping datagrams (in the engine) to handing them to the datapath, so they
+    /// leave in the order of their timestamps; otherwise two threads sending batches out of
+    /// order look like reordering and trigger spurious retransmissions.
+    tx_order: Mutex<()>,
     tx_pool: Mutex<Vec<TxBatch>>,
 }
 
@@ -170,8 +178,11 @@ impl Inner {
     fn drain(core: &mut Core, now: Timestamp, batch: &mut TxBatch) -> bool {
         while let Some((cq, c)) = core.ep.poll_completion() {
             if let Some(q) = core.cqs.get(&cq) {
-                q.queue.lock().unwrap_or_else(|e| e.into_inner()).push_back(c);
-                q.ready.notify_all();
+                let mut queue = q.queue.lock().unwrap_or_else(|e| e.into_inner());
+                queue.push_back(c);
+                if q.waiters.load(Ordering::Relaxed) > 0 {
+                    q.ready.notify_all();
+                }
             }
         }
         batch.metas.clear();
@@ -209,25 +220,25 @@ impl Inner {
         self.tx_pool.lock().unwrap_or_else(|e| e.into_inner()).push(b);
     }
 
-    /// Runs `f` on the engine, then sends what it produced, from this thread. Wakes the
-    /// progress thread if a timer now falls before its wake-up time.
+    /// Sends everything the engine has to send, in timestamp order, and hands completions to
+    /// their queues.
+    fn flush(&self, batch: &mut TxBatch) {
+        let _order = self.tx_order.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let more = Inner::drain(&mut self.lock(), self.now(), batch);
+            self.send(batch);
+            if !more {
+                break;
+            }
+        }
+    }
+
+    /// Runs `f` on the engine, then sends what it produced, from this thread.
     fn with_engine<R>(&self, f: impl FnOnce(&mut Endpoint) -> R) -> R {
+        let r = f(&mut self.lock().ep);
         let mut batch = self.take_batch();
-        let (r, mut more, deadline) = {
-            let mut core = self.lock();
-            let r = f(&mut core.ep);
-            let more = Inner::drain(&mut core, self.now(), &mut batch);
-            (r, more, core.ep.poll_timeout())
-        };
-        self.send(&batch);
-        while more {
-            more = Inner::drain(&mut self.lock(), self.now(), &mut batch);
-            self.send(&batch);
-        }
+        self.flush(&mut batch);
         self.put_batch(batch);
-        if deadline.is_some_and(|d| d.as_nanos() < self.sleep_until_ns.load(Ordering::Acquire)) {
-            self.datapath.wake();
-        }
         r
     }
 
@@ -235,30 +246,26 @@ impl Inner {
         let mut rx = RecvBatch::new(BATCH, self.datapath.max_payload());
         let mut tx = TxBatch::new(self.datapath.max_payload());
         while !self.stop.load(Ordering::Acquire) {
-            let now = self.now();
-            let wait = match self.lock().ep.poll_timeout() {
-                Some(t) => t.saturating_since(now).min(IDLE_WAIT),
-                None => IDLE_WAIT,
+            let wait = {
+                let core = self.lock();
+                let cap = if core.ep.qp_count() > 0 { TIMER_SLACK } else { IDLE_WAIT };
+                match core.ep.poll_timeout() {
+                    Some(t) => t.saturating_since(self.now()).min(cap),
+                    None => cap,
+                }
             };
-            self.sleep_until_ns.store(now.as_nanos() + wait.as_nanos() as u64, Ordering::Release);
             let n = self.datapath.recv(&mut rx, Some(wait)).unwrap_or(0);
-            self.sleep_until_ns.store(0, Ordering::Release);
-            let now = self.now();
-            let mut more = {
+            {
                 let mut core = self.lock();
+                let now = self.now();
                 for (meta, bytes) in rx.iter().take(n) {
                     core.ep.handle_datagram(now, meta.src, meta.ecn as u8, bytes);
                 }
                 if core.ep.poll_timeout().is_some_and(|t| t <= now) {
                     core.ep.handle_timeout(now);
                 }
-                Inner::drain(&mut core, now, &mut tx)
-            };
-            self.send(&tx);
-            while more {
-                more = Inner::drain(&mut self.lock(), self.now(), &mut tx);
-                self.send(&tx);
             }
+            self.flush(&mut tx);
         }
     }
 }
@@ -301,7 +308,7 @@ impl Device {
             datapath,
             epoch: Instant::now(),
             stop: AtomicBool::new(false),
-            sleep_until_ns: AtomicU64::new(0),
+            tx_order: Mutex::new(()),
             tx_pool: Mutex::new(Vec::new()),
         });
         let worker = inner.clone();
@@ -349,7 +356,11 @@ impl Device {
 
     /// Creates a completion queue.
     pub fn create_cq(&self) -> CompletionQueue {
-        let shared = Arc::new(CqShared { queue: Mutex::new(VecDeque::new()), ready: Condvar::new() });
+        let shared = Arc::new(CqShared {
+            queue: Mutex::new(VecDeque::new()),
+            ready: Condvar::new(),
+            waiters: AtomicUsize::new(0),
+        });
         let mut core = self.inner().lock();
         let id = core.ep.create_cq();
         core.cqs.insert(id, shared.clone());
@@ -504,7 +515,9 @@ impl CompletionQueue {
                 return Some(c);
             }
             let left = deadline.checked_duration_since(Instant::now())?;
+            self.shared.waiters.fetch_add(1, Ordering::Relaxed);
             q = self.shared.ready.wait_timeout(q, left).unwrap_or_else(|e| e.into_inner()).0;
+            self.shared.waiters.fetch_sub(1, Ordering::Relaxed);
         }
     }
 

@@ -353,6 +353,8 @@ struct Qp {
     naks: VecDeque<wire::Nak>,
     rq: VecDeque<RecvWqe>,
     rq_base_ssn: u32,
+    /// A work request was refused: send nothing new, fail once the earlier ones finish.
+    failing: bool,
 }
 
 /// One device's protocol state. See the module documentation for the driving order.
@@ -546,6 +548,7 @@ impl Endpoint {
             naks: VecDeque::new(),
             rq: VecDeque::new(),
             rq_base_ssn: 0,
+            failing: false,
         };
         self.qps.insert(qpn, qp);
         self.order.push(qpn);
@@ -786,9 +789,9 @@ impl Endpoint {
         self.qps.values().filter_map(|q| q.next_deadline(&self.sh)).min()
     }
 
-    /// Whether any QP has work in progress (unacknowledged packets, queued work or responses).
-    pub fn is_busy(&self) -> bool {
-        self.qps.values().any(|q| q.state == QpState::Connected && (!q.sq.is_empty() || !q.sent.is_empty() || !q.resp.is_empty()))
+    /// Number of QPs.
+    pub fn qp_count(&self) -> usize {
+        self.qps.len()
     }
 }
 
@@ -999,6 +1002,9 @@ impl Qp {
                 }
             }
         }
+        if self.failing {
+            return None;
+        }
         let w = self.sq.get_mut(self.pack_idx)?;
         let offset = w.next_offset;
         let len = if w.op.carries_data() { (w.len - offset).min(sh.req_chunk) } else { 0 };
@@ -1172,14 +1178,18 @@ impl Qp {
     }
 
     /// Completes send work requests from the front of the queue, in posting order.
+    /// Once a refused work request (see `on_nak`) reaches the front, the QP fails.
     fn complete_sq(&mut self, sh: &mut Shared) {
-        while self.sq.front().is_some_and(|w| w.is_done()) {
+        while self.sq.front().is_some_and(|w| w.status.is_none() && w.is_done()) {
             let Some(w) = self.sq.pop_front() else { break };
             self.sq_base_msn = self.sq_base_msn.wrapping_add(1);
             self.pack_idx = self.pack_idx.saturating_sub(1);
             if w.signaled {
                 sh.complete(self.send_cq, Completion { wr_id: w.wr_id, status: WcStatus::Success, opcode: w.opcode(), byte_len: w.len, imm: None, qpn: self.qpn });
             }
+        }
+        if self.sq.front().is_some_and(|w| w.status.is_some()) {
+            self.enter_error(sh);
         }
     }
 
@@ -1266,8 +1276,11 @@ impl Qp {
         if self.state != QpState::Connected {
             return;
         }
-        // The cumulative point must lie within what was sent.
+        // The cumulative point must lie within what was sent. One behind `snd_una` is an
+        // older ACK overtaken by a newer one (normal with spraying): its SACK bits still count.
         let adv = a.cum_psn.wrapping_sub(self.snd_una);
+        let stale = self.snd_una.wrapping_sub(a.cum_psn) < 1 << 31;
+        let adv = if stale { 0 } else { adv };
         if adv > self.next_psn.wrapping_sub(self.snd_una) {
             sh.stats.rx_bad_response += 1;
             return;
@@ -1398,8 +1411,12 @@ impl Qp {
             Syndrome::InvalidRequest => WcStatus::RemoteInvalidRequest,
             Syndrome::RemoteOperation => WcStatus::RemoteOperationError,
         };
+        // Work requests posted before the refused one may still be in flight (their packets
+        // took other paths): let them finish, then fail this one and flush the rest, so the
+        // statuses read in posting order. Nothing new is sent meanwhile.
         self.sq[wi].status = Some(status);
-        self.enter_error(sh);
+        self.failing = true;
+        self.complete_sq(sh);
     }
 
     fn on_timeout(&mut self, now: Timestamp, sh: &mut Shared) {
@@ -1431,13 +1448,10 @@ impl Qp {
         sh.stats.rto_fired += 1;
         self.consecutive_rto += 1;
         if self.consecutive_rto > sh.cfg.retry_limit {
-            // The work request that was waiting longest gets the error; the rest are flushed.
-            let oldest = self.sent.iter().find(|p| !p.acked).and_then(|p| match p.what {
-                SentWhat::Req { msn, .. } => self.wqe_index(msn),
-                _ => None,
-            });
-            let target = oldest.or_else(|| self.sq.iter().position(|w| !w.is_done()));
-            if let Some(i) = target {
+            // The oldest unfinished work request gets the error (a READ waiting for its
+            // response counts, though none of its packets is unacknowledged); the rest are
+            // flushed, so the statuses read in posting order as verbs users expect.
+            if let Some(i) = self.sq.iter().position(|w| !w.is_done()) {
                 self.sq[i].status = Some(WcStatus::RetryExceeded);
             }
             self.enter_error(sh);
@@ -1468,12 +1482,16 @@ impl Qp {
             return;
         }
         self.state = QpState::Error;
+        // After the first failed work request everything is flushed, even work that finished
+        // meanwhile (verbs semantics: nothing after an error completes successfully).
+        let mut failed = false;
         for w in self.sq.drain(..) {
             let (status, byte_len) = match w.status {
                 Some(s) => (s, 0),
-                None if w.is_done() => (WcStatus::Success, w.len),
+                None if w.is_done() && !failed => (WcStatus::Success, w.len),
                 None => (WcStatus::Flushed, 0),
             };
+            failed |= status != WcStatus::Success;
             if status != WcStatus::Success || w.signaled {
                 sh.complete(self.send_cq, Completion { wr_id: w.wr_id, status, opcode: w.opcode(), byte_len, imm: None, qpn: self.qpn });
             }

@@ -160,14 +160,29 @@ impl Region {
         self.check(offset, dst.len() as u64)?;
         let words = self.words();
         let mut pos = self.head + offset as usize; // fits: checked against len above
-        let mut out = 0;
-        while out < dst.len() {
-            let w = words[pos / 8].load(Relaxed).to_ne_bytes();
+        let mut done = 0;
+        // A partial first word.
+        if pos % 8 != 0 && !dst.is_empty() {
             let in_word = pos % 8;
-            let n = (8 - in_word).min(dst.len() - out);
-            dst[out..out + n].copy_from_slice(&w[in_word..in_word + n]);
-            out += n;
+            let n = (8 - in_word).min(dst.len());
+            let w = words[pos / 8].load(Relaxed).to_ne_bytes();
+            dst[..n].copy_from_slice(&w[in_word..in_word + n]);
+            done += n;
             pos += n;
+        }
+        // Whole words, with fixed-size copies the compiler keeps inline.
+        let whole = (dst.len() - done) / 8;
+        let first = pos / 8;
+        for (w, chunk) in words[first..first + whole].iter().zip(dst[done..].chunks_exact_mut(8)) {
+            chunk.copy_from_slice(&w.load(Relaxed).to_ne_bytes());
+        }
+        done += whole * 8;
+        pos += whole * 8;
+        // A partial last word.
+        if done < dst.len() {
+            let n = dst.len() - done;
+            let w = words[pos / 8].load(Relaxed).to_ne_bytes();
+            dst[done..].copy_from_slice(&w[..n]);
         }
         Ok(())
     }

@@ -1,0 +1,280 @@
+//! Real UDP on 127.0.0.1: two devices in this process, and a device in a child process
+//! (`braid-test-peer`) driven over its stdin and stdout.
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use braid::{
+    Access, Completion, CompletionQueue, Device, DeviceConfig, MemoryRegion, ProtectionDomain,
+    QueuePair, RecvWr, SendOp, SendWr, WcOpcode, WcStatus,
+};
+use braid_tests::{fnv1a, format_info, parse_info, pattern_byte, PEER_RECV_LEN, PEER_REGION_LEN};
+use rand_core::RngCore;
+
+use crate::support::{below, rng};
+
+const WAIT: Duration = Duration::from_secs(20);
+const PATHS: u16 = 16;
+
+struct End {
+    dev: Device,
+    pd: ProtectionDomain,
+    cq: CompletionQueue,
+    qp: QueuePair,
+}
+
+fn open() -> End {
+    let dev = Device::open(DeviceConfig::udp("127.0.0.1:0".parse().expect("addr")).paths(PATHS)).expect("open a UDP device");
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq();
+    let qp = pd.create_qp(&cq, &cq).expect("qp");
+    End { dev, pd, cq, qp }
+}
+
+/// Two devices on loopback with connected QPs.
+fn pair() -> (End, End) {
+    let (a, b) = (open(), open());
+    a.qp.connect(b.qp.info()).expect("connect a");
+    b.qp.connect(a.qp.info()).expect("connect b");
+    (a, b)
+}
+
+fn random_mr(pd: &ProtectionDomain, len: usize, access: Access, seed: u64) -> (MemoryRegion, Vec<u8>) {
+    let mr = pd.alloc_mr(len, access).expect("alloc_mr");
+    let mut data = vec![0u8; len];
+    rng(seed).fill_bytes(&mut data);
+    mr.write(0, &data).expect("in bounds");
+    (mr, data)
+}
+
+fn contents(mr: &MemoryRegion) -> Vec<u8> {
+    let mut v = vec![0u8; mr.len()];
+    mr.read(0, &mut v).expect("whole region");
+    v
+}
+
+fn wait(cq: &CompletionQueue) -> Completion {
+    cq.wait(WAIT).expect("a completion within the wait")
+}
+
+fn wr(wr_id: u64, op: SendOp, sges: Vec<braid::Sge>) -> SendWr {
+    SendWr { wr_id, op, sges, signaled: true }
+}
+
+#[test]
+fn write_lands_byte_exact_over_udp() {
+    let (a, b) = pair();
+    let (src, data) = random_mr(&a.pd, 1 << 20, Access::NONE, 1);
+    let (dst, before) = random_mr(&b.pd, 2 << 20, Access::REMOTE_WRITE, 2);
+    let sges = vec![src.sge(0, 300_000), src.sge(500_000, 400_001)];
+    a.qp.post_send(wr(1, SendOp::Write(dst.remote(777)), sges)).expect("post");
+    let wc = wait(&a.cq);
+    assert_eq!((wc.wr_id, wc.status, wc.opcode, wc.byte_len), (1, WcStatus::Success, WcOpcode::Write, 700_001));
+    let mut want = before;
+    want[777..777 + 300_000].copy_from_slice(&data[..300_000]);
+    want[777 + 300_000..777 + 700_001].copy_from_slice(&data[500_000..900_001]);
+    assert!(contents(&dst) == want, "target region differs");
+}
+
+#[test]
+fn read_returns_byte_exact_over_udp() {
+    let (a, b) = pair();
+    let (dst, before) = random_mr(&a.pd, 1 << 20, Access::LOCAL_WRITE, 3);
+    let (src, data) = random_mr(&b.pd, 1 << 20, Access::REMOTE_READ, 4);
+    let sges = vec![dst.sge(10, 100_000), dst.sge(200_000, 1), dst.sge(300_000, 250_000)];
+    a.qp.post_send(wr(2, SendOp::Read(src.remote(5)), sges)).expect("post");
+    let wc = wait(&a.cq);
+    assert_eq!((wc.wr_id, wc.status, wc.opcode, wc.byte_len), (2, WcStatus::Success, WcOpcode::Read, 350_001));
+    let mut want = before;
+    want[10..100_010].copy_from_slice(&data[5..100_005]);
+    want[200_000] = data[100_005];
+    want[300_000..550_000].copy_from_slice(&data[100_006..350_006]);
+    assert!(contents(&dst) == want, "read destination differs");
+}
+
+#[test]
+fn send_fills_the_posted_recv_over_udp() {
+    let (a, b) = pair();
+    let (src, data) = random_mr(&a.pd, 100_000, Access::NONE, 5);
+    let (rbuf, before) = random_mr(&b.pd, 100_000, Access::LOCAL_WRITE, 6);
+    b.qp.post_recv(RecvWr { wr_id: 10, sges: vec![rbuf.sge(0, 5000), rbuf.sge(50_000, 50_000)] }).expect("recv");
+    b.qp.post_recv(RecvWr { wr_id: 11, sges: vec![] }).expect("recv");
+    a.qp.post_send(wr(3, SendOp::SendImm(0xabcd), vec![src.sge(0, 20_000)])).expect("post");
+    a.qp.post_send(wr(4, SendOp::Send, vec![])).expect("post");
+    let sent: Vec<_> = (0..2).map(|_| wait(&a.cq)).map(|c| (c.wr_id, c.status, c.byte_len)).collect();
+    assert_eq!(sent, vec![(3, WcStatus::Success, 20_000), (4, WcStatus::Success, 0)]);
+    let got: Vec<_> = (0..2).map(|_| wait(&b.cq)).map(|c| (c.wr_id, c.status, c.opcode, c.byte_len, c.imm)).collect();
+    assert_eq!(got, vec![(10, WcStatus::Success, WcOpcode::Recv, 20_000, Some(0xabcd)), (11, WcStatus::Success, WcOpcode::Recv, 0, None)]);
+    let mut want = before;
+    want[..5000].copy_from_slice(&data[..5000]);
+    want[50_000..65_000].copy_from_slice(&data[5000..20_000]);
+    assert!(contents(&rbuf) == want, "receive buffer differs");
+}
+
+#[test]
+fn atomics_are_exact_over_udp() {
+    let (a, b) = pair();
+    let res = a.pd.alloc_mr(8 * 200, Access::LOCAL_WRITE).expect("mr");
+    let target = b.pd.alloc_mr(16, Access::REMOTE_ATOMIC).expect("mr");
+    target.region().write(8, &41u64.to_ne_bytes()).expect("in bounds");
+    for i in 0..199u64 {
+        a.qp.post_send(wr(i, SendOp::FetchAdd(target.remote(0), 5), vec![res.sge(8 * i, 8)])).expect("post");
+    }
+    let cas = SendOp::CompareSwap { remote: target.remote(8), compare: 41, swap: 99 };
+    a.qp.post_send(wr(199, cas, vec![res.sge(8 * 199, 8)])).expect("post");
+    for i in 0..200 {
+        let wc = wait(&a.cq);
+        assert_eq!((wc.wr_id, wc.status, wc.byte_len), (i, WcStatus::Success, 8), "completion {i}");
+    }
+    let word = |mr: &MemoryRegion, off: u64| {
+        let mut b = [0u8; 8];
+        mr.read(off, &mut b).expect("in bounds");
+        u64::from_ne_bytes(b)
+    };
+    let mut originals: Vec<u64> = (0..199).map(|i| word(&res, 8 * i)).collect();
+    originals.sort_unstable();
+    assert_eq!(originals, (0..199).map(|i| 5 * i).collect::<Vec<_>>());
+    assert_eq!(word(&target, 0), 5 * 199);
+    assert_eq!((word(&res, 8 * 199), word(&target, 8)), (41, 99));
+}
+
+#[test]
+fn many_messages_spread_over_16_paths() {
+    let (a, b) = pair();
+    let mut r = rng(7);
+    let (len, n, max) = (4 << 20, 1000u64, 16_000u64);
+    let (src, data) = random_mr(&a.pd, len, Access::NONE, 8);
+    // Each message gets its own slice of the target, with gaps, so the final content does
+    // not depend on placement order.
+    let (dst, mut want) = random_mr(&b.pd, (n * (max + 64)) as usize, Access::REMOTE_WRITE, 9);
+    let (mut posted, mut done, mut next_to) = (0u64, 0u64, 0usize);
+    while done < n {
+        while posted < n && posted - done < 256 {
+            let size = below(&mut r, max) as usize;
+            let off = below(&mut r, (len - size) as u64) as usize;
+            let to = next_to + below(&mut r, 64) as usize;
+            next_to = to + size;
+            want[to..to + size].copy_from_slice(&data[off..off + size]);
+            let op = SendOp::Write(dst.remote(to as u64));
+            a.qp.post_send(wr(posted, op, vec![src.sge(off as u64, size as u32)])).expect("post");
+            posted += 1;
+        }
+        let wc = wait(&a.cq);
+        assert_eq!((wc.wr_id, wc.status), (done, WcStatus::Success), "completions come in posting order");
+        done += 1;
+    }
+    assert!(contents(&dst) == want, "target region differs");
+    let used = a.dev.path_stats().iter().filter(|p| p.packets > 0).count();
+    assert_eq!(used, usize::from(PATHS), "packets were sprayed over every path");
+}
+
+/// The child peer process; killed (and reaped) when dropped, so a failing test never leaves
+/// it behind.
+struct Peer {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Peer {
+    fn spawn() -> Peer {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_braid-test-peer"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn braid-test-peer");
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+        Peer { child, stdin, stdout }
+    }
+
+    fn send(&mut self, line: &str) {
+        let w = self.stdin.as_mut().expect("stdin open");
+        writeln!(w, "{line}").and_then(|()| w.flush()).expect("write to the peer");
+    }
+
+    fn recv(&mut self) -> String {
+        let mut line = String::new();
+        let n = self.stdout.read_line(&mut line).expect("read from the peer");
+        assert!(n > 0, "the peer closed its stdout");
+        line.trim_end().to_string()
+    }
+
+    fn ask(&mut self, line: &str) -> String {
+        self.send(line);
+        self.recv()
+    }
+
+    /// Closes stdin after `QUIT` and waits (bounded) for a clean exit.
+    fn quit(mut self) {
+        self.send("QUIT");
+        drop(self.stdin.take());
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                assert!(status.success(), "peer exited with {status}");
+                return;
+            }
+            assert!(Instant::now() < deadline, "peer did not exit after QUIT");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+#[test]
+fn write_read_and_send_to_another_process() {
+    let mut peer = Peer::spawn();
+    let (info, rkey, len) = parse_info(&peer.recv()).expect("the peer's QP line");
+    assert_eq!(len, PEER_REGION_LEN);
+    let me = open();
+    me.qp.connect(info).expect("connect");
+    assert_eq!(peer.ask(&format_info(&me.qp.info(), 0, 0)), "READY");
+    let remote = |offset| braid::RemoteAddr { rkey, offset };
+
+    // WRITE 300 000 bytes into the second half of its region, then ask for a fingerprint.
+    let (src, data) = random_mr(&me.pd, 400_000, Access::LOCAL_WRITE, 11);
+    let half = PEER_REGION_LEN / 2;
+    me.qp.post_send(wr(1, SendOp::Write(remote(half + 3)), vec![src.sge(0, 300_000)])).expect("post");
+    let wc = wait(&me.cq);
+    assert_eq!((wc.wr_id, wc.status, wc.byte_len), (1, WcStatus::Success, 300_000));
+    assert_eq!(peer.ask(&format!("SUM {} 300000", half + 3)), format!("SUM {}", fnv1a(&data[..300_000])));
+
+    // READ 256 KiB of its pattern.
+    let dst = me.pd.alloc_mr(300_000, Access::LOCAL_WRITE).expect("mr");
+    me.qp.post_send(wr(2, SendOp::Read(remote(1000)), vec![dst.sge(0, 262_144)])).expect("post");
+    let wc = wait(&me.cq);
+    assert_eq!((wc.wr_id, wc.status, wc.byte_len), (2, WcStatus::Success, 262_144));
+    let mut got = vec![0u8; 262_144];
+    dst.read(0, &mut got).expect("in bounds");
+    let want: Vec<u8> = (1000..1000 + 262_144).map(pattern_byte).collect();
+    assert!(got == want, "READ from the peer differs from its pattern");
+
+    // SEND with immediate into its posted RECV.
+    me.qp.post_send(wr(3, SendOp::SendImm(4242), vec![src.sge(1000, 50_000)])).expect("post");
+    let wc = wait(&me.cq);
+    assert_eq!((wc.wr_id, wc.status, wc.byte_len), (3, WcStatus::Success, 50_000));
+    const { assert!(50_000 <= PEER_RECV_LEN) };
+    let line = peer.ask("RECV");
+    assert_eq!(line, format!("RECV 1 Success 50000 4242 {}", fnv1a(&data[1000..51_000])));
+
+    // A fetch-add on its region.
+    let res = me.pd.alloc_mr(8, Access::LOCAL_WRITE).expect("mr");
+    me.qp.post_send(wr(4, SendOp::FetchAdd(remote(half - 8), 1), vec![res.sge(0, 8)])).expect("post");
+    assert_eq!(wait(&me.cq).status, WcStatus::Success);
+    let mut orig = [0u8; 8];
+    res.read(0, &mut orig).expect("in bounds");
+    let want: Vec<u8> = (half - 8..half).map(pattern_byte).collect();
+    assert_eq!(&orig[..], &want[..], "fetch-add returned the original word");
+
+    peer.quit();
+}

@@ -1,0 +1,13 @@
+//! Braid's integration tests: one test binary, one module per area.
+//!
+//! - `wire`: the packet format, byte for byte.
+//! - `sim_e2e`: real engines on the deterministic simulated network, under loss, reordering,
+//!   duplication and corruption. Every failure names its seed; replay one with
+//!   `BRAID_SEED=<seed> cargo test -p braid-tests <test name>`.
+//! - `hostile`: bad keys, bounds and rights, hostile datagrams, bad API use.
+//! - `loopback`: devices over real UDP on 127.0.0.1, in one process and across two.
+mod hostile;
+mod loopback;
+mod sim_e2e;
+mod support;
+mod wire;

@@ -1,0 +1,137 @@
+//! Shared helpers for the simulated tests: a two-node cluster, seeded data, and waiting for
+//! completions with the seed in every failure message.
+use std::sync::Arc;
+
+use braid::datapath::sim::LinkConfig;
+use braid::proto::{
+    Access, Completion, EndpointConfig, PostError, RecvWr, Region, SendWr, Sge,
+};
+use braid::testing::{Cluster, Mr, Side};
+use rand_chacha::ChaCha8Rng;
+use rand_core::{RngCore, SeedableRng};
+
+/// The seed for a simulated test: `BRAID_SEED` if set (to replay a failure), else `default`.
+pub fn seed(default: u64) -> u64 {
+    std::env::var("BRAID_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
+/// A seeded generator for test data, independent of the network's.
+pub fn rng(seed: u64) -> ChaCha8Rng {
+    ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_da7a)
+}
+
+/// A uniform draw from `0..n` (n > 0).
+pub fn below(rng: &mut ChaCha8Rng, n: u64) -> u64 {
+    rng.next_u64() % n
+}
+
+/// A link with `loss`, plus heavy jitter, reordering, duplication and corruption.
+pub fn hostile_link(loss: f64) -> LinkConfig {
+    LinkConfig {
+        delay_ns: 10_000,
+        jitter_ns: 30_000,
+        loss,
+        duplicate: 0.05,
+        reorder: 0.2,
+        reorder_extra_ns: 80_000,
+        corrupt: 0.03,
+        ..LinkConfig::default()
+    }
+}
+
+/// Engine settings for simulated tests: `paths` paths, and `retry_limit` consecutive
+/// timeouts before a QP gives up.
+pub fn config(paths: u16, retry_limit: u32) -> EndpointConfig {
+    EndpointConfig { paths, retry_limit, ..EndpointConfig::default() }
+}
+
+/// Two nodes (0 = requester `a`, 1 = responder `b`) with one connected QP pair.
+pub struct Sim {
+    /// The cluster.
+    pub c: Cluster,
+    /// Its seed, for failure messages.
+    pub seed: u64,
+    /// The requester side.
+    pub a: Side,
+    /// The responder side.
+    pub b: Side,
+}
+
+impl Sim {
+    pub fn new(seed: u64, cfg: &EndpointConfig, link: LinkConfig) -> Sim {
+        let mut c = Cluster::new(seed, 2, cfg, link);
+        let (a, b) = c.connect(0, 1);
+        Sim { c, seed, a, b }
+    }
+
+    /// A region on `side`, filled with seeded random bytes.
+    pub fn random_mr(&mut self, side: Side, len: usize, access: Access, rng: &mut ChaCha8Rng) -> Mr {
+        let mr = self.c.alloc_mr(&side, len, access);
+        let mut bytes = vec![0u8; len];
+        rng.fill_bytes(&mut bytes);
+        mr.region.write(0, &bytes).expect("in bounds");
+        mr
+    }
+
+    pub fn try_post_send(&mut self, side: Side, wr: SendWr) -> Result<(), PostError> {
+        self.c.nodes[side.node].ep.post_send(side.qp.qpn, wr)
+    }
+
+    pub fn post_send(&mut self, side: Side, wr: SendWr) {
+        let seed = self.seed;
+        let id = wr.wr_id;
+        self.try_post_send(side, wr).unwrap_or_else(|e| panic!("seed {seed}: post_send wr {id}: {e}"));
+    }
+
+    pub fn post_recv(&mut self, side: Side, wr: RecvWr) {
+        let seed = self.seed;
+        let id = wr.wr_id;
+        self.c.nodes[side.node]
+            .ep
+            .post_recv(side.qp.qpn, wr)
+            .unwrap_or_else(|e| panic!("seed {seed}: post_recv wr {id}: {e}"));
+    }
+
+    /// Runs until `side`'s CQ holds `n` completions (or `max_steps` steps), then takes them.
+    /// Panics, naming the seed, if fewer arrived.
+    pub fn wait_cq(&mut self, side: Side, n: usize, max_steps: u64) -> Vec<Completion> {
+        let (node, cq) = (side.node, side.cq);
+        self.c.run_until(max_steps, |c| c.cq_len(node, cq) >= n);
+        let mut got = Vec::new();
+        while let Some(wc) = self.c.poll_cq(node, cq) {
+            got.push(wc);
+        }
+        assert!(
+            got.len() >= n,
+            "seed {}: node {node} got {} of {n} completions by {:?} ({} steps); last: {:?}; \
+             requester {:?}; responder {:?}",
+            self.seed,
+            got.len(),
+            self.c.now,
+            self.c.steps,
+            got.last(),
+            self.c.nodes[0].ep.stats(),
+            self.c.nodes[1].ep.stats(),
+        );
+        got
+    }
+
+    /// Takes every completion waiting on `side`'s CQ.
+    pub fn drain_cq(&mut self, side: Side) -> Vec<Completion> {
+        let mut got = Vec::new();
+        while let Some(wc) = self.c.poll_cq(side.node, side.cq) {
+            got.push(wc);
+        }
+        got
+    }
+}
+
+/// A scatter/gather entry.
+pub fn sge(mr: &Mr, offset: u64, len: u32) -> Sge {
+    Sge { lkey: mr.keys.lkey, offset, len }
+}
+
+/// The whole content of a region.
+pub fn snapshot(region: &Arc<Region>) -> Vec<u8> {
+    region.to_vec(0, region.len()).expect("whole region")
+}
