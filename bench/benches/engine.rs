@@ -10,7 +10,10 @@ use std::hint::black_box;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use braid::proto::{Access, CqId, Endpoint, EndpointConfig, Region, RemoteAddr, SendOp, SendWr, Sge, Timestamp, WcStatus};
+use braid::proto::{
+    Access, CqId, Endpoint, EndpointConfig, Region, RemoteAddr, SendOp, SendWr, Sge, Timestamp,
+    WcStatus,
+};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
 /// Data packets per WRITE (fits the default fixed window of 256 packets).
@@ -40,10 +43,18 @@ impl Pair {
     fn new(max_datagram: usize, msg_len: u32) -> Pair {
         let a_addr: SocketAddr = "10.0.0.1:4791".parse().expect("literal");
         let b_addr: SocketAddr = "10.0.0.2:4791".parse().expect("literal");
-        let cfg = |seed| EndpointConfig { seed, max_datagram, ..EndpointConfig::default() };
+        let cfg = |seed| EndpointConfig {
+            seed,
+            max_datagram,
+            ..EndpointConfig::default()
+        };
         let mut a = Endpoint::new(cfg(1), a_addr);
         let mut b = Endpoint::new(cfg(2), b_addr);
-        assert_eq!(a.chunk_size() as usize, max_datagram - WRITE_OVERHEAD, "chunk size");
+        assert_eq!(
+            a.chunk_size() as usize,
+            max_datagram - WRITE_OVERHEAD,
+            "chunk size"
+        );
         let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
         let (ca, cb) = (a.create_cq(), b.create_cq());
         let qa = a.create_qp(pa, ca, ca).expect("qp");
@@ -53,8 +64,12 @@ impl Pair {
         let src = Region::new(msg_len as usize);
         let dst = Region::new(msg_len as usize);
         let _ = src.fill(0, u64::from(msg_len), 0xA5);
-        let ka = a.register(pa, src.clone(), Access::LOCAL_WRITE).expect("register");
-        let kb = b.register(pb, dst.clone(), Access::LOCAL_WRITE | Access::REMOTE_WRITE).expect("register");
+        let ka = a
+            .register(pa, src.clone(), Access::LOCAL_WRITE)
+            .expect("register");
+        let kb = b
+            .register(pb, dst.clone(), Access::LOCAL_WRITE | Access::REMOTE_WRITE)
+            .expect("register");
         Pair {
             a,
             b,
@@ -78,8 +93,15 @@ impl Pair {
         self.next_id += 1;
         let wr = SendWr {
             wr_id: id,
-            op: SendOp::Write(RemoteAddr { rkey: self.rkey, offset: 0 }),
-            sges: vec![Sge { lkey: self.lkey, offset: 0, len: self.len }],
+            op: SendOp::Write(RemoteAddr {
+                rkey: self.rkey,
+                offset: 0,
+            }),
+            sges: vec![Sge {
+                lkey: self.lkey,
+                offset: 0,
+                len: self.len,
+            }],
             signaled: true,
         };
         self.a.post_send(self.qpn, wr).expect("post");
@@ -88,14 +110,18 @@ impl Pair {
             let mut moved = 0;
             while moved < BATCH {
                 self.now = self.now.add_nanos(20);
-                let Some(t) = self.a.poll_transmit(self.now, &mut self.buf) else { break };
-                self.b.handle_datagram(self.now, self.a_addr, 0, &self.buf[..t.len]);
+                let Some(t) = self.a.poll_transmit(self.now, &mut self.buf) else {
+                    break;
+                };
+                self.b
+                    .handle_datagram(self.now, self.a_addr, 0, &self.buf[..t.len]);
                 moved += 1;
             }
             sent += moved as u64;
             self.now = self.now.add_nanos(200);
             while let Some(t) = self.b.poll_transmit(self.now, &mut self.buf) {
-                self.a.handle_datagram(self.now, self.b_addr, 0, &self.buf[..t.len]);
+                self.a
+                    .handle_datagram(self.now, self.b_addr, 0, &self.buf[..t.len]);
                 moved += 1;
             }
             while self.b.poll_completion().is_some() {}
@@ -120,19 +146,29 @@ impl Pair {
 
 fn bench_engine(c: &mut Criterion) {
     let mut g = c.benchmark_group("engine_write");
-    g.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
-    for (name, max_datagram) in [("4KiB_payload", 4096 + WRITE_OVERHEAD), ("1408B_payload", 1472), ("64B_payload", 64 + WRITE_OVERHEAD)] {
+    g.sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    for (name, max_datagram) in [
+        ("4KiB_payload", 4096 + WRITE_OVERHEAD),
+        ("1408B_payload", 1472),
+        ("64B_payload", 64 + WRITE_OVERHEAD),
+    ] {
         let chunk = (max_datagram - WRITE_OVERHEAD) as u32;
         let mut pair = Pair::new(max_datagram, chunk * PACKETS as u32);
         // Warm-up message; also checks that exactly PACKETS data packets leave A.
         assert_eq!(pair.write_once(), PACKETS, "{name}: packets per WRITE");
         g.throughput(Throughput::Elements(PACKETS));
-        g.bench_function(format!("{name}_x{PACKETS}_per_packet"), |b| b.iter(|| black_box(pair.write_once())));
+        g.bench_function(format!("{name}_x{PACKETS}_per_packet"), |b| {
+            b.iter(|| black_box(pair.write_once()))
+        });
     }
     // One-packet WRITE: the per-message fixed cost (post, packetize, place, ACK, complete).
     let mut pair = Pair::new(1472, 8);
     g.throughput(Throughput::Elements(1));
-    g.bench_function("8B_single_packet_message", |b| b.iter(|| black_box(pair.write_once())));
+    g.bench_function("8B_single_packet_message", |b| {
+        b.iter(|| black_box(pair.write_once()))
+    });
     g.finish();
 }
 

@@ -135,7 +135,14 @@ pub fn print_bw_header(title: &str) {
     println!("{}", "-".repeat(96));
     println!(
         " {:>9} {:>11} {:>9} {:>13} {:>12} {:>14} {:>7} {:>10}",
-        "#bytes", "#iterations", "seconds", "BW [Gbit/s]", "BW [MiB/s]", "MsgRate [/s]", "window", "verified"
+        "#bytes",
+        "#iterations",
+        "seconds",
+        "BW [Gbit/s]",
+        "BW [MiB/s]",
+        "MsgRate [/s]",
+        "window",
+        "verified"
     );
 }
 
@@ -161,10 +168,22 @@ pub fn print_lat(title: &str, r: &LatResult) {
     println!("{}", "-".repeat(96));
     println!(
         " {:>7} {:>11} {:>10} {:>10} {:>10} {:>10} {:>12} {:>10} {:>9}",
-        "#bytes", "#iterations", "t_min[us]", "t_p50[us]", "t_avg[us]", "t_p99[us]", "t_p99.9[us]", "t_max[us]", "verified"
+        "#bytes",
+        "#iterations",
+        "t_min[us]",
+        "t_p50[us]",
+        "t_avg[us]",
+        "t_p99[us]",
+        "t_p99.9[us]",
+        "t_max[us]",
+        "verified"
     );
     let l = &r.lat;
-    let v = if r.mismatches > 0 { format!("{} BAD", r.mismatches) } else { "ok".to_string() };
+    let v = if r.mismatches > 0 {
+        format!("{} BAD", r.mismatches)
+    } else {
+        "ok".to_string()
+    };
     println!(
         " {:>7} {:>11} {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>12.2} {:>10.2} {:>9}",
         r.size, r.iterations, l.min_us, l.p50_us, l.mean_us, l.p99_us, l.p999_us, l.max_us, v
@@ -175,7 +194,10 @@ pub fn print_lat(title: &str, r: &LatResult) {
 pub fn print_paths(title: &str, rows: &[PathRow]) {
     println!("{}", "-".repeat(96));
     println!(" {title}");
-    println!(" {:>5} {:>12} {:>8} {:>12} {:>10} {:>12}", "path", "packets", "lost", "retransmits", "srtt[us]", "rtt samples");
+    println!(
+        " {:>5} {:>12} {:>8} {:>12} {:>10} {:>12}",
+        "path", "packets", "lost", "retransmits", "srtt[us]", "rtt samples"
+    );
     let mut tot = PathRow::default();
     for r in rows {
         println!(
@@ -187,5 +209,8 @@ pub fn print_paths(title: &str, rows: &[PathRow]) {
         tot.retransmits += r.retransmits;
         tot.rtt_samples += r.rtt_samples;
     }
-    println!(" {:>5} {:>12} {:>8} {:>12} {:>10} {:>12}", "total", tot.packets, tot.lost, tot.retransmits, "", tot.rtt_samples);
+    println!(
+        " {:>5} {:>12} {:>8} {:>12} {:>10} {:>12}",
+        "total", tot.packets, tot.lost, tot.retransmits, "", tot.rtt_samples
+    );
 }

@@ -6,7 +6,10 @@
 //! completions arrive in posting order, so the completion of `m` frees slot `m % window`.
 use std::time::{Duration, Instant};
 
-use braid::{Completion, CompletionQueue, MemoryRegion, QueuePair, RecvWr, RemoteAddr, SendOp, SendWr, WcOpcode, WcStatus};
+use braid::{
+    Completion, CompletionQueue, MemoryRegion, QueuePair, RecvWr, RemoteAddr, SendOp, SendWr,
+    WcOpcode, WcStatus,
+};
 
 use crate::pattern;
 use crate::report::{BwResult, LatResult};
@@ -118,8 +121,21 @@ pub struct Verifier<'a> {
 impl<'a> Verifier<'a> {
     /// A verifier for messages of `size` bytes moving from `src` to `dst` in up to
     /// `slots` slots.
-    pub fn new(src: &'a MemoryRegion, dst: &'a MemoryRegion, size: usize, slots: usize, salt: u64) -> Self {
-        Verifier { src, dst, size, salt, expected: vec![Vec::new(); slots], got: vec![0u8; size] }
+    pub fn new(
+        src: &'a MemoryRegion,
+        dst: &'a MemoryRegion,
+        size: usize,
+        slots: usize,
+        salt: u64,
+    ) -> Self {
+        Verifier {
+            src,
+            dst,
+            size,
+            salt,
+            expected: vec![Vec::new(); slots],
+            got: vec![0u8; size],
+        }
     }
 
     fn slot(&self, off: u64) -> usize {
@@ -139,7 +155,9 @@ impl Check for Verifier<'_> {
 
     fn after(&mut self, msg: u64, off: u64) -> Result<u64, String> {
         let slot = self.slot(off);
-        self.dst.read(off, &mut self.got).map_err(|e| format!("message {msg}: reading the destination: {e:?}"))?;
+        self.dst
+            .read(off, &mut self.got)
+            .map_err(|e| format!("message {msg}: reading the destination: {e:?}"))?;
         match pattern::first_mismatch(&self.got, &self.expected[slot]) {
             None => Ok(self.size as u64),
             Some(i) => Err(format!(
@@ -154,12 +172,23 @@ impl Check for Verifier<'_> {
 
 /// A placeholder completion for poll buffers.
 pub fn empty_completion() -> Completion {
-    Completion { wr_id: 0, status: WcStatus::Success, opcode: WcOpcode::Send, byte_len: 0, imm: None, qpn: 0 }
+    Completion {
+        wr_id: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Send,
+        byte_len: 0,
+        imm: None,
+        qpn: 0,
+    }
 }
 
 /// Takes at least one completion into `buf`: spinning when `busy`, else sleeping on the CQ.
 /// Fails after [`STALL`] without any.
-pub fn next_completions(cq: &CompletionQueue, buf: &mut [Completion], busy: bool) -> Result<usize, String> {
+pub fn next_completions(
+    cq: &CompletionQueue,
+    buf: &mut [Completion],
+    busy: bool,
+) -> Result<usize, String> {
     let start = Instant::now();
     let mut spins = 0u32;
     loop {
@@ -171,7 +200,10 @@ pub fn next_completions(cq: &CompletionQueue, buf: &mut [Completion], busy: bool
             std::hint::spin_loop();
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(4096) && start.elapsed() > STALL {
-                return Err(format!("no completion for {} s: the connection stalled", STALL.as_secs()));
+                return Err(format!(
+                    "no completion for {} s: the connection stalled",
+                    STALL.as_secs()
+                ));
             }
         } else {
             if let Some(c) = cq.wait(Duration::from_millis(100)) {
@@ -179,7 +211,10 @@ pub fn next_completions(cq: &CompletionQueue, buf: &mut [Completion], busy: bool
                 return Ok(1 + cq.poll(&mut buf[1..]));
             }
             if start.elapsed() > STALL {
-                return Err(format!("no completion for {} s: the connection stalled", STALL.as_secs()));
+                return Err(format!(
+                    "no completion for {} s: the connection stalled",
+                    STALL.as_secs()
+                ));
             }
         }
     }
@@ -198,7 +233,13 @@ impl Progress {
     /// Starts the clock.
     pub fn new(enabled: bool, label: impl Into<String>) -> Self {
         let now = Instant::now();
-        Progress { enabled, label: label.into(), start: now, last: now, last_done: 0 }
+        Progress {
+            enabled,
+            label: label.into(),
+            start: now,
+            last: now,
+            last_done: 0,
+        }
     }
 
     /// Reports `done` messages of `size` bytes if a second has passed since the last line.
@@ -206,7 +247,9 @@ impl Progress {
         if !self.enabled {
             return;
         }
-        let Some(now) = now_if_due(self.last) else { return };
+        let Some(now) = now_if_due(self.last) else {
+            return;
+        };
         let dt = now.duration_since(self.last).as_secs_f64();
         let msgs = done - self.last_done;
         eprintln!(
@@ -229,10 +272,16 @@ fn now_if_due(last: Instant) -> Option<Instant> {
 
 fn check_wc(wc: &Completion, want_id: u64, what: &str) -> Result<(), String> {
     if wc.status != WcStatus::Success {
-        return Err(format!("{what} {} completed with {:?}", wc.wr_id, wc.status));
+        return Err(format!(
+            "{what} {} completed with {:?}",
+            wc.wr_id, wc.status
+        ));
     }
     if wc.wr_id != want_id {
-        return Err(format!("{what}: completion for {} while {} was expected (out of order)", wc.wr_id, want_id));
+        return Err(format!(
+            "{what}: completion for {} while {} was expected (out of order)",
+            wc.wr_id, want_id
+        ));
     }
     Ok(())
 }
@@ -278,12 +327,20 @@ pub fn run_bw(c: &Conn<'_>, spec: &BwSpec, check: &mut dyn Check) -> Result<BwRe
             while posted - done < window as u64 && posted < cap {
                 let off = (posted % window as u64) * size;
                 check.before(posted, off);
-                let remote = RemoteAddr { rkey: c.rkey, offset: off };
+                let remote = RemoteAddr {
+                    rkey: c.rkey,
+                    offset: off,
+                };
                 let op = match spec.op {
                     BwOp::Write => SendOp::Write(remote),
                     BwOp::Read => SendOp::Read(remote),
                 };
-                let wr = SendWr { wr_id: posted, op, sges: vec![c.local.sge(off, spec.size)], signaled: true };
+                let wr = SendWr {
+                    wr_id: posted,
+                    op,
+                    sges: vec![c.local.sge(off, spec.size)],
+                    signaled: true,
+                };
                 c.qp.post_send(wr).map_err(|e| format!("post_send: {e}"))?;
                 posted += 1;
             }
@@ -303,7 +360,13 @@ pub fn run_bw(c: &Conn<'_>, spec: &BwSpec, check: &mut dyn Check) -> Result<BwRe
         end = Instant::now();
         progress.tick(done, size);
     }
-    let mut r = BwResult::new(spec.op.name(), size, done, end.duration_since(start).as_secs_f64(), window);
+    let mut r = BwResult::new(
+        spec.op.name(),
+        size,
+        done,
+        end.duration_since(start).as_secs_f64(),
+        window,
+    );
     r.verified_bytes = verified;
     r.mismatches = mismatches;
     Ok(r)
@@ -312,7 +375,14 @@ pub fn run_bw(c: &Conn<'_>, spec: &BwSpec, check: &mut dyn Check) -> Result<BwRe
 /// Runs a WRITE latency test: each round trip posts one signaled WRITE of `size` bytes and
 /// spins on the CQ until its completion (= the peer's ACK) arrives. `check` runs outside the
 /// timed part; `warmup` round trips are not counted.
-pub fn run_write_lat(c: &Conn<'_>, size: u32, iters: u64, warmup: u64, progress: bool, check: &mut dyn Check) -> Result<LatResult, String> {
+pub fn run_write_lat(
+    c: &Conn<'_>,
+    size: u32,
+    iters: u64,
+    warmup: u64,
+    progress: bool,
+    check: &mut dyn Check,
+) -> Result<LatResult, String> {
     if u64::from(size) > c.remote_len || size as usize > c.local.len() {
         return Err(format!("regions too small for {size}-byte messages"));
     }
@@ -325,7 +395,10 @@ pub fn run_write_lat(c: &Conn<'_>, size: u32, iters: u64, warmup: u64, progress:
         check.before(i, 0);
         let wr = SendWr {
             wr_id: i,
-            op: SendOp::Write(RemoteAddr { rkey: c.rkey, offset: 0 }),
+            op: SendOp::Write(RemoteAddr {
+                rkey: c.rkey,
+                offset: 0,
+            }),
             sges: vec![c.local.sge(0, size)],
             signaled: true,
         };
@@ -340,13 +413,25 @@ pub fn run_write_lat(c: &Conn<'_>, size: u32, iters: u64, warmup: u64, progress:
             prog.tick(i + 1 - warmup, u64::from(size));
         }
     }
-    Ok(LatResult { op: "write".into(), size: u64::from(size), iterations: iters, lat: stats::summarize(&mut samples), mismatches })
+    Ok(LatResult {
+        op: "write".into(),
+        size: u64::from(size),
+        iterations: iters,
+        lat: stats::summarize(&mut samples),
+        mismatches,
+    })
 }
 
 /// Runs a SEND ping-pong latency test against a peer that echoes every SEND back (see
 /// [`serve_echo`]). The local region holds the send buffer at 0 and the receive buffer at
 /// `size` rounded up to 8. Every echo is checked against what was sent.
-pub fn run_send_lat(c: &Conn<'_>, size: u32, iters: u64, warmup: u64, progress: bool) -> Result<LatResult, String> {
+pub fn run_send_lat(
+    c: &Conn<'_>,
+    size: u32,
+    iters: u64,
+    warmup: u64,
+    progress: bool,
+) -> Result<LatResult, String> {
     let rx_off = u64::from(size).div_ceil(8) * 8;
     if (rx_off + u64::from(size)) as usize > c.local.len() {
         return Err(format!("local region too small for {size}-byte messages"));
@@ -359,11 +444,22 @@ pub fn run_send_lat(c: &Conn<'_>, size: u32, iters: u64, warmup: u64, progress: 
     let mut prog = Progress::new(progress, format!("send_lat {size} B"));
     for i in 0..warmup + iters {
         pattern::fill(0x5E4D ^ i, &mut sent);
-        c.local.write(0, &sent).map_err(|e| format!("local write: {e:?}"))?;
-        c.qp.post_recv(RecvWr { wr_id: i, sges: vec![c.local.sge(rx_off, size)] }).map_err(|e| format!("post_recv: {e}"))?;
+        c.local
+            .write(0, &sent)
+            .map_err(|e| format!("local write: {e:?}"))?;
+        c.qp.post_recv(RecvWr {
+            wr_id: i,
+            sges: vec![c.local.sge(rx_off, size)],
+        })
+        .map_err(|e| format!("post_recv: {e}"))?;
         let t0 = Instant::now();
-        c.qp.post_send(SendWr { wr_id: i, op: SendOp::Send, sges: vec![c.local.sge(0, size)], signaled: true })
-            .map_err(|e| format!("post_send: {e}"))?;
+        c.qp.post_send(SendWr {
+            wr_id: i,
+            op: SendOp::Send,
+            sges: vec![c.local.sge(0, size)],
+            signaled: true,
+        })
+        .map_err(|e| format!("post_send: {e}"))?;
         let (mut send_done, mut rtt) = (false, None);
         while !send_done || rtt.is_none() {
             let n = next_completions(c.cq, &mut wcs, true)?;
@@ -384,7 +480,9 @@ pub fn run_send_lat(c: &Conn<'_>, size: u32, iters: u64, warmup: u64, progress: 
                 }
             }
         }
-        c.local.read(rx_off, &mut got).map_err(|e| format!("local read: {e:?}"))?;
+        c.local
+            .read(rx_off, &mut got)
+            .map_err(|e| format!("local read: {e:?}"))?;
         if let Some(at) = pattern::first_mismatch(&got, &sent) {
             mismatches += 1;
             if mismatches <= 5 {
@@ -396,7 +494,13 @@ pub fn run_send_lat(c: &Conn<'_>, size: u32, iters: u64, warmup: u64, progress: 
             prog.tick(i + 1 - warmup, u64::from(size));
         }
     }
-    Ok(LatResult { op: "send".into(), size: u64::from(size), iterations: iters, lat: stats::summarize(&mut samples), mismatches })
+    Ok(LatResult {
+        op: "send".into(),
+        size: u64::from(size),
+        iterations: iters,
+        lat: stats::summarize(&mut samples),
+        mismatches,
+    })
 }
 
 /// Slots the echo server keeps receives posted in.
@@ -406,17 +510,30 @@ pub const ECHO_SLOTS: usize = 64;
 pub fn post_echo_recvs(qp: &QueuePair, mr: &MemoryRegion, size: u32) -> Result<(), String> {
     let stride = u64::from(size).div_ceil(8).max(1) * 8;
     if stride * ECHO_SLOTS as u64 > mr.len() as u64 {
-        return Err(format!("region too small for {ECHO_SLOTS} receives of {size} bytes"));
+        return Err(format!(
+            "region too small for {ECHO_SLOTS} receives of {size} bytes"
+        ));
     }
     for k in 0..ECHO_SLOTS as u64 {
-        qp.post_recv(RecvWr { wr_id: k, sges: vec![mr.sge(k * stride, size)] }).map_err(|e| format!("post_recv: {e}"))?;
+        qp.post_recv(RecvWr {
+            wr_id: k,
+            sges: vec![mr.sge(k * stride, size)],
+        })
+        .map_err(|e| format!("post_recv: {e}"))?;
     }
     Ok(())
 }
 
 /// Echoes every SEND that lands in a receive posted by [`post_echo_recvs`] back from the same
 /// buffer, until `stop` is set. Returns how many were echoed.
-pub fn serve_echo(qp: &QueuePair, cq: &CompletionQueue, mr: &MemoryRegion, size: u32, busy: bool, stop: &std::sync::atomic::AtomicBool) -> Result<u64, String> {
+pub fn serve_echo(
+    qp: &QueuePair,
+    cq: &CompletionQueue,
+    mr: &MemoryRegion,
+    size: u32,
+    busy: bool,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Result<u64, String> {
     use std::sync::atomic::Ordering;
     let stride = u64::from(size).div_ceil(8).max(1) * 8;
     let mut wcs = vec![empty_completion(); 16];
@@ -435,19 +552,30 @@ pub fn serve_echo(qp: &QueuePair, cq: &CompletionQueue, mr: &MemoryRegion, size:
         };
         for wc in &wcs[..n] {
             if wc.status != WcStatus::Success {
-                return Err(format!("echo: {:?} completed with {:?}", wc.opcode, wc.status));
+                return Err(format!(
+                    "echo: {:?} completed with {:?}",
+                    wc.opcode, wc.status
+                ));
             }
             if wc.opcode != WcOpcode::Recv {
                 continue;
             }
             let slot = wc.wr_id % ECHO_SLOTS as u64;
             let off = slot * stride;
-            qp.post_send(SendWr { wr_id: wc.wr_id, op: SendOp::Send, sges: vec![mr.sge(off, wc.byte_len)], signaled: true })
-                .map_err(|e| format!("echo post_send: {e}"))?;
+            qp.post_send(SendWr {
+                wr_id: wc.wr_id,
+                op: SendOp::Send,
+                sges: vec![mr.sge(off, wc.byte_len)],
+                signaled: true,
+            })
+            .map_err(|e| format!("echo post_send: {e}"))?;
             // The slot's next SEND arrives only after this echo was received (ping-pong), so
             // reposting it now is safe.
-            qp.post_recv(RecvWr { wr_id: wc.wr_id + ECHO_SLOTS as u64, sges: vec![mr.sge(off, size)] })
-                .map_err(|e| format!("echo post_recv: {e}"))?;
+            qp.post_recv(RecvWr {
+                wr_id: wc.wr_id + ECHO_SLOTS as u64,
+                sges: vec![mr.sge(off, size)],
+            })
+            .map_err(|e| format!("echo post_recv: {e}"))?;
             echoed += 1;
         }
         if busy && n == 0 {
@@ -470,22 +598,34 @@ pub struct RecvSide<'a> {
 /// Runs a SEND bandwidth test with both ends in this process: the receiver keeps one RECV
 /// posted per window slot, and a SEND is posted only once its RECV is. `check.after` runs on
 /// each receive completion (so it should read the receiver's region).
-pub fn run_send_bw_local(c: &Conn<'_>, r: &RecvSide<'_>, spec: &BwSpec, check: &mut dyn Check) -> Result<BwResult, String> {
+pub fn run_send_bw_local(
+    c: &Conn<'_>,
+    r: &RecvSide<'_>,
+    spec: &BwSpec,
+    check: &mut dyn Check,
+) -> Result<BwResult, String> {
     let size = u64::from(spec.size);
     if size == 0 {
         return Err("message size must be at least 1 byte".into());
     }
-    let window = spec.window.min((c.local.len() as u64 / size).min(r.mr.len() as u64 / size) as usize);
+    let window = spec
+        .window
+        .min((c.local.len() as u64 / size).min(r.mr.len() as u64 / size) as usize);
     if window == 0 {
         return Err(format!("regions too small for {size}-byte messages"));
     }
     let w = window as u64;
     for m in 0..w {
-        r.qp.post_recv(RecvWr { wr_id: m, sges: vec![r.mr.sge(m * size, spec.size)] }).map_err(|e| format!("post_recv: {e}"))?;
+        r.qp.post_recv(RecvWr {
+            wr_id: m,
+            sges: vec![r.mr.sge(m * size, spec.size)],
+        })
+        .map_err(|e| format!("post_recv: {e}"))?;
     }
     let mut recv_posted = w;
     let mut wcs = vec![empty_completion(); MAX_WINDOW];
-    let (mut posted, mut sent, mut received, mut verified, mut mismatches) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let (mut posted, mut sent, mut received, mut verified, mut mismatches) =
+        (0u64, 0u64, 0u64, 0u64, 0u64);
     let mut progress = Progress::new(spec.progress, format!("send {size} B"));
     let start = Instant::now();
     let mut end = start;
@@ -503,7 +643,12 @@ pub fn run_send_bw_local(c: &Conn<'_>, r: &RecvSide<'_>, spec: &BwSpec, check: &
             while posted - sent < w && posted < recv_posted && posted < cap {
                 let off = (posted % w) * size;
                 check.before(posted, off);
-                let wr = SendWr { wr_id: posted, op: SendOp::Send, sges: vec![c.local.sge(off, spec.size)], signaled: true };
+                let wr = SendWr {
+                    wr_id: posted,
+                    op: SendOp::Send,
+                    sges: vec![c.local.sge(off, spec.size)],
+                    signaled: true,
+                };
                 c.qp.post_send(wr).map_err(|e| format!("post_send: {e}"))?;
                 posted += 1;
             }
@@ -515,11 +660,18 @@ pub fn run_send_bw_local(c: &Conn<'_>, r: &RecvSide<'_>, spec: &BwSpec, check: &
         for wc in &wcs[..n] {
             check_wc(wc, received, "recv")?;
             if u64::from(wc.byte_len) != size {
-                return Err(format!("recv {} has {} bytes, want {size}", wc.wr_id, wc.byte_len));
+                return Err(format!(
+                    "recv {} has {} bytes, want {size}",
+                    wc.wr_id, wc.byte_len
+                ));
             }
             let off = (received % w) * size;
             record(check.after(received, off), &mut verified, &mut mismatches);
-            r.qp.post_recv(RecvWr { wr_id: recv_posted, sges: vec![r.mr.sge(off, spec.size)] }).map_err(|e| format!("post_recv: {e}"))?;
+            r.qp.post_recv(RecvWr {
+                wr_id: recv_posted,
+                sges: vec![r.mr.sge(off, spec.size)],
+            })
+            .map_err(|e| format!("post_recv: {e}"))?;
             recv_posted += 1;
             received += 1;
             got_any = true;
@@ -547,10 +699,19 @@ pub fn run_send_bw_local(c: &Conn<'_>, r: &RecvSide<'_>, spec: &BwSpec, check: &
             idle_since = end;
             progress.tick(received, size);
         } else if idle_since.elapsed() > STALL {
-            return Err(format!("no completion for {} s: the connection stalled", STALL.as_secs()));
+            return Err(format!(
+                "no completion for {} s: the connection stalled",
+                STALL.as_secs()
+            ));
         }
     }
-    let mut res = BwResult::new("send", size, received, end.duration_since(start).as_secs_f64(), window);
+    let mut res = BwResult::new(
+        "send",
+        size,
+        received,
+        end.duration_since(start).as_secs_f64(),
+        window,
+    );
     res.verified_bytes = verified;
     res.mismatches = mismatches;
     Ok(res)

@@ -34,7 +34,11 @@ pub fn summarize(samples_ns: &mut [u64]) -> Latency {
     samples_ns.sort_unstable();
     let us = |ns: u64| ns as f64 / 1000.0;
     let n = samples_ns.len();
-    let mean = if n == 0 { 0.0 } else { samples_ns.iter().map(|&x| x as f64).sum::<f64>() / n as f64 / 1000.0 };
+    let mean = if n == 0 {
+        0.0
+    } else {
+        samples_ns.iter().map(|&x| x as f64).sum::<f64>() / n as f64 / 1000.0
+    };
     Latency {
         samples: n as u64,
         min_us: us(samples_ns.first().copied().unwrap_or(0)),
@@ -53,7 +57,11 @@ pub fn median(values: &mut [f64]) -> Option<f64> {
     }
     values.sort_by(f64::total_cmp);
     let n = values.len();
-    Some(if n % 2 == 1 { values[n / 2] } else { (values[n / 2 - 1] + values[n / 2]) / 2.0 })
+    Some(if n % 2 == 1 {
+        values[n / 2]
+    } else {
+        (values[n / 2 - 1] + values[n / 2]) / 2.0
+    })
 }
 
 #[cfg(test)]

@@ -27,13 +27,21 @@ pub struct WireQp {
 
 impl From<QpInfo> for WireQp {
     fn from(q: QpInfo) -> Self {
-        WireQp { addr: q.addr, qpn: q.qpn, psn: q.psn }
+        WireQp {
+            addr: q.addr,
+            qpn: q.qpn,
+            psn: q.psn,
+        }
     }
 }
 
 impl From<WireQp> for QpInfo {
     fn from(q: WireQp) -> Self {
-        QpInfo { addr: q.addr, qpn: q.qpn, psn: q.psn }
+        QpInfo {
+            addr: q.addr,
+            qpn: q.qpn,
+            psn: q.psn,
+        }
     }
 }
 
@@ -89,15 +97,20 @@ pub struct Bye {
 pub fn send_line<T: Serialize>(w: &mut impl Write, msg: &T) -> Result<(), String> {
     let mut s = serde_json::to_string(msg).map_err(|e| format!("encode: {e}"))?;
     s.push('\n');
-    w.write_all(s.as_bytes()).and_then(|_| w.flush()).map_err(|e| format!("bootstrap write: {e}"))
+    w.write_all(s.as_bytes())
+        .and_then(|_| w.flush())
+        .map_err(|e| format!("bootstrap write: {e}"))
 }
 
 /// Reads one JSON line into a `T`.
 pub fn recv_line<T: DeserializeOwned>(r: &mut impl BufRead) -> Result<T, String> {
     let mut line = String::new();
-    let n = r.read_line(&mut line).map_err(|e| format!("bootstrap read: {e}"))?;
+    let n = r
+        .read_line(&mut line)
+        .map_err(|e| format!("bootstrap read: {e}"))?;
     if n == 0 {
         return Err("bootstrap connection closed by peer".to_string());
     }
-    serde_json::from_str(line.trim_end()).map_err(|e| format!("bootstrap: bad message {:?}: {e}", line.trim_end()))
+    serde_json::from_str(line.trim_end())
+        .map_err(|e| format!("bootstrap: bad message {:?}: {e}", line.trim_end()))
 }

@@ -27,7 +27,13 @@ pub trait Controller: Send + core::fmt::Debug {
     fn on_ack(&mut self, now: Timestamp, sent_at: Timestamp, bytes: u32, rtt_ns: Option<u64>);
     /// Congestion was detected at `now` for a packet sent at `sent_at`: `is_ecn` for a CE
     /// mark, otherwise a loss of `lost_bytes`.
-    fn on_congestion_event(&mut self, now: Timestamp, sent_at: Timestamp, is_ecn: bool, lost_bytes: u32);
+    fn on_congestion_event(
+        &mut self,
+        now: Timestamp,
+        sent_at: Timestamp,
+        is_ecn: bool,
+        lost_bytes: u32,
+    );
     /// Bytes that may be in flight.
     fn window(&self) -> u64;
     /// Pacing rate in bytes per second, or `None` for no pacing.
@@ -59,7 +65,14 @@ impl FixedWindow {
 impl Controller for FixedWindow {
     fn on_sent(&mut self, _now: Timestamp, _bytes: u32, _psn: u32) {}
     fn on_ack(&mut self, _now: Timestamp, _sent_at: Timestamp, _bytes: u32, _rtt_ns: Option<u64>) {}
-    fn on_congestion_event(&mut self, _now: Timestamp, _sent_at: Timestamp, _is_ecn: bool, _lost: u32) {}
+    fn on_congestion_event(
+        &mut self,
+        _now: Timestamp,
+        _sent_at: Timestamp,
+        _is_ecn: bool,
+        _lost: u32,
+    ) {
+    }
     fn window(&self) -> u64 {
         self.window_bytes
     }
@@ -93,7 +106,12 @@ mod tests {
         let mut c = FixedWindowConfig { packets: 4 }.build(1000);
         assert_eq!(c.window(), 4000);
         c.on_congestion_event(Timestamp::ZERO, Timestamp::ZERO, false, 1000);
-        c.on_ack(Timestamp::from_micros(10), Timestamp::ZERO, 1000, Some(10_000));
+        c.on_ack(
+            Timestamp::from_micros(10),
+            Timestamp::ZERO,
+            1000,
+            Some(10_000),
+        );
         assert_eq!(c.window(), 4000);
         assert_eq!(c.pacing_rate(), None);
     }

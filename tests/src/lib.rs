@@ -24,7 +24,9 @@ pub const PEER_RECV_LEN: u32 = 64 * 1024;
 
 /// 64-bit FNV-1a: a small, dependency-free fingerprint of a byte range.
 pub fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// The byte at `offset` of deterministic test data.
@@ -34,7 +36,10 @@ pub fn pattern_byte(offset: u64) -> u8 {
 
 /// `QP <addr> <qpn> <psn> <rkey> <len>`.
 pub fn format_info(info: &QpInfo, rkey: u32, len: u64) -> String {
-    format!("QP {} {} {} {} {}", info.addr, info.qpn, info.psn, rkey, len)
+    format!(
+        "QP {} {} {} {} {}",
+        info.addr, info.qpn, info.psn, rkey, len
+    )
 }
 
 /// Parses a line written by [`format_info`].
@@ -57,8 +62,15 @@ mod tests {
 
     #[test]
     fn info_lines_round_trip() {
-        let info = QpInfo { addr: "127.0.0.1:4791".parse().unwrap(), qpn: 77, psn: u32::MAX };
-        assert_eq!(parse_info(&format_info(&info, 9, 1 << 20)), Some((info, 9, 1 << 20)));
+        let info = QpInfo {
+            addr: "127.0.0.1:4791".parse().unwrap(),
+            qpn: 77,
+            psn: u32::MAX,
+        };
+        assert_eq!(
+            parse_info(&format_info(&info, 9, 1 << 20)),
+            Some((info, 9, 1 << 20))
+        );
         assert_eq!(parse_info("READY"), None);
     }
 }

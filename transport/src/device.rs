@@ -17,8 +17,7 @@ use braid_datapath::udp::{UdpConfig, UdpDatapath};
 use braid_datapath::{Datapath, Ecn, RecvBatch};
 use braid_proto::{
     Access, Completion, CqId, Endpoint, EndpointConfig, EndpointStats, MrKeys, PathStats, PdId,
-    PostError, QpInfo, QpStats, RecvWr, Region, RemoteAddr, ResourceError, SendWr, Sge,
-    Timestamp,
+    PostError, QpInfo, QpStats, RecvWr, Region, RemoteAddr, ResourceError, SendWr, Sge, Timestamp,
 };
 
 /// Datagrams moved per batch between the engine and the datapath.
@@ -66,7 +65,12 @@ pub struct DeviceConfig {
 impl DeviceConfig {
     /// A UDP device on `local` with default engine settings (16 paths).
     pub fn udp(local: SocketAddr) -> DeviceConfig {
-        DeviceConfig { local, datapath: DatapathKind::Udp, engine: EndpointConfig::default(), deterministic_seed: false }
+        DeviceConfig {
+            local,
+            datapath: DatapathKind::Udp,
+            engine: EndpointConfig::default(),
+            deterministic_seed: false,
+        }
     }
 
     /// Sets the number of paths (UDP source ports) to spray over, 1 to 256.
@@ -118,6 +122,24 @@ struct CqShared {
     ready: Condvar,
     /// Threads blocked in `wait`; changed only with `queue` locked.
     waiters: AtomicUsize,
+    /// Completions in `queue`, readable without the lock so that a spinning poller does not
+    /// contend with the progress thread; changed only with `queue` locked.
+    queued: AtomicUsize,
+}
+
+impl CqShared {
+    fn pop(&self, out: &mut [Completion]) -> usize {
+        if self.queued.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let n = out.len().min(q.len());
+        for (slot, c) in out.iter_mut().zip(q.drain(..n)) {
+            *slot = c;
+        }
+        self.queued.store(q.len(), Ordering::Release);
+        n
+    }
 }
 
 struct Core {
@@ -160,7 +182,12 @@ struct TxBatch {
 
 impl TxBatch {
     fn new(size: usize) -> TxBatch {
-        TxBatch { bufs: (0..BATCH).map(|_| vec![0u8; size].into_boxed_slice()).collect(), metas: Vec::with_capacity(BATCH) }
+        TxBatch {
+            bufs: (0..BATCH)
+                .map(|_| vec![0u8; size].into_boxed_slice())
+                .collect(),
+            metas: Vec::with_capacity(BATCH),
+        }
     }
 }
 
@@ -180,6 +207,7 @@ impl Inner {
             if let Some(q) = core.cqs.get(&cq) {
                 let mut queue = q.queue.lock().unwrap_or_else(|e| e.into_inner());
                 queue.push_back(c);
+                q.queued.store(queue.len(), Ordering::Release);
                 if q.waiters.load(Ordering::Relaxed) > 0 {
                     q.ready.notify_all();
                 }
@@ -201,7 +229,12 @@ impl Inner {
             .metas
             .iter()
             .zip(&batch.bufs)
-            .map(|(t, b)| braid_datapath::Transmit { dest: t.dest, path: t.path, ecn: Ecn::from_tos(t.ecn), contents: &b[..t.len] })
+            .map(|(t, b)| braid_datapath::Transmit {
+                dest: t.dest,
+                path: t.path,
+                ecn: Ecn::from_tos(t.ecn),
+                contents: &b[..t.len],
+            })
             .collect();
         let mut sent = 0;
         while sent < txs.len() {
@@ -213,11 +246,18 @@ impl Inner {
     }
 
     fn take_batch(&self) -> TxBatch {
-        self.tx_pool.lock().unwrap_or_else(|e| e.into_inner()).pop().unwrap_or_else(|| TxBatch::new(self.datapath.max_payload()))
+        self.tx_pool
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop()
+            .unwrap_or_else(|| TxBatch::new(self.datapath.max_payload()))
     }
 
     fn put_batch(&self, b: TxBatch) {
-        self.tx_pool.lock().unwrap_or_else(|e| e.into_inner()).push(b);
+        self.tx_pool
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(b);
     }
 
     /// Sends everything the engine has to send, in timestamp order, and hands completions to
@@ -248,7 +288,11 @@ impl Inner {
         while !self.stop.load(Ordering::Acquire) {
             let wait = {
                 let core = self.lock();
-                let cap = if core.ep.qp_count() > 0 { TIMER_SLACK } else { IDLE_WAIT };
+                let cap = if core.ep.qp_count() > 0 {
+                    TIMER_SLACK
+                } else {
+                    IDLE_WAIT
+                };
                 match core.ep.poll_timeout() {
                     Some(t) => t.saturating_since(self.now()).min(cap),
                     None => cap,
@@ -259,7 +303,8 @@ impl Inner {
                 let mut core = self.lock();
                 let now = self.now();
                 for (meta, bytes) in rx.iter().take(n) {
-                    core.ep.handle_datagram(now, meta.src, meta.ecn as u8, bytes);
+                    core.ep
+                        .handle_datagram(now, meta.src, meta.ecn as u8, bytes);
                 }
                 if core.ep.poll_timeout().is_some_and(|t| t <= now) {
                     core.ep.handle_timeout(now);
@@ -278,7 +323,10 @@ pub struct Device {
 
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Device").field("addr", &self.local_addr()).field("datapath", &self.datapath_kind()).finish()
+        f.debug_struct("Device")
+            .field("addr", &self.local_addr())
+            .field("datapath", &self.datapath_kind())
+            .finish()
     }
 }
 
@@ -291,7 +339,8 @@ impl Device {
         let mut engine = cfg.engine;
         if !cfg.deterministic_seed {
             let mut seed = [0u8; 8];
-            getrandom::getrandom(&mut seed).map_err(|e| OpenError::Datapath(io::Error::other(e)))?;
+            getrandom::getrandom(&mut seed)
+                .map_err(|e| OpenError::Datapath(io::Error::other(e)))?;
             engine.seed = u64::from_le_bytes(seed);
         }
         let datapath: Box<dyn Datapath> = match cfg.datapath {
@@ -304,7 +353,10 @@ impl Device {
         engine.max_datagram = engine.max_datagram.min(datapath.max_payload());
         let ep = Endpoint::new(engine, datapath.local_addr());
         let inner = Arc::new(Inner {
-            core: Mutex::new(Core { ep, cqs: HashMap::new() }),
+            core: Mutex::new(Core {
+                ep,
+                cqs: HashMap::new(),
+            }),
             datapath,
             epoch: Instant::now(),
             stop: AtomicBool::new(false),
@@ -316,7 +368,12 @@ impl Device {
             .name("braid-progress".into())
             .spawn(move || worker.progress())
             .map_err(OpenError::Thread)?;
-        Ok(Device { owner: Arc::new(Owner { inner, thread: Mutex::new(Some(thread)) }) })
+        Ok(Device {
+            owner: Arc::new(Owner {
+                inner,
+                thread: Mutex::new(Some(thread)),
+            }),
+        })
     }
 
     fn inner(&self) -> &Inner {
@@ -351,7 +408,10 @@ impl Device {
     /// Allocates a protection domain.
     pub fn alloc_pd(&self) -> ProtectionDomain {
         let pd = self.inner().lock().ep.alloc_pd();
-        ProtectionDomain { dev: self.clone(), pd }
+        ProtectionDomain {
+            dev: self.clone(),
+            pd,
+        }
     }
 
     /// Creates a completion queue.
@@ -360,11 +420,16 @@ impl Device {
             queue: Mutex::new(VecDeque::new()),
             ready: Condvar::new(),
             waiters: AtomicUsize::new(0),
+            queued: AtomicUsize::new(0),
         });
         let mut core = self.inner().lock();
         let id = core.ep.create_cq();
         core.cqs.insert(id, shared.clone());
-        CompletionQueue { dev: self.clone(), id, shared }
+        CompletionQueue {
+            dev: self.clone(),
+            id,
+            shared,
+        }
     }
 }
 
@@ -377,7 +442,9 @@ pub struct ProtectionDomain {
 
 impl std::fmt::Debug for ProtectionDomain {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ProtectionDomain").field("id", &self.pd.0).finish()
+        f.debug_struct("ProtectionDomain")
+            .field("id", &self.pd.0)
+            .finish()
     }
 }
 
@@ -393,21 +460,48 @@ impl ProtectionDomain {
     /// As [`Region::from_raw`]: the memory stays valid until the region is dropped and every
     /// work request using it has completed, and meanwhile it is only accessed through the
     /// region or atomically.
-    pub unsafe fn register_raw(&self, ptr: *mut u8, len: usize, access: Access) -> Result<MemoryRegion, ResourceError> {
+    pub unsafe fn register_raw(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> Result<MemoryRegion, ResourceError> {
         // SAFETY: forwarded to the caller's contract above.
         let region = unsafe { Region::from_raw(ptr, len) };
         self.register(region, access)
     }
 
     fn register(&self, region: Arc<Region>, access: Access) -> Result<MemoryRegion, ResourceError> {
-        let keys = self.dev.inner().lock().ep.register(self.pd, region.clone(), access)?;
-        Ok(MemoryRegion { dev: self.dev.clone(), region, keys, access })
+        let keys = self
+            .dev
+            .inner()
+            .lock()
+            .ep
+            .register(self.pd, region.clone(), access)?;
+        Ok(MemoryRegion {
+            dev: self.dev.clone(),
+            region,
+            keys,
+            access,
+        })
     }
 
     /// Creates a reliable QP reporting sends to `send_cq` and receives to `recv_cq`.
-    pub fn create_qp(&self, send_cq: &CompletionQueue, recv_cq: &CompletionQueue) -> Result<QueuePair, ResourceError> {
-        let info = self.dev.inner().lock().ep.create_qp(self.pd, send_cq.id, recv_cq.id)?;
-        Ok(QueuePair { dev: self.dev.clone(), info })
+    pub fn create_qp(
+        &self,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+    ) -> Result<QueuePair, ResourceError> {
+        let info = self
+            .dev
+            .inner()
+            .lock()
+            .ep
+            .create_qp(self.pd, send_cq.id, recv_cq.id)?;
+        Ok(QueuePair {
+            dev: self.dev.clone(),
+            info,
+        })
     }
 }
 
@@ -423,7 +517,11 @@ pub struct MemoryRegion {
 
 impl std::fmt::Debug for MemoryRegion {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemoryRegion").field("len", &self.region.len()).field("lkey", &self.keys.lkey).field("rkey", &self.keys.rkey).finish()
+        f.debug_struct("MemoryRegion")
+            .field("len", &self.region.len())
+            .field("lkey", &self.keys.lkey)
+            .field("rkey", &self.keys.rkey)
+            .finish()
     }
 }
 
@@ -468,11 +566,18 @@ impl MemoryRegion {
     }
     /// A scatter/gather entry for `len` bytes at `offset`.
     pub fn sge(&self, offset: u64, len: u32) -> Sge {
-        Sge { lkey: self.keys.lkey, offset, len }
+        Sge {
+            lkey: self.keys.lkey,
+            offset,
+            len,
+        }
     }
     /// The remote address of byte `offset`, for a peer's WRITE, READ or atomic.
     pub fn remote(&self, offset: u64) -> RemoteAddr {
-        RemoteAddr { rkey: self.keys.rkey, offset }
+        RemoteAddr {
+            rkey: self.keys.rkey,
+            offset,
+        }
     }
 }
 
@@ -486,24 +591,29 @@ pub struct CompletionQueue {
 
 impl std::fmt::Debug for CompletionQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CompletionQueue").field("id", &self.id.0).finish()
+        f.debug_struct("CompletionQueue")
+            .field("id", &self.id.0)
+            .finish()
     }
 }
 
 impl CompletionQueue {
     /// Takes up to `out.len()` completions without waiting; returns how many.
     pub fn poll(&self, out: &mut [Completion]) -> usize {
-        let mut q = self.shared.queue.lock().unwrap_or_else(|e| e.into_inner());
-        let n = out.len().min(q.len());
-        for (slot, c) in out.iter_mut().zip(q.drain(..n)) {
-            *slot = c;
-        }
-        n
+        self.shared.pop(out)
     }
 
     /// Takes one completion without waiting.
     pub fn poll_one(&self) -> Option<Completion> {
-        self.shared.queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front()
+        let mut one = [Completion {
+            wr_id: 0,
+            status: braid_proto::WcStatus::Flushed,
+            opcode: braid_proto::WcOpcode::Send,
+            byte_len: 0,
+            imm: None,
+            qpn: 0,
+        }];
+        (self.shared.pop(&mut one) == 1).then_some(one[0])
     }
 
     /// Waits up to `timeout` for one completion.
@@ -512,11 +622,17 @@ impl CompletionQueue {
         let mut q = self.shared.queue.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(c) = q.pop_front() {
+                self.shared.queued.store(q.len(), Ordering::Release);
                 return Some(c);
             }
             let left = deadline.checked_duration_since(Instant::now())?;
             self.shared.waiters.fetch_add(1, Ordering::Relaxed);
-            q = self.shared.ready.wait_timeout(q, left).unwrap_or_else(|e| e.into_inner()).0;
+            q = self
+                .shared
+                .ready
+                .wait_timeout(q, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
             self.shared.waiters.fetch_sub(1, Ordering::Relaxed);
         }
     }
@@ -535,7 +651,9 @@ pub struct QueuePair {
 
 impl std::fmt::Debug for QueuePair {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("QueuePair").field("qpn", &self.info.qpn).finish()
+        f.debug_struct("QueuePair")
+            .field("qpn", &self.info.qpn)
+            .finish()
     }
 }
 
@@ -558,17 +676,23 @@ impl QueuePair {
 
     /// Posts a send work request; its packets leave from this thread.
     pub fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
-        self.dev.inner().with_engine(|ep| ep.post_send(self.info.qpn, wr))
+        self.dev
+            .inner()
+            .with_engine(|ep| ep.post_send(self.info.qpn, wr))
     }
 
     /// Posts a receive work request.
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), PostError> {
-        self.dev.inner().with_engine(|ep| ep.post_recv(self.info.qpn, wr))
+        self.dev
+            .inner()
+            .with_engine(|ep| ep.post_recv(self.info.qpn, wr))
     }
 
     /// Moves the QP to the error state: outstanding work completes as flushed.
     pub fn set_error(&self) -> Result<(), ResourceError> {
-        self.dev.inner().with_engine(|ep| ep.set_error(self.info.qpn))
+        self.dev
+            .inner()
+            .with_engine(|ep| ep.set_error(self.info.qpn))
     }
 
     /// State and counters.

@@ -51,11 +51,11 @@ pub use braid_proto::{
     Timestamp, WcOpcode, WcStatus,
 };
 pub use device::{
-    CompletionQueue, DatapathKind, Device, DeviceConfig, MemoryRegion, OpenError,
-    ProtectionDomain, QueuePair,
+    CompletionQueue, DatapathKind, Device, DeviceConfig, MemoryRegion, OpenError, ProtectionDomain,
+    QueuePair,
 };
 
-/// The sans-IO engine, for simulations and tools that drive it directly.
-pub use braid_proto as proto;
 /// The datapaths (UDP sockets, simulated network).
 pub use braid_datapath as datapath;
+/// The sans-IO engine, for simulations and tools that drive it directly.
+pub use braid_proto as proto;

@@ -11,8 +11,7 @@ use std::sync::Arc;
 use braid_datapath::sim::{LinkConfig, SimNet};
 use braid_datapath::{Ecn, Transmit};
 use braid_proto::{
-    Access, Completion, CqId, Endpoint, EndpointConfig, MrKeys, PdId, QpInfo, Region,
-    Timestamp,
+    Access, Completion, CqId, Endpoint, EndpointConfig, MrKeys, PdId, QpInfo, Region, Timestamp,
 };
 
 /// One simulated device.
@@ -70,14 +69,29 @@ impl Cluster {
         net.set_default_link(link);
         let nodes = (0..n)
             .map(|i| {
-                let addr = SocketAddr::new(IpAddr::V4(Ipv4Addr::new(10, 0, (i / 250) as u8, (i % 250 + 1) as u8)), 4791);
+                let addr = SocketAddr::new(
+                    IpAddr::V4(Ipv4Addr::new(10, 0, (i / 250) as u8, (i % 250 + 1) as u8)),
+                    4791,
+                );
                 net.add_host(addr, cfg.paths);
                 let mut c = cfg.clone();
-                c.seed = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(i as u64);
-                Node { ep: Endpoint::new(c, addr), addr, cqs: HashMap::new() }
+                c.seed = seed
+                    .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                    .wrapping_add(i as u64);
+                Node {
+                    ep: Endpoint::new(c, addr),
+                    addr,
+                    cqs: HashMap::new(),
+                }
             })
             .collect();
-        Cluster { net, now: Timestamp::ZERO, nodes, steps: 0, buf: vec![0u8; 65_536] }
+        Cluster {
+            net,
+            now: Timestamp::ZERO,
+            nodes,
+            steps: 0,
+            buf: vec![0u8; 65_536],
+        }
     }
 
     /// Creates a PD, a CQ and a QP on nodes `a` and `b` and connects the two QPs.
@@ -87,18 +101,32 @@ impl Cluster {
             let pd = ep.alloc_pd();
             let cq = ep.create_cq();
             let qp = ep.create_qp(pd, cq, cq).expect("fresh PD and CQ");
-            Side { node: n, pd, cq, qp }
+            Side {
+                node: n,
+                pd,
+                cq,
+                qp,
+            }
         };
         let (sa, sb) = (mk(a), mk(b));
-        self.nodes[a].ep.connect(sa.qp.qpn, sb.qp).expect("QP in Init");
-        self.nodes[b].ep.connect(sb.qp.qpn, sa.qp).expect("QP in Init");
+        self.nodes[a]
+            .ep
+            .connect(sa.qp.qpn, sb.qp)
+            .expect("QP in Init");
+        self.nodes[b]
+            .ep
+            .connect(sb.qp.qpn, sa.qp)
+            .expect("QP in Init");
         (sa, sb)
     }
 
     /// Allocates and registers a zeroed region of `len` bytes on `side`'s node.
     pub fn alloc_mr(&mut self, side: &Side, len: usize, access: Access) -> Mr {
         let region = Region::new(len);
-        let keys = self.nodes[side.node].ep.register(side.pd, region.clone(), access).expect("known PD");
+        let keys = self.nodes[side.node]
+            .ep
+            .register(side.pd, region.clone(), access)
+            .expect("known PD");
         Mr { region, keys }
     }
 
@@ -107,7 +135,12 @@ impl Cluster {
         let now = self.now;
         for node in &mut self.nodes {
             while let Some(t) = node.ep.poll_transmit(now, &mut self.buf) {
-                let tx = Transmit { dest: t.dest, path: t.path, ecn: Ecn::from_tos(t.ecn), contents: &self.buf[..t.len] };
+                let tx = Transmit {
+                    dest: t.dest,
+                    path: t.path,
+                    ecn: Ecn::from_tos(t.ecn),
+                    contents: &self.buf[..t.len],
+                };
                 self.net.send(now, node.addr, &tx);
             }
             while let Some((cq, c)) = node.ep.poll_completion() {
@@ -128,13 +161,16 @@ impl Cluster {
     /// Advances to the next event and processes it. False when nothing is pending.
     pub fn step(&mut self) -> bool {
         self.flush();
-        let Some(next) = self.next_event() else { return false };
+        let Some(next) = self.next_event() else {
+            return false;
+        };
         self.now = self.now.max(next);
         self.steps += 1;
         let now = self.now;
         while let Some(d) = self.net.poll_deliver(now) {
             if let Some(node) = self.nodes.iter_mut().find(|n| n.addr == d.to) {
-                node.ep.handle_datagram(now, d.meta.src, d.meta.ecn as u8, &d.bytes);
+                node.ep
+                    .handle_datagram(now, d.meta.src, d.meta.ecn as u8, &d.bytes);
             }
         }
         for node in &mut self.nodes {
@@ -148,7 +184,11 @@ impl Cluster {
 
     /// Steps until `done` holds, nothing is pending, or `max_steps` steps have run. Returns
     /// whether `done` held.
-    pub fn run_until(&mut self, max_steps: u64, mut done: impl FnMut(&mut Cluster) -> bool) -> bool {
+    pub fn run_until(
+        &mut self,
+        max_steps: u64,
+        mut done: impl FnMut(&mut Cluster) -> bool,
+    ) -> bool {
         self.flush();
         for _ in 0..max_steps {
             if done(self) {
@@ -165,7 +205,10 @@ impl Cluster {
     /// Panics (with the seed) if that takes more than `max_steps` steps: a livelock.
     pub fn drive_bounded(&mut self, max_steps: u64) {
         let seed = self.net.seed();
-        assert!(self.run_until(max_steps, |c| c.next_event().is_none()), "no quiescence after {max_steps} steps (seed {seed})");
+        assert!(
+            self.run_until(max_steps, |c| c.next_event().is_none()),
+            "no quiescence after {max_steps} steps (seed {seed})"
+        );
     }
 
     /// Takes the next completion of `cq` on node `node`.

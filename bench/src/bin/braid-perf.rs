@@ -13,7 +13,9 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use braid::{Access, DatapathKind, Device, DeviceConfig, MemoryRegion, RemoteAddr, SendOp, SendWr, WcStatus};
+use braid::{
+    Access, DatapathKind, Device, DeviceConfig, MemoryRegion, RemoteAddr, SendOp, SendWr, WcStatus,
+};
 use braid_bench::pattern;
 use braid_bench::report::{self, BwResult, ClientReport, LatResult, PathRow};
 use braid_bench::run::{self, BwOp, BwSpec, Check, Conn, Limit, NoCheck, RecvSide, Verifier};
@@ -26,7 +28,11 @@ const DEFAULT_PORT: u16 = 18515;
 const READ_SALT: u64 = 0x00AD_5EED;
 
 #[derive(Parser)]
-#[command(name = "braid-perf", version, about = "perftest-style bandwidth and latency tests for Braid")]
+#[command(
+    name = "braid-perf",
+    version,
+    about = "perftest-style bandwidth and latency tests for Braid"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -201,8 +207,13 @@ fn parse_size(s: &str) -> Result<u64, String> {
         }
         None => (t, 1),
     };
-    let n: u64 = num.trim().parse().map_err(|_| format!("not a size: {s:?}"))?;
-    let v = n.checked_mul(mult).ok_or_else(|| format!("size too large: {s:?}"))?;
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("not a size: {s:?}"))?;
+    let v = n
+        .checked_mul(mult)
+        .ok_or_else(|| format!("size too large: {s:?}"))?;
     if v == 0 || v > u64::from(u32::MAX) {
         return Err(format!("size must be 1 byte to 4 GiB: {s:?}"));
     }
@@ -217,7 +228,10 @@ fn parse_target(s: &str) -> Result<SocketAddr, String> {
         return Ok(SocketAddr::new(ip, DEFAULT_PORT));
     }
     let (host, port) = match s.rsplit_once(':') {
-        Some((h, p)) => (h, p.parse::<u16>().map_err(|_| format!("bad port in {s:?}"))?),
+        Some((h, p)) => (
+            h,
+            p.parse::<u16>().map_err(|_| format!("bad port in {s:?}"))?,
+        ),
         None => (s, DEFAULT_PORT),
     };
     (host, port)
@@ -228,7 +242,9 @@ fn parse_target(s: &str) -> Result<SocketAddr, String> {
 }
 
 fn open_device(engine: &Engine, local: SocketAddr) -> Result<Device, String> {
-    let mut cfg = DeviceConfig::udp(local).paths(engine.paths).max_datagram(engine.max_datagram);
+    let mut cfg = DeviceConfig::udp(local)
+        .paths(engine.paths)
+        .max_datagram(engine.max_datagram);
     cfg.datapath = engine.datapath;
     Device::open(cfg).map_err(|e| format!("opening a Braid device on {local}: {e}"))
 }
@@ -237,7 +253,9 @@ fn limit_of(iters: Option<u64>, duration: f64) -> Result<Limit, String> {
     match iters {
         Some(0) => Err("--iters must be at least 1".into()),
         Some(n) => Ok(Limit::Iters(n)),
-        None if duration > 0.0 && duration.is_finite() => Ok(Limit::Duration(Duration::from_secs_f64(duration))),
+        None if duration > 0.0 && duration.is_finite() => {
+            Ok(Limit::Duration(Duration::from_secs_f64(duration)))
+        }
         None => Err("--duration must be a positive number of seconds".into()),
     }
 }
@@ -286,7 +304,10 @@ struct DemoReport {
 fn demo(a: &DemoArgs) -> Result<bool, String> {
     let size32 = to_u32(a.size)?;
     let limit = limit_of(a.iters, a.duration)?;
-    let window = a.window.unwrap_or_else(|| run::window_for(a.size)).clamp(1, run::MAX_WINDOW);
+    let window = a
+        .window
+        .unwrap_or_else(|| run::window_for(a.size))
+        .clamp(1, run::MAX_WINDOW);
     let lo: SocketAddr = ([127, 0, 0, 1], 0).into();
     let srv = open_device(&a.engine, lo)?;
     let cli = open_device(&a.engine, lo)?;
@@ -300,7 +321,13 @@ fn demo(a: &DemoArgs) -> Result<bool, String> {
     let len = (window as u64 * a.size).max(8) as usize;
     let smr = spd.alloc_mr(len, Access::ALL).map_err(err)?;
     let cmr = cpd.alloc_mr(len, Access::LOCAL_WRITE).map_err(err)?;
-    let conn = Conn { qp: &cqp, cq: &ccq, local: &cmr, rkey: smr.rkey(), remote_len: smr.len() as u64 };
+    let conn = Conn {
+        qp: &cqp,
+        cq: &ccq,
+        local: &cmr,
+        rkey: smr.rkey(),
+        remote_len: smr.len() as u64,
+    };
     if !a.json {
         println!(
             "braid-perf demo: client {} -> server {}, datapath {}, {} paths, {} B datagrams ({} B payload per packet), {} B messages, window {}",
@@ -314,17 +341,50 @@ fn demo(a: &DemoArgs) -> Result<bool, String> {
             window
         );
     }
-    let spec = |op| BwSpec { op, size: size32, limit, window, busy_poll: a.busy_poll, progress: false };
+    let spec = |op| BwSpec {
+        op,
+        size: size32,
+        limit,
+        window,
+        busy_poll: a.busy_poll,
+        progress: false,
+    };
     let mut bw = Vec::new();
-    let w = run::run_bw(&conn, &spec(BwOp::Write), &mut Verifier::new(&cmr, &smr, a.size as usize, window, 0x11))?;
+    let w = run::run_bw(
+        &conn,
+        &spec(BwOp::Write),
+        &mut Verifier::new(&cmr, &smr, a.size as usize, window, 0x11),
+    )?;
     bw.push(w);
-    let r = run::run_bw(&conn, &spec(BwOp::Read), &mut Verifier::new(&smr, &cmr, a.size as usize, window, 0x22))?;
+    let r = run::run_bw(
+        &conn,
+        &spec(BwOp::Read),
+        &mut Verifier::new(&smr, &cmr, a.size as usize, window, 0x22),
+    )?;
     bw.push(r);
-    let recv = RecvSide { qp: &sqp, cq: &scq, mr: &smr };
-    let s = run::run_send_bw_local(&conn, &recv, &spec(BwOp::Write), &mut Verifier::new(&cmr, &smr, a.size as usize, window, 0x33))?;
+    let recv = RecvSide {
+        qp: &sqp,
+        cq: &scq,
+        mr: &smr,
+    };
+    let s = run::run_send_bw_local(
+        &conn,
+        &recv,
+        &spec(BwOp::Write),
+        &mut Verifier::new(&cmr, &smr, a.size as usize, window, 0x33),
+    )?;
     bw.push(s);
-    let lat = run::run_write_lat(&conn, 8, a.lat_iters, a.lat_iters / 10 + 10, false, &mut Verifier::new(&cmr, &smr, 8, 1, 0x44))?;
-    let verified = bw.iter().all(|r| r.mismatches == 0 && r.verified_bytes == r.size * r.iterations)
+    let lat = run::run_write_lat(
+        &conn,
+        8,
+        a.lat_iters,
+        a.lat_iters / 10 + 10,
+        false,
+        &mut Verifier::new(&cmr, &smr, 8, 1, 0x44),
+    )?;
+    let verified = bw
+        .iter()
+        .all(|r| r.mismatches == 0 && r.verified_bytes == r.size * r.iterations)
         && lat.mismatches == 0;
     let rep = DemoReport {
         test: "demo",
@@ -339,25 +399,51 @@ fn demo(a: &DemoArgs) -> Result<bool, String> {
         verified,
     };
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&rep).map_err(|e| e.to_string())?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&rep).map_err(|e| e.to_string())?
+        );
     } else {
-        report::print_bw_header("Bandwidth: RDMA WRITE, RDMA READ, SEND (every byte verified at the destination)");
+        report::print_bw_header(
+            "Bandwidth: RDMA WRITE, RDMA READ, SEND (every byte verified at the destination)",
+        );
         for (name, r) in ["WRITE", "READ", "SEND"].iter().zip(&rep.bw) {
             print!("{name:>6}");
             report::print_bw_row(r);
         }
-        report::print_lat("Latency: 8 B RDMA WRITE round trip (post signaled WRITE, spin on the CQ until its completion)", &rep.lat);
-        report::print_paths("Client device paths (WRITE and SEND data, READ requests)", &rep.paths_client);
+        report::print_lat(
+            "Latency: 8 B RDMA WRITE round trip (post signaled WRITE, spin on the CQ until its completion)",
+            &rep.lat,
+        );
+        report::print_paths(
+            "Client device paths (WRITE and SEND data, READ requests)",
+            &rep.paths_client,
+        );
         report::print_paths("Server device paths (READ responses)", &rep.paths_server);
         let cs = cli.stats();
         let ss = srv.stats();
         println!("{}", "-".repeat(96));
         println!(
             " client: tx {} rx {} datagrams, {} retransmits, {} RTOs, {} duplicates | server: tx {} rx {}, {} retransmits, {} RTOs, {} duplicates",
-            cs.tx_datagrams, cs.rx_datagrams, cs.retransmits, cs.rto_fired, cs.rx_duplicates,
-            ss.tx_datagrams, ss.rx_datagrams, ss.retransmits, ss.rto_fired, ss.rx_duplicates
+            cs.tx_datagrams,
+            cs.rx_datagrams,
+            cs.retransmits,
+            cs.rto_fired,
+            cs.rx_duplicates,
+            ss.tx_datagrams,
+            ss.rx_datagrams,
+            ss.retransmits,
+            ss.rto_fired,
+            ss.rx_duplicates
         );
-        println!(" verification: {}", if verified { "PASSED (every byte of every message)" } else { "FAILED" });
+        println!(
+            " verification: {}",
+            if verified {
+                "PASSED (every byte of every message)"
+            } else {
+                "FAILED"
+            }
+        );
     }
     Ok(verified)
 }
@@ -371,7 +457,11 @@ fn server(a: &ServerArgs) -> Result<(), String> {
         "braid-perf server: listening on {} (TCP bootstrap), datapath {:?}; serving clients one at a time{}",
         listener.local_addr().map_err(|e| e.to_string())?,
         a.engine_dp.datapath,
-        if a.once { ", exiting after the first" } else { " until killed" }
+        if a.once {
+            ", exiting after the first"
+        } else {
+            " until killed"
+        }
     );
     for stream in listener.incoming() {
         let stream = match stream {
@@ -381,7 +471,10 @@ fn server(a: &ServerArgs) -> Result<(), String> {
                 continue;
             }
         };
-        let peer = stream.peer_addr().map(|p| p.to_string()).unwrap_or_else(|_| "?".into());
+        let peer = stream
+            .peer_addr()
+            .map(|p| p.to_string())
+            .unwrap_or_else(|_| "?".into());
         match serve_one(a, stream) {
             Ok(summary) => eprintln!("client {peer}: {summary}"),
             Err(e) => eprintln!("client {peer}: error: {e}"),
@@ -399,14 +492,30 @@ fn serve_one(a: &ServerArgs, stream: TcpStream) -> Result<String, String> {
     let mut writer = stream;
     let hello: Hello = wire::recv_line(&mut reader)?;
     let refuse = |w: &mut TcpStream, why: String| -> Result<String, String> {
-        let _ = wire::send_line(w, &Welcome { error: Some(why.clone()), ..Welcome::default() });
+        let _ = wire::send_line(
+            w,
+            &Welcome {
+                error: Some(why.clone()),
+                ..Welcome::default()
+            },
+        );
         Err(why)
     };
     if hello.region_len == 0 || hello.region_len > a.max_region {
-        return refuse(&mut writer, format!("region of {} bytes refused (limit {})", hello.region_len, a.max_region));
+        return refuse(
+            &mut writer,
+            format!(
+                "region of {} bytes refused (limit {})",
+                hello.region_len, a.max_region
+            ),
+        );
     }
     let ip = writer.local_addr().map_err(|e| e.to_string())?.ip();
-    let engine = Engine { paths: hello.paths, max_datagram: hello.max_datagram, datapath: a.engine_dp.datapath };
+    let engine = Engine {
+        paths: hello.paths,
+        max_datagram: hello.max_datagram,
+        datapath: a.engine_dp.datapath,
+    };
     let dev = match open_device(&engine, SocketAddr::new(ip, a.udp_port)) {
         Ok(d) => d,
         Err(e) => return refuse(&mut writer, e),
@@ -414,7 +523,9 @@ fn serve_one(a: &ServerArgs, stream: TcpStream) -> Result<String, String> {
     let pd = dev.alloc_pd();
     let cq = dev.create_cq();
     let qp = pd.create_qp(&cq, &cq).map_err(|e| e.to_string())?;
-    let mr = pd.alloc_mr(hello.region_len as usize, Access::ALL).map_err(|e| e.to_string())?;
+    let mr = pd
+        .alloc_mr(hello.region_len as usize, Access::ALL)
+        .map_err(|e| e.to_string())?;
     let size = to_u32(hello.size.max(1))?;
     if hello.test == "read_bw" {
         fill_read_pattern(&mr, hello.size);
@@ -435,7 +546,8 @@ fn serve_one(a: &ServerArgs, stream: TcpStream) -> Result<String, String> {
     wire::send_line(&mut writer, &welcome)?;
     let stop = AtomicBool::new(false);
     let (echoed, done) = std::thread::scope(|s| {
-        let echo = (hello.test == "send_lat").then(|| s.spawn(|| run::serve_echo(&qp, &cq, &mr, size, a.busy_poll, &stop)));
+        let echo = (hello.test == "send_lat")
+            .then(|| s.spawn(|| run::serve_echo(&qp, &cq, &mr, size, a.busy_poll, &stop)));
         let done: Result<Done, String> = wire::recv_line(&mut reader);
         stop.store(true, Ordering::Release);
         let echoed = match echo.map(|h| h.join()) {
@@ -445,7 +557,10 @@ fn serve_one(a: &ServerArgs, stream: TcpStream) -> Result<String, String> {
         };
         (echoed, done)
     });
-    let bye = Bye { paths: report::path_rows(&dev.path_stats()), echoed: *echoed.as_ref().unwrap_or(&0) };
+    let bye = Bye {
+        paths: report::path_rows(&dev.path_stats()),
+        echoed: *echoed.as_ref().unwrap_or(&0),
+    };
     let _ = wire::send_line(&mut writer, &bye);
     done?;
     let echoed = echoed?;
@@ -459,7 +574,11 @@ fn serve_one(a: &ServerArgs, stream: TcpStream) -> Result<String, String> {
         st.tx_datagrams,
         st.rx_datagrams,
         st.retransmits,
-        if hello.test == "send_lat" { format!(", {echoed} echoes") } else { String::new() }
+        if hello.test == "send_lat" {
+            format!(", {echoed} echoes")
+        } else {
+            String::new()
+        }
     ))
 }
 
@@ -493,7 +612,9 @@ impl Check for ReadCheck<'_> {
     fn after(&mut self, msg: u64, off: u64) -> Result<u64, String> {
         let slot = off / self.size as u64;
         pattern::fill(READ_SALT ^ slot, &mut self.want);
-        self.local.read(off, &mut self.got).map_err(|e| format!("{e:?}"))?;
+        self.local
+            .read(off, &mut self.got)
+            .map_err(|e| format!("{e:?}"))?;
         match pattern::first_mismatch(&self.got, &self.want) {
             None => Ok(self.size as u64),
             Some(i) => Err(format!("READ {msg}: byte {i} of slot {slot} differs")),
@@ -519,13 +640,28 @@ impl Check for WriteFill<'_> {
 
 /// Reads the first `window` slots of the server's region back and compares them with the
 /// local slots they were written from. Returns the bytes checked.
-fn read_back(conn: &Conn<'_>, scratch: &MemoryRegion, window: usize, size: u64) -> Result<u64, String> {
+fn read_back(
+    conn: &Conn<'_>,
+    scratch: &MemoryRegion,
+    window: usize,
+    size: u64,
+) -> Result<u64, String> {
     let mut wcs = [run::empty_completion()];
     let (mut a, mut b) = (vec![0u8; size as usize], vec![0u8; size as usize]);
     for k in 0..window as u64 {
         let off = k * size;
-        let wr = SendWr { wr_id: k, op: SendOp::Read(RemoteAddr { rkey: conn.rkey, offset: off }), sges: vec![scratch.sge(0, to_u32(size)?)], signaled: true };
-        conn.qp.post_send(wr).map_err(|e| format!("post_send: {e}"))?;
+        let wr = SendWr {
+            wr_id: k,
+            op: SendOp::Read(RemoteAddr {
+                rkey: conn.rkey,
+                offset: off,
+            }),
+            sges: vec![scratch.sge(0, to_u32(size)?)],
+            signaled: true,
+        };
+        conn.qp
+            .post_send(wr)
+            .map_err(|e| format!("post_send: {e}"))?;
         run::next_completions(conn.cq, &mut wcs, false)?;
         if wcs[0].status != WcStatus::Success {
             return Err(format!("read-back READ failed: {:?}", wcs[0].status));
@@ -533,7 +669,9 @@ fn read_back(conn: &Conn<'_>, scratch: &MemoryRegion, window: usize, size: u64) 
         scratch.read(0, &mut a).map_err(|e| format!("{e:?}"))?;
         conn.local.read(off, &mut b).map_err(|e| format!("{e:?}"))?;
         if let Some(i) = pattern::first_mismatch(&a, &b) {
-            return Err(format!("write_bw read-back: slot {k} byte {i} differs from what was written"));
+            return Err(format!(
+                "write_bw read-back: slot {k} byte {i} differs from what was written"
+            ));
         }
     }
     Ok(window as u64 * size)
@@ -561,19 +699,32 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
         Test::WriteLat | Test::SendLat => 8,
     });
     let size32 = to_u32(size)?;
-    let sizes = if test == Test::Sweep { sweep_sizes(size, a.pow2) } else { vec![size] };
-    let window_of = |s: u64| a.window.unwrap_or_else(|| run::window_for(s)).clamp(1, run::MAX_WINDOW);
+    let sizes = if test == Test::Sweep {
+        sweep_sizes(size, a.pow2)
+    } else {
+        vec![size]
+    };
+    let window_of = |s: u64| {
+        a.window
+            .unwrap_or_else(|| run::window_for(s))
+            .clamp(1, run::MAX_WINDOW)
+    };
     let align8 = |s: u64| s.div_ceil(8) * 8;
     let (local_len, remote_len) = match test {
         Test::WriteBw | Test::ReadBw | Test::Sweep => {
-            let l = sizes.iter().map(|&s| window_of(s) as u64 * s).max().unwrap_or(size);
+            let l = sizes
+                .iter()
+                .map(|&s| window_of(s) as u64 * s)
+                .max()
+                .unwrap_or(size);
             (l, l)
         }
         Test::WriteLat => (size, size),
         Test::SendLat => (2 * align8(size), run::ECHO_SLOTS as u64 * align8(size)),
     };
     let server_addr = parse_target(&a.target)?;
-    let stream = TcpStream::connect_timeout(&server_addr, Duration::from_secs(5)).map_err(|e| format!("connect to {server_addr}: {e}"))?;
+    let stream = TcpStream::connect_timeout(&server_addr, Duration::from_secs(5))
+        .map_err(|e| format!("connect to {server_addr}: {e}"))?;
     let _ = stream.set_nodelay(true);
     let mut reader = BufReader::new(stream.try_clone().map_err(|e| e.to_string())?);
     let mut writer = stream;
@@ -583,7 +734,12 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
     let cq = dev.create_cq();
     let err = |e: braid::ResourceError| e.to_string();
     let qp = pd.create_qp(&cq, &cq).map_err(err)?;
-    let mr = pd.alloc_mr(local_len.max(8) as usize, Access::LOCAL_WRITE | Access::REMOTE_READ).map_err(err)?;
+    let mr = pd
+        .alloc_mr(
+            local_len.max(8) as usize,
+            Access::LOCAL_WRITE | Access::REMOTE_READ,
+        )
+        .map_err(err)?;
     let hello = Hello {
         test: test.name().to_string(),
         size,
@@ -599,7 +755,13 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
     }
     let peer_qp = welcome.qp.ok_or("server sent no QP")?;
     qp.connect(peer_qp.into()).map_err(err)?;
-    let conn = Conn { qp: &qp, cq: &cq, local: &mr, rkey: welcome.rkey, remote_len: welcome.region_len };
+    let conn = Conn {
+        qp: &qp,
+        cq: &cq,
+        local: &mr,
+        rkey: welcome.rkey,
+        remote_len: welcome.region_len,
+    };
     if !a.json {
         println!(
             "braid-perf client: {} -> {} (server device {}), datapath {}, {} paths, {} B datagrams ({} B payload per packet)",
@@ -627,7 +789,9 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
             let iters = match (a.iters, a.duration) {
                 (Some(0), _) => return Err("--iters must be at least 1".into()),
                 (Some(n), _) => n,
-                (None, Some(_)) => return Err("latency tests count round trips: use --iters".into()),
+                (None, Some(_)) => {
+                    return Err("latency tests count round trips: use --iters".into());
+                }
                 (None, None) => 10_000,
             };
             let warmup = (iters / 10).clamp(10, 1000);
@@ -654,7 +818,11 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
         } else {
             let default_secs = if test == Test::Sweep { 1.0 } else { 5.0 };
             let limit = limit_of(a.iters, a.duration.unwrap_or(default_secs))?;
-            let op = if test == Test::ReadBw { BwOp::Read } else { BwOp::Write };
+            let op = if test == Test::ReadBw {
+                BwOp::Read
+            } else {
+                BwOp::Write
+            };
             if !a.json {
                 let title = match test {
                     Test::ReadBw => "RDMA READ bandwidth",
@@ -665,15 +833,32 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
             }
             for &s in &sizes {
                 let window = window_of(s);
-                let spec = BwSpec { op, size: to_u32(s)?, limit, window, busy_poll: a.busy_poll, progress };
+                let spec = BwSpec {
+                    op,
+                    size: to_u32(s)?,
+                    limit,
+                    window,
+                    busy_poll: a.busy_poll,
+                    progress,
+                };
                 let mut r = if a.verify && op == BwOp::Read {
-                    let mut chk = ReadCheck { local: &mr, size: s as usize, got: vec![0; s as usize], want: vec![0; s as usize], scratch: vec![0; s as usize] };
+                    let mut chk = ReadCheck {
+                        local: &mr,
+                        size: s as usize,
+                        got: vec![0; s as usize],
+                        want: vec![0; s as usize],
+                        scratch: vec![0; s as usize],
+                    };
                     run::run_bw(&conn, &spec, &mut chk)?
                 } else if a.verify {
-                    let mut chk = WriteFill { local: &mr, buf: vec![0; s as usize] };
+                    let mut chk = WriteFill {
+                        local: &mr,
+                        buf: vec![0; s as usize],
+                    };
                     let mut r = run::run_bw(&conn, &spec, &mut chk)?;
                     let scratch = pd.alloc_mr(s as usize, Access::LOCAL_WRITE).map_err(err)?;
-                    r.verified_bytes = read_back(&conn, &scratch, r.window.min(r.iterations as usize), s)?;
+                    r.verified_bytes =
+                        read_back(&conn, &scratch, r.window.min(r.iterations as usize), s)?;
                     r
                 } else {
                     run::run_bw(&conn, &spec, &mut NoCheck)?
@@ -706,7 +891,10 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
     rep.paths_client = report::path_rows(&dev.path_stats());
     rep.paths_server = bye.map(|b| b.paths).unwrap_or_default();
     if a.json {
-        println!("{}", serde_json::to_string(&rep).map_err(|e| e.to_string())?);
+        println!(
+            "{}",
+            serde_json::to_string(&rep).map_err(|e| e.to_string())?
+        );
     } else {
         report::print_paths("Client device paths", &rep.paths_client);
         report::print_paths("Server device paths", &rep.paths_server);

@@ -63,7 +63,10 @@ struct Report {
 
 fn server(bind: SocketAddr) -> Result<(), String> {
     let sock = UdpSocket::bind(bind).map_err(|e| format!("bind {bind}: {e}"))?;
-    eprintln!("udp-pingpong server: echoing on {}", sock.local_addr().map_err(|e| e.to_string())?);
+    eprintln!(
+        "udp-pingpong server: echoing on {}",
+        sock.local_addr().map_err(|e| e.to_string())?
+    );
     let mut buf = vec![0u8; 65_536];
     loop {
         let (n, from) = match sock.recv_from(&mut buf) {
@@ -75,21 +78,34 @@ fn server(bind: SocketAddr) -> Result<(), String> {
     }
 }
 
-fn client(server: SocketAddr, size: usize, iters: u64, warmup: u64, busy: bool, json: bool) -> Result<(), String> {
+fn client(
+    server: SocketAddr,
+    size: usize,
+    iters: u64,
+    warmup: u64,
+    busy: bool,
+    json: bool,
+) -> Result<(), String> {
     if size == 0 || size > 65_507 {
         return Err("--size must be 1 to 65507".into());
     }
     if iters == 0 {
         return Err("--iters must be at least 1".into());
     }
-    let local: SocketAddr = if server.is_ipv4() { ([0, 0, 0, 0], 0).into() } else { (std::net::Ipv6Addr::UNSPECIFIED, 0).into() };
+    let local: SocketAddr = if server.is_ipv4() {
+        ([0, 0, 0, 0], 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
     let sock = UdpSocket::bind(local).map_err(|e| format!("bind: {e}"))?;
-    sock.connect(server).map_err(|e| format!("connect {server}: {e}"))?;
+    sock.connect(server)
+        .map_err(|e| format!("connect {server}: {e}"))?;
     let timeout = Duration::from_millis(500);
     if busy {
         sock.set_nonblocking(true).map_err(|e| e.to_string())?;
     } else {
-        sock.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+        sock.set_read_timeout(Some(timeout))
+            .map_err(|e| e.to_string())?;
     }
     let mut out = vec![0u8; size];
     let mut inb = vec![0u8; 65_536];
@@ -110,7 +126,9 @@ fn client(server: SocketAddr, size: usize, iters: u64, warmup: u64, busy: bool, 
                     }
                     std::hint::spin_loop();
                 }
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => break false,
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    break false;
+                }
                 Err(e) if e.kind() == ErrorKind::Interrupted => continue,
                 Err(e) => return Err(format!("recv: {e}")),
             }
@@ -119,7 +137,9 @@ fn client(server: SocketAddr, size: usize, iters: u64, warmup: u64, busy: bool, 
         if !got {
             lost += 1;
             if lost > 100 {
-                return Err(format!("no echo from {server} (100 pings lost): is the server running?"));
+                return Err(format!(
+                    "no echo from {server} (100 pings lost): is the server running?"
+                ));
             }
             continue;
         }
@@ -129,9 +149,19 @@ fn client(server: SocketAddr, size: usize, iters: u64, warmup: u64, busy: bool, 
         i += 1;
     }
     let lat = stats::summarize(&mut samples);
-    let rep = Report { test: "udp_pingpong", size, iterations: iters, lost, busy_poll: busy, lat };
+    let rep = Report {
+        test: "udp_pingpong",
+        size,
+        iterations: iters,
+        lost,
+        busy_poll: busy,
+        lat,
+    };
     if json {
-        println!("{}", serde_json::to_string(&rep).map_err(|e| e.to_string())?);
+        println!(
+            "{}",
+            serde_json::to_string(&rep).map_err(|e| e.to_string())?
+        );
     } else {
         let l = &rep.lat;
         println!(
@@ -145,7 +175,14 @@ fn client(server: SocketAddr, size: usize, iters: u64, warmup: u64, busy: bool, 
 fn main() -> ExitCode {
     let res = match Cli::parse().cmd {
         Cmd::Server { bind } => server(bind),
-        Cmd::Client { server, size, iters, warmup, busy_poll, json } => client(server, size, iters, warmup, busy_poll, json),
+        Cmd::Client {
+            server,
+            size,
+            iters,
+            warmup,
+            busy_poll,
+            json,
+        } => client(server, size, iters, warmup, busy_poll, json),
     };
     match res {
         Ok(()) => ExitCode::SUCCESS,

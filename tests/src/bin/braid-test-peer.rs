@@ -5,7 +5,7 @@ use std::io::{BufRead, Write};
 use std::time::Duration;
 
 use braid::{Access, Device, DeviceConfig, RecvWr};
-use braid_tests::{fnv1a, format_info, parse_info, pattern_byte, PEER_RECV_LEN, PEER_REGION_LEN};
+use braid_tests::{PEER_RECV_LEN, PEER_REGION_LEN, fnv1a, format_info, parse_info, pattern_byte};
 
 fn main() {
     if let Err(e) = serve() {
@@ -24,10 +24,17 @@ fn serve() -> Result<(), Box<dyn std::error::Error>> {
     mr.write(0, &half)?;
     let rbuf = pd.alloc_mr(PEER_RECV_LEN as usize, Access::LOCAL_WRITE)?;
     let mut next_recv = 1;
-    qp.post_recv(RecvWr { wr_id: next_recv, sges: vec![rbuf.sge(0, PEER_RECV_LEN)] })?;
+    qp.post_recv(RecvWr {
+        wr_id: next_recv,
+        sges: vec![rbuf.sge(0, PEER_RECV_LEN)],
+    })?;
 
     let mut out = std::io::stdout().lock();
-    writeln!(out, "{}", format_info(&qp.info(), mr.rkey(), PEER_REGION_LEN))?;
+    writeln!(
+        out,
+        "{}",
+        format_info(&qp.info(), mr.rkey(), PEER_REGION_LEN)
+    )?;
     out.flush()?;
     for line in std::io::stdin().lock().lines() {
         let line = line?;
@@ -44,13 +51,26 @@ fn serve() -> Result<(), Box<dyn std::error::Error>> {
                 writeln!(out, "SUM {}", fnv1a(&buf))?;
             }
             ["RECV"] => {
-                let wc = cq.wait(Duration::from_secs(20)).ok_or("no receive completion")?;
+                let wc = cq
+                    .wait(Duration::from_secs(20))
+                    .ok_or("no receive completion")?;
                 let mut buf = vec![0u8; wc.byte_len.min(PEER_RECV_LEN) as usize];
                 rbuf.read(0, &mut buf)?;
                 let imm = wc.imm.map_or("-".to_string(), |i| i.to_string());
-                writeln!(out, "RECV {} {:?} {} {} {}", wc.wr_id, wc.status, wc.byte_len, imm, fnv1a(&buf))?;
+                writeln!(
+                    out,
+                    "RECV {} {:?} {} {} {}",
+                    wc.wr_id,
+                    wc.status,
+                    wc.byte_len,
+                    imm,
+                    fnv1a(&buf)
+                )?;
                 next_recv += 1;
-                qp.post_recv(RecvWr { wr_id: next_recv, sges: vec![rbuf.sge(0, PEER_RECV_LEN)] })?;
+                qp.post_recv(RecvWr {
+                    wr_id: next_recv,
+                    sges: vec![rbuf.sge(0, PEER_RECV_LEN)],
+                })?;
             }
             ["QUIT"] => break,
             _ => return Err(format!("unknown command {line:?}").into()),

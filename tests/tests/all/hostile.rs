@@ -11,7 +11,7 @@ use braid::proto::{
 use braid::testing::Mr;
 use rand_core::RngCore;
 
-use crate::support::{below, config, hostile_link, rng, seed, sge, snapshot, Sim};
+use crate::support::{Sim, below, config, hostile_link, rng, seed, sge, snapshot};
 
 /// A remote operation from a to b, built from the target region's rkey.
 type MakeOp = fn(rkey: u32) -> SendOp;
@@ -19,7 +19,14 @@ type MakeOp = fn(rkey: u32) -> SendOp;
 /// Posts `op` from a against a 4 KiB region on b registered with `access` (and, when
 /// `other_pd`, in a protection domain the QP does not use); asserts the requester gets
 /// `RemoteAccessError` and that no byte changed on either side.
-fn assert_refused(seed: u64, link: LinkConfig, access: Access, other_pd: bool, len: u32, make: MakeOp) {
+fn assert_refused(
+    seed: u64,
+    link: LinkConfig,
+    access: Access,
+    other_pd: bool,
+    len: u32,
+    make: MakeOp,
+) {
     let mut sim = Sim::new(seed, &config(8, 10), link);
     let mut rng = rng(seed);
     let (a, b) = (sim.a, sim.b);
@@ -35,89 +42,244 @@ fn assert_refused(seed: u64, link: LinkConfig, access: Access, other_pd: bool, l
     let bystander = sim.random_mr(b, 4096, Access::ALL, &mut rng);
     // A RECV for WRITE_IMM to consume, so refusals are about the region, not receiver
     // readiness.
-    sim.post_recv(b, RecvWr { wr_id: 2, sges: vec![sge(&bystander, 0, 64)] });
-    let before = [snapshot(&local.region), snapshot(&target.region), snapshot(&bystander.region)];
+    sim.post_recv(
+        b,
+        RecvWr {
+            wr_id: 2,
+            sges: vec![sge(&bystander, 0, 64)],
+        },
+    );
+    let before = [
+        snapshot(&local.region),
+        snapshot(&target.region),
+        snapshot(&bystander.region),
+    ];
     let op = make(target.keys.rkey);
-    let sges = if matches!(op, SendOp::FetchAdd(..) | SendOp::CompareSwap { .. }) { vec![sge(&local, 0, 8)] } else { vec![sge(&local, 0, len)] };
-    sim.post_send(a, SendWr { wr_id: 1, op, sges, signaled: true });
+    let sges = if matches!(op, SendOp::FetchAdd(..) | SendOp::CompareSwap { .. }) {
+        vec![sge(&local, 0, 8)]
+    } else {
+        vec![sge(&local, 0, len)]
+    };
+    sim.post_send(
+        a,
+        SendWr {
+            wr_id: 1,
+            op,
+            sges,
+            signaled: true,
+        },
+    );
     let got = sim.wait_cq(a, 1, 200_000);
-    assert_eq!((got[0].wr_id, got[0].status), (1, WcStatus::RemoteAccessError), "seed {seed}: {op:?}");
+    assert_eq!(
+        (got[0].wr_id, got[0].status),
+        (1, WcStatus::RemoteAccessError),
+        "seed {seed}: {op:?}"
+    );
     sim.c.run_until(10_000, |c| c.next_event().is_none());
-    let after = [snapshot(&local.region), snapshot(&target.region), snapshot(&bystander.region)];
-    for (i, name) in ["requester buffer", "target region", "other region"].iter().enumerate() {
-        assert!(before[i] == after[i], "seed {seed}: {op:?} changed the {name}");
+    let after = [
+        snapshot(&local.region),
+        snapshot(&target.region),
+        snapshot(&bystander.region),
+    ];
+    for (i, name) in ["requester buffer", "target region", "other region"]
+        .iter()
+        .enumerate()
+    {
+        assert!(
+            before[i] == after[i],
+            "seed {seed}: {op:?} changed the {name}"
+        );
     }
     assert!(sim.c.nodes[b.node].ep.stats().naks_sent >= 1, "seed {seed}");
-    assert_eq!(sim.c.nodes[a.node].ep.qp_stats(a.qp.qpn).map(|s| s.state), Some(QpState::Error), "seed {seed}");
+    assert_eq!(
+        sim.c.nodes[a.node].ep.qp_stats(a.qp.qpn).map(|s| s.state),
+        Some(QpState::Error),
+        "seed {seed}"
+    );
 }
 
 const KIB: u32 = 1024;
 
 #[test]
 fn write_with_a_wrong_rkey_is_refused_and_changes_nothing() {
-    assert_refused(seed(201), LinkConfig::default(), Access::ALL, false, 3000, |rkey| SendOp::Write(RemoteAddr { rkey: rkey ^ 1, offset: 0 }));
+    assert_refused(
+        seed(201),
+        LinkConfig::default(),
+        Access::ALL,
+        false,
+        3000,
+        |rkey| {
+            SendOp::Write(RemoteAddr {
+                rkey: rkey ^ 1,
+                offset: 0,
+            })
+        },
+    );
 }
 
 #[test]
 fn write_past_the_region_end_is_refused_and_changes_nothing() {
     // 10 KiB into a 4 KiB region: eight packets, none of which may land.
-    assert_refused(seed(202), LinkConfig::default(), Access::ALL, false, 10 * KIB, |rkey| SendOp::Write(RemoteAddr { rkey, offset: 0 }));
+    assert_refused(
+        seed(202),
+        LinkConfig::default(),
+        Access::ALL,
+        false,
+        10 * KIB,
+        |rkey| SendOp::Write(RemoteAddr { rkey, offset: 0 }),
+    );
 }
 
 #[test]
 fn write_one_byte_past_the_region_end_is_refused() {
-    assert_refused(seed(203), LinkConfig::default(), Access::ALL, false, 1000, |rkey| SendOp::Write(RemoteAddr { rkey, offset: 4096 - 999 }));
+    assert_refused(
+        seed(203),
+        LinkConfig::default(),
+        Access::ALL,
+        false,
+        1000,
+        |rkey| {
+            SendOp::Write(RemoteAddr {
+                rkey,
+                offset: 4096 - 999,
+            })
+        },
+    );
 }
 
 #[test]
 fn write_at_a_wrapping_offset_is_refused() {
-    assert_refused(seed(204), LinkConfig::default(), Access::ALL, false, 16, |rkey| SendOp::Write(RemoteAddr { rkey, offset: u64::MAX - 7 }));
+    assert_refused(
+        seed(204),
+        LinkConfig::default(),
+        Access::ALL,
+        false,
+        16,
+        |rkey| {
+            SendOp::Write(RemoteAddr {
+                rkey,
+                offset: u64::MAX - 7,
+            })
+        },
+    );
 }
 
 #[test]
 fn write_without_remote_write_right_is_refused() {
-    assert_refused(seed(205), LinkConfig::default(), Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC, false, 100, |rkey| SendOp::Write(RemoteAddr { rkey, offset: 0 }));
+    assert_refused(
+        seed(205),
+        LinkConfig::default(),
+        Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+        false,
+        100,
+        |rkey| SendOp::Write(RemoteAddr { rkey, offset: 0 }),
+    );
 }
 
 #[test]
 fn write_imm_without_remote_write_right_is_refused() {
-    assert_refused(seed(206), LinkConfig::default(), Access::REMOTE_READ, false, 100, |rkey| SendOp::WriteImm(RemoteAddr { rkey, offset: 0 }, 5));
+    assert_refused(
+        seed(206),
+        LinkConfig::default(),
+        Access::REMOTE_READ,
+        false,
+        100,
+        |rkey| SendOp::WriteImm(RemoteAddr { rkey, offset: 0 }, 5),
+    );
 }
 
 #[test]
 fn write_into_a_region_of_another_protection_domain_is_refused() {
-    assert_refused(seed(207), LinkConfig::default(), Access::ALL, true, 100, |rkey| SendOp::Write(RemoteAddr { rkey, offset: 0 }));
+    assert_refused(
+        seed(207),
+        LinkConfig::default(),
+        Access::ALL,
+        true,
+        100,
+        |rkey| SendOp::Write(RemoteAddr { rkey, offset: 0 }),
+    );
 }
 
 #[test]
 fn read_with_a_wrong_rkey_is_refused_and_changes_nothing() {
-    assert_refused(seed(208), LinkConfig::default(), Access::ALL, false, 3000, |rkey| SendOp::Read(RemoteAddr { rkey: rkey.wrapping_add(1), offset: 0 }));
+    assert_refused(
+        seed(208),
+        LinkConfig::default(),
+        Access::ALL,
+        false,
+        3000,
+        |rkey| {
+            SendOp::Read(RemoteAddr {
+                rkey: rkey.wrapping_add(1),
+                offset: 0,
+            })
+        },
+    );
 }
 
 #[test]
 fn read_past_the_region_end_is_refused() {
-    assert_refused(seed(209), LinkConfig::default(), Access::ALL, false, 4097, |rkey| SendOp::Read(RemoteAddr { rkey, offset: 0 }));
+    assert_refused(
+        seed(209),
+        LinkConfig::default(),
+        Access::ALL,
+        false,
+        4097,
+        |rkey| SendOp::Read(RemoteAddr { rkey, offset: 0 }),
+    );
 }
 
 #[test]
 fn read_without_remote_read_right_is_refused() {
-    assert_refused(seed(210), LinkConfig::default(), Access::REMOTE_WRITE | Access::REMOTE_ATOMIC, false, 100, |rkey| SendOp::Read(RemoteAddr { rkey, offset: 0 }));
+    assert_refused(
+        seed(210),
+        LinkConfig::default(),
+        Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
+        false,
+        100,
+        |rkey| SendOp::Read(RemoteAddr { rkey, offset: 0 }),
+    );
 }
 
 #[test]
 fn fetch_add_without_remote_atomic_right_is_refused() {
-    assert_refused(seed(211), LinkConfig::default(), Access::REMOTE_WRITE | Access::REMOTE_READ, false, 8, |rkey| SendOp::FetchAdd(RemoteAddr { rkey, offset: 0 }, 1));
+    assert_refused(
+        seed(211),
+        LinkConfig::default(),
+        Access::REMOTE_WRITE | Access::REMOTE_READ,
+        false,
+        8,
+        |rkey| SendOp::FetchAdd(RemoteAddr { rkey, offset: 0 }, 1),
+    );
 }
 
 #[test]
 fn compare_swap_past_the_region_end_is_refused() {
-    assert_refused(seed(212), LinkConfig::default(), Access::ALL, false, 8, |rkey| SendOp::CompareSwap { remote: RemoteAddr { rkey, offset: 4096 }, compare: 0, swap: 1 });
+    assert_refused(
+        seed(212),
+        LinkConfig::default(),
+        Access::ALL,
+        false,
+        8,
+        |rkey| SendOp::CompareSwap {
+            remote: RemoteAddr { rkey, offset: 4096 },
+            compare: 0,
+            swap: 1,
+        },
+    );
 }
 
 #[test]
 fn refusals_survive_loss_reordering_and_corruption() {
     for s in 0..4 {
-        assert_refused(seed(220 + s), hostile_link(0.1), Access::REMOTE_READ, false, 20 * KIB, |rkey| SendOp::Write(RemoteAddr { rkey, offset: 0 }));
+        assert_refused(
+            seed(220 + s),
+            hostile_link(0.1),
+            Access::REMOTE_READ,
+            false,
+            20 * KIB,
+            |rkey| SendOp::Write(RemoteAddr { rkey, offset: 0 }),
+        );
     }
 }
 
@@ -134,20 +296,66 @@ fn pair_with_target(seed: u64) -> (Sim, Mr, Mr) {
 /// a WRITEs 5000 bytes to b; asserts success and the bytes.
 fn assert_write_works(sim: &mut Sim, dst: &Mr, src: &Mr, wr_id: u64) {
     let seed = sim.seed;
-    let remote = RemoteAddr { rkey: dst.keys.rkey, offset: 100 };
-    sim.post_send(sim.a, SendWr { wr_id, op: SendOp::Write(remote), sges: vec![sge(src, 0, 5000)], signaled: true });
+    let remote = RemoteAddr {
+        rkey: dst.keys.rkey,
+        offset: 100,
+    };
+    sim.post_send(
+        sim.a,
+        SendWr {
+            wr_id,
+            op: SendOp::Write(remote),
+            sges: vec![sge(src, 0, 5000)],
+            signaled: true,
+        },
+    );
     let got = sim.wait_cq(sim.a, 1, 100_000);
-    assert_eq!((got[0].wr_id, got[0].status), (wr_id, WcStatus::Success), "seed {seed}");
-    assert!(dst.region.to_vec(100, 5000).expect("in bounds") == src.region.to_vec(0, 5000).expect("in bounds"), "seed {seed}");
+    assert_eq!(
+        (got[0].wr_id, got[0].status),
+        (wr_id, WcStatus::Success),
+        "seed {seed}"
+    );
+    assert!(
+        dst.region.to_vec(100, 5000).expect("in bounds")
+            == src.region.to_vec(0, 5000).expect("in bounds"),
+        "seed {seed}"
+    );
 }
 
 /// A request packet from `src_qpn` to `dst_qpn` with sequence number `psn`, writing
 /// `payload` at `offset` of region `rkey`.
-fn forged_write(dst_qpn: u32, src_qpn: u32, psn: u32, rkey: u32, offset: u64, payload: &[u8]) -> Vec<u8> {
-    let h = Header { kind: Kind::Request, path: 0, flags: 0, dst_qpn, src_qpn, psn, send_ts_ns: 1 };
-    let body = Body::Request(Request { op: Op::Write, msn: 0, ssn: 0, imm: 0, rkey, msg_len: payload.len() as u32, offset: 0, remote_offset: offset });
+fn forged_write(
+    dst_qpn: u32,
+    src_qpn: u32,
+    psn: u32,
+    rkey: u32,
+    offset: u64,
+    payload: &[u8],
+) -> Vec<u8> {
+    let h = Header {
+        kind: Kind::Request,
+        path: 0,
+        flags: 0,
+        dst_qpn,
+        src_qpn,
+        psn,
+        send_ts_ns: 1,
+    };
+    let body = Body::Request(Request {
+        op: Op::Write,
+        msn: 0,
+        ssn: 0,
+        imm: 0,
+        rkey,
+        msg_len: payload.len() as u32,
+        offset: 0,
+        remote_offset: offset,
+    });
     let mut buf = vec![0u8; wire::packet_len(&body, payload.len())];
-    wire::emit(&mut buf, &h, &body, payload.len(), |p| p.copy_from_slice(payload)).expect("sized");
+    wire::emit(&mut buf, &h, &body, payload.len(), |p| {
+        p.copy_from_slice(payload)
+    })
+    .expect("sized");
     buf
 }
 
@@ -167,8 +375,15 @@ fn random_datagrams_are_counted_dropped_and_the_qp_keeps_working() {
     }
     let st = sim.c.nodes[1].ep.stats().clone();
     assert_eq!(st.rx_datagrams, n, "seed {seed}");
-    assert_eq!(st.rx_bad_crc + st.rx_malformed, n, "seed {seed}: every random datagram is counted as bad: {st:?}");
-    assert!(snapshot(&dst.region) == before, "seed {seed}: random datagrams changed memory");
+    assert_eq!(
+        st.rx_bad_crc + st.rx_malformed,
+        n,
+        "seed {seed}: every random datagram is counted as bad: {st:?}"
+    );
+    assert!(
+        snapshot(&dst.region) == before,
+        "seed {seed}: random datagrams changed memory"
+    );
     assert_write_works(&mut sim, &dst, &src, 9);
 }
 
@@ -179,7 +394,9 @@ fn truncated_and_malformed_datagrams_are_counted_as_malformed() {
     let (a, b) = (sim.a, sim.b);
     let from = sim.c.nodes[0].addr;
     let good = forged_write(b.qp.qpn, a.qp.qpn, a.qp.psn, dst.keys.rkey, 0, &[9; 100]);
-    let mut bad: Vec<Vec<u8>> = (0..wire::HEADER_LEN + wire::TRAILER_LEN).map(|n| good[..n].to_vec()).collect();
+    let mut bad: Vec<Vec<u8>> = (0..wire::HEADER_LEN + wire::TRAILER_LEN)
+        .map(|n| good[..n].to_vec())
+        .collect();
     // Valid CRCs over broken contents: truncated headers, a bad version, kind and op, and a
     // payload longer than the message.
     let refit = |mut v: Vec<u8>| {
@@ -188,7 +405,11 @@ fn truncated_and_malformed_datagrams_are_counted_as_malformed() {
         v
     };
     let content = &good[..good.len() - wire::TRAILER_LEN];
-    for cut in [wire::HEADER_LEN, wire::HEADER_LEN + 10, wire::HEADER_LEN + wire::REQUEST_LEN - 1] {
+    for cut in [
+        wire::HEADER_LEN,
+        wire::HEADER_LEN + 10,
+        wire::HEADER_LEN + wire::REQUEST_LEN - 1,
+    ] {
         bad.push(refit(content[..cut].to_vec()));
     }
     for (at, v) in [(0, 9u8), (1, 77), (wire::HEADER_LEN, 42)] {
@@ -204,7 +425,11 @@ fn truncated_and_malformed_datagrams_are_counted_as_malformed() {
         sim.c.nodes[1].ep.handle_datagram(sim.c.now, from, 0, d);
     }
     let st = sim.c.nodes[1].ep.stats().clone();
-    assert_eq!((st.rx_malformed, st.rx_bad_crc), (n, 0), "seed {seed}: {st:?}");
+    assert_eq!(
+        (st.rx_malformed, st.rx_bad_crc),
+        (n, 0),
+        "seed {seed}: {st:?}"
+    );
     assert_write_works(&mut sim, &dst, &src, 10);
 }
 
@@ -233,7 +458,14 @@ fn a_valid_packet_for_an_unknown_qp_is_counted_and_dropped() {
     let (mut sim, dst, src) = pair_with_target(seed);
     let (a, b) = (sim.a, sim.b);
     let before = snapshot(&dst.region);
-    let d = forged_write(b.qp.qpn ^ 0x40, a.qp.qpn, a.qp.psn, dst.keys.rkey, 0, &[9; 100]);
+    let d = forged_write(
+        b.qp.qpn ^ 0x40,
+        a.qp.qpn,
+        a.qp.psn,
+        dst.keys.rkey,
+        0,
+        &[9; 100],
+    );
     let (now, from) = (sim.c.now, sim.c.nodes[0].addr);
     sim.c.nodes[1].ep.handle_datagram(now, from, 0, &d);
     assert_eq!(sim.c.nodes[1].ep.stats().rx_unknown_qp, 1, "seed {seed}");
@@ -249,9 +481,14 @@ fn a_forged_write_from_the_wrong_address_is_counted_and_dropped() {
     let before = snapshot(&dst.region);
     let d = forged_write(b.qp.qpn, a.qp.qpn, a.qp.psn, dst.keys.rkey, 0, &[9; 100]);
     let stranger: SocketAddr = "10.9.9.9:4791".parse().expect("addr");
-    sim.c.nodes[1].ep.handle_datagram(sim.c.now, stranger, 0, &d);
+    sim.c.nodes[1]
+        .ep
+        .handle_datagram(sim.c.now, stranger, 0, &d);
     assert_eq!(sim.c.nodes[1].ep.stats().rx_wrong_peer, 1, "seed {seed}");
-    assert!(snapshot(&dst.region) == before, "seed {seed}: a forged WRITE landed");
+    assert!(
+        snapshot(&dst.region) == before,
+        "seed {seed}: a forged WRITE landed"
+    );
     assert_write_works(&mut sim, &dst, &src, 13);
 }
 
@@ -261,11 +498,21 @@ fn a_forged_write_from_the_wrong_source_qp_is_counted_and_dropped() {
     let (mut sim, dst, src) = pair_with_target(seed);
     let (a, b) = (sim.a, sim.b);
     let before = snapshot(&dst.region);
-    let d = forged_write(b.qp.qpn, a.qp.qpn ^ 1, a.qp.psn, dst.keys.rkey, 0, &[9; 100]);
+    let d = forged_write(
+        b.qp.qpn,
+        a.qp.qpn ^ 1,
+        a.qp.psn,
+        dst.keys.rkey,
+        0,
+        &[9; 100],
+    );
     let (now, from) = (sim.c.now, sim.c.nodes[0].addr);
     sim.c.nodes[1].ep.handle_datagram(now, from, 0, &d);
     assert_eq!(sim.c.nodes[1].ep.stats().rx_wrong_peer, 1, "seed {seed}");
-    assert!(snapshot(&dst.region) == before, "seed {seed}: a forged WRITE landed");
+    assert!(
+        snapshot(&dst.region) == before,
+        "seed {seed}: a forged WRITE landed"
+    );
     assert_write_works(&mut sim, &dst, &src, 14);
 }
 
@@ -275,7 +522,14 @@ fn a_packet_far_outside_the_receive_window_is_counted_and_dropped() {
     let (mut sim, dst, src) = pair_with_target(seed);
     let (a, b) = (sim.a, sim.b);
     let before = snapshot(&dst.region);
-    let d = forged_write(b.qp.qpn, a.qp.qpn, a.qp.psn.wrapping_add(1 << 20), dst.keys.rkey, 0, &[9; 100]);
+    let d = forged_write(
+        b.qp.qpn,
+        a.qp.qpn,
+        a.qp.psn.wrapping_add(1 << 20),
+        dst.keys.rkey,
+        0,
+        &[9; 100],
+    );
     let (now, from) = (sim.c.now, sim.c.nodes[0].addr);
     sim.c.nodes[1].ep.handle_datagram(now, from, 0, &d);
     assert_eq!(sim.c.nodes[1].ep.stats().rx_out_of_window, 1, "seed {seed}");
@@ -292,20 +546,58 @@ fn hostile_datagrams_on_one_qp_leave_another_qp_working() {
     let mut rng = rng(seed);
     for _ in 0..500 {
         let kind = below(&mut rng, 5);
-        let h = Header { kind: Kind::Ack, path: 0, flags: 0, dst_qpn: y.qp.qpn, src_qpn: x.qp.qpn, psn: rng.next_u32(), send_ts_ns: rng.next_u64() };
+        let h = Header {
+            kind: Kind::Ack,
+            path: 0,
+            flags: 0,
+            dst_qpn: y.qp.qpn,
+            src_qpn: x.qp.qpn,
+            psn: rng.next_u32(),
+            send_ts_ns: rng.next_u64(),
+        };
         let body = match kind {
-            0 => Body::Ack(wire::Ack { cum_psn: rng.next_u32(), echo_psn: rng.next_u32(), echo_ts_ns: rng.next_u64(), hold_ns: rng.next_u32(), ce_count: rng.next_u32(), sack: [0xff; 32] }),
-            1 => Body::Nak(wire::Nak { psn: rng.next_u32(), msn: rng.next_u32(), syndrome: wire::Syndrome::RemoteAccess }),
-            2 => Body::ReadResponse(wire::ReadResponse { msn: rng.next_u32(), offset: 0, msg_len: 8 }),
-            3 => Body::AtomicResponse(wire::AtomicResponse { msn: rng.next_u32(), original: 5 }),
-            _ => Body::Request(Request { op: Op::Read, msn: 0, ssn: 0, imm: 0, rkey: rng.next_u32(), msg_len: 1 << 30, offset: 0, remote_offset: 0 }),
+            0 => Body::Ack(wire::Ack {
+                cum_psn: rng.next_u32(),
+                echo_psn: rng.next_u32(),
+                echo_ts_ns: rng.next_u64(),
+                hold_ns: rng.next_u32(),
+                ce_count: rng.next_u32(),
+                sack: [0xff; 32],
+            }),
+            1 => Body::Nak(wire::Nak {
+                psn: rng.next_u32(),
+                msn: rng.next_u32(),
+                syndrome: wire::Syndrome::RemoteAccess,
+            }),
+            2 => Body::ReadResponse(wire::ReadResponse {
+                msn: rng.next_u32(),
+                offset: 0,
+                msg_len: 8,
+            }),
+            3 => Body::AtomicResponse(wire::AtomicResponse {
+                msn: rng.next_u32(),
+                original: 5,
+            }),
+            _ => Body::Request(Request {
+                op: Op::Read,
+                msn: 0,
+                ssn: 0,
+                imm: 0,
+                rkey: rng.next_u32(),
+                msg_len: 1 << 30,
+                offset: 0,
+                remote_offset: 0,
+            }),
         };
         let plen = if kind == 2 { 8 } else { 0 };
         let mut buf = vec![0u8; wire::packet_len(&body, plen)];
-        let h = Header { kind: body.kind(), ..h };
+        let h = Header {
+            kind: body.kind(),
+            ..h
+        };
         wire::emit(&mut buf, &h, &body, plen, |p| p.fill(1)).expect("sized");
         let (now, from) = (sim.c.now, sim.c.nodes[0].addr);
-    sim.c.nodes[1].ep.handle_datagram(now, from, 0, &buf);
+        sim.c.nodes[1].ep.handle_datagram(now, from, 0, &buf);
     }
     sim.c.run_until(100_000, |c| c.next_event().is_none());
     assert_write_works(&mut sim, &dst, &src, 16);
@@ -319,21 +611,56 @@ fn a_send_longer_than_its_recv_is_a_length_error_at_both_ends() {
     let mut rng = rng(seed);
     let small = sim.random_mr(b, 4096, Access::LOCAL_WRITE, &mut rng);
     let before = snapshot(&small.region);
-    sim.post_recv(b, RecvWr { wr_id: 20, sges: vec![sge(&small, 0, 1000), sge(&small, 2000, 500)] });
-    sim.post_recv(b, RecvWr { wr_id: 21, sges: vec![sge(&small, 3000, 1000)] });
-    sim.post_send(a, SendWr { wr_id: 30, op: SendOp::Send, sges: vec![sge(&src, 0, 2000)], signaled: true });
+    sim.post_recv(
+        b,
+        RecvWr {
+            wr_id: 20,
+            sges: vec![sge(&small, 0, 1000), sge(&small, 2000, 500)],
+        },
+    );
+    sim.post_recv(
+        b,
+        RecvWr {
+            wr_id: 21,
+            sges: vec![sge(&small, 3000, 1000)],
+        },
+    );
+    sim.post_send(
+        a,
+        SendWr {
+            wr_id: 30,
+            op: SendOp::Send,
+            sges: vec![sge(&src, 0, 2000)],
+            signaled: true,
+        },
+    );
     let at_a = sim.wait_cq(a, 1, 100_000);
-    assert_eq!((at_a[0].wr_id, at_a[0].status, at_a[0].opcode), (30, WcStatus::RemoteInvalidRequest, WcOpcode::Send), "seed {seed}");
+    assert_eq!(
+        (at_a[0].wr_id, at_a[0].status, at_a[0].opcode),
+        (30, WcStatus::RemoteInvalidRequest, WcOpcode::Send),
+        "seed {seed}"
+    );
     let at_b = sim.wait_cq(b, 2, 100_000);
     let st: Vec<_> = at_b.iter().map(|c| (c.wr_id, c.status)).collect();
-    assert_eq!(st, vec![(20, WcStatus::LocalLengthError), (21, WcStatus::Flushed)], "seed {seed}");
-    assert!(snapshot(&small.region) == before, "seed {seed}: a refused SEND placed bytes");
+    assert_eq!(
+        st,
+        vec![(20, WcStatus::LocalLengthError), (21, WcStatus::Flushed)],
+        "seed {seed}"
+    );
+    assert!(
+        snapshot(&small.region) == before,
+        "seed {seed}: a refused SEND placed bytes"
+    );
 }
 
 // Bad API use: every case returns its typed error and queues nothing.
 
 fn endpoint() -> (Endpoint, braid::proto::PdId, braid::proto::CqId) {
-    let cfg = EndpointConfig { max_send_wr: 4, max_recv_wr: 3, ..EndpointConfig::default() };
+    let cfg = EndpointConfig {
+        max_send_wr: 4,
+        max_recv_wr: 3,
+        ..EndpointConfig::default()
+    };
     let mut ep = Endpoint::new(cfg, "10.0.0.1:4791".parse().expect("addr"));
     let pd = ep.alloc_pd();
     let cq = ep.create_cq();
@@ -341,16 +668,32 @@ fn endpoint() -> (Endpoint, braid::proto::PdId, braid::proto::CqId) {
 }
 
 /// A connected QP on `ep` (the peer need not exist: nothing is driven), and a 4 KiB region.
-fn connected(ep: &mut Endpoint, pd: braid::proto::PdId, cq: braid::proto::CqId, access: Access) -> (u32, braid::proto::MrKeys) {
+fn connected(
+    ep: &mut Endpoint,
+    pd: braid::proto::PdId,
+    cq: braid::proto::CqId,
+    access: Access,
+) -> (u32, braid::proto::MrKeys) {
     let qp = ep.create_qp(pd, cq, cq).expect("qp");
-    let peer = braid::proto::QpInfo { addr: "10.0.0.2:4791".parse().expect("addr"), qpn: 5, psn: 0 };
+    let peer = braid::proto::QpInfo {
+        addr: "10.0.0.2:4791".parse().expect("addr"),
+        qpn: 5,
+        psn: 0,
+    };
     ep.connect(qp.qpn, peer).expect("connect");
-    let keys = ep.register(pd, braid::proto::Region::new(4096), access).expect("register");
+    let keys = ep
+        .register(pd, braid::proto::Region::new(4096), access)
+        .expect("register");
     (qp.qpn, keys)
 }
 
 fn write_wr(sges: Vec<Sge>) -> SendWr {
-    SendWr { wr_id: 1, op: SendOp::Write(RemoteAddr { rkey: 1, offset: 0 }), sges, signaled: true }
+    SendWr {
+        wr_id: 1,
+        op: SendOp::Write(RemoteAddr { rkey: 1, offset: 0 }),
+        sges,
+        signaled: true,
+    }
 }
 
 fn outstanding(ep: &Endpoint, qpn: u32) -> (usize, usize) {
@@ -362,10 +705,21 @@ fn outstanding(ep: &Endpoint, qpn: u32) -> (usize, usize) {
 fn post_send_with_an_unknown_lkey_is_invalid_lkey() {
     let (mut ep, pd, cq) = endpoint();
     let (qpn, keys) = connected(&mut ep, pd, cq, Access::ALL);
-    let wr = write_wr(vec![Sge { lkey: keys.lkey ^ 0x55, offset: 0, len: 8 }]);
+    let wr = write_wr(vec![Sge {
+        lkey: keys.lkey ^ 0x55,
+        offset: 0,
+        len: 8,
+    }]);
     assert_eq!(ep.post_send(qpn, wr), Err(PostError::InvalidLkey));
-    let wr = write_wr(vec![Sge { lkey: keys.rkey, offset: 0, len: 8 }]);
-    assert!(keys.rkey == keys.lkey || ep.post_send(qpn, wr) == Err(PostError::InvalidLkey), "an rkey is not an lkey");
+    let wr = write_wr(vec![Sge {
+        lkey: keys.rkey,
+        offset: 0,
+        len: 8,
+    }]);
+    assert!(
+        keys.rkey == keys.lkey || ep.post_send(qpn, wr) == Err(PostError::InvalidLkey),
+        "an rkey is not an lkey"
+    );
     assert_eq!(outstanding(&ep, qpn), (0, 0));
 }
 
@@ -373,7 +727,17 @@ fn post_send_with_an_unknown_lkey_is_invalid_lkey() {
 fn an_sge_ending_at_the_region_end_is_accepted() {
     let (mut ep, pd, cq) = endpoint();
     let (qpn, keys) = connected(&mut ep, pd, cq, Access::ALL);
-    assert_eq!(ep.post_send(qpn, write_wr(vec![Sge { lkey: keys.lkey, offset: 4000, len: 96 }])), Ok(()));
+    assert_eq!(
+        ep.post_send(
+            qpn,
+            write_wr(vec![Sge {
+                lkey: keys.lkey,
+                offset: 4000,
+                len: 96
+            }])
+        ),
+        Ok(())
+    );
     assert_eq!(outstanding(&ep, qpn), (1, 0));
 }
 
@@ -381,9 +745,36 @@ fn an_sge_ending_at_the_region_end_is_accepted() {
 fn an_sge_one_byte_past_the_region_end_is_out_of_bounds() {
     let (mut ep, pd, cq) = endpoint();
     let (qpn, keys) = connected(&mut ep, pd, cq, Access::ALL);
-    assert_eq!(ep.post_send(qpn, write_wr(vec![Sge { lkey: keys.lkey, offset: 4000, len: 97 }])), Err(PostError::OutOfBounds));
-    assert_eq!(ep.post_send(qpn, write_wr(vec![Sge { lkey: keys.lkey, offset: u64::MAX, len: 1 }])), Err(PostError::OutOfBounds));
-    let recv = RecvWr { wr_id: 2, sges: vec![Sge { lkey: keys.lkey, offset: 4096, len: 1 }] };
+    assert_eq!(
+        ep.post_send(
+            qpn,
+            write_wr(vec![Sge {
+                lkey: keys.lkey,
+                offset: 4000,
+                len: 97
+            }])
+        ),
+        Err(PostError::OutOfBounds)
+    );
+    assert_eq!(
+        ep.post_send(
+            qpn,
+            write_wr(vec![Sge {
+                lkey: keys.lkey,
+                offset: u64::MAX,
+                len: 1
+            }])
+        ),
+        Err(PostError::OutOfBounds)
+    );
+    let recv = RecvWr {
+        wr_id: 2,
+        sges: vec![Sge {
+            lkey: keys.lkey,
+            offset: 4096,
+            len: 1,
+        }],
+    };
     assert_eq!(ep.post_recv(qpn, recv), Err(PostError::OutOfBounds));
     assert_eq!(outstanding(&ep, qpn), (0, 0));
 }
@@ -392,47 +783,134 @@ fn an_sge_one_byte_past_the_region_end_is_out_of_bounds() {
 fn post_send_before_connect_is_not_connected() {
     let (mut ep, pd, cq) = endpoint();
     let qp = ep.create_qp(pd, cq, cq).expect("qp");
-    let keys = ep.register(pd, braid::proto::Region::new(64), Access::ALL).expect("register");
-    assert_eq!(ep.post_send(qp.qpn, write_wr(vec![Sge { lkey: keys.lkey, offset: 0, len: 8 }])), Err(PostError::NotConnected));
+    let keys = ep
+        .register(pd, braid::proto::Region::new(64), Access::ALL)
+        .expect("register");
+    assert_eq!(
+        ep.post_send(
+            qp.qpn,
+            write_wr(vec![Sge {
+                lkey: keys.lkey,
+                offset: 0,
+                len: 8
+            }])
+        ),
+        Err(PostError::NotConnected)
+    );
     // RECVs may be posted before connecting.
-    assert_eq!(ep.post_recv(qp.qpn, RecvWr { wr_id: 1, sges: vec![Sge { lkey: keys.lkey, offset: 0, len: 8 }] }), Ok(()));
+    assert_eq!(
+        ep.post_recv(
+            qp.qpn,
+            RecvWr {
+                wr_id: 1,
+                sges: vec![Sge {
+                    lkey: keys.lkey,
+                    offset: 0,
+                    len: 8
+                }]
+            }
+        ),
+        Ok(())
+    );
 }
 
 #[test]
 fn post_to_an_unknown_qp_is_unknown_qp() {
     let (mut ep, pd, cq) = endpoint();
     let (qpn, keys) = connected(&mut ep, pd, cq, Access::ALL);
-    let s = vec![Sge { lkey: keys.lkey, offset: 0, len: 8 }];
-    assert_eq!(ep.post_send(qpn ^ 1, write_wr(s.clone())), Err(PostError::UnknownQp));
-    assert_eq!(ep.post_recv(qpn ^ 1, RecvWr { wr_id: 1, sges: s }), Err(PostError::UnknownQp));
+    let s = vec![Sge {
+        lkey: keys.lkey,
+        offset: 0,
+        len: 8,
+    }];
+    assert_eq!(
+        ep.post_send(qpn ^ 1, write_wr(s.clone())),
+        Err(PostError::UnknownQp)
+    );
+    assert_eq!(
+        ep.post_recv(qpn ^ 1, RecvWr { wr_id: 1, sges: s }),
+        Err(PostError::UnknownQp)
+    );
 }
 
 #[test]
 fn atomics_need_one_aligned_8_byte_entry() {
     let (mut ep, pd, cq) = endpoint();
     let (qpn, keys) = connected(&mut ep, pd, cq, Access::ALL);
-    let e8 = Sge { lkey: keys.lkey, offset: 0, len: 8 };
+    let e8 = Sge {
+        lkey: keys.lkey,
+        offset: 0,
+        len: 8,
+    };
     let at = |offset| RemoteAddr { rkey: 1, offset };
     let cases = [
         (SendOp::FetchAdd(at(4), 1), vec![e8]),
-        (SendOp::CompareSwap { remote: at(12), compare: 0, swap: 1 }, vec![e8]),
+        (
+            SendOp::CompareSwap {
+                remote: at(12),
+                compare: 0,
+                swap: 1,
+            },
+            vec![e8],
+        ),
         (SendOp::FetchAdd(at(0), 1), vec![Sge { len: 4, ..e8 }]),
         (SendOp::FetchAdd(at(0), 1), vec![Sge { len: 16, ..e8 }]),
-        (SendOp::FetchAdd(at(0), 1), vec![Sge { len: 4, ..e8 }, Sge { offset: 4, len: 4, ..e8 }]),
-        (SendOp::CompareSwap { remote: at(0), compare: 0, swap: 1 }, vec![]),
+        (
+            SendOp::FetchAdd(at(0), 1),
+            vec![
+                Sge { len: 4, ..e8 },
+                Sge {
+                    offset: 4,
+                    len: 4,
+                    ..e8
+                },
+            ],
+        ),
+        (
+            SendOp::CompareSwap {
+                remote: at(0),
+                compare: 0,
+                swap: 1,
+            },
+            vec![],
+        ),
     ];
     for (op, sges) in cases {
-        let wr = SendWr { wr_id: 1, op, sges: sges.clone(), signaled: true };
-        assert_eq!(ep.post_send(qpn, wr), Err(PostError::BadAtomic), "{op:?} {sges:?}");
+        let wr = SendWr {
+            wr_id: 1,
+            op,
+            sges: sges.clone(),
+            signaled: true,
+        };
+        assert_eq!(
+            ep.post_send(qpn, wr),
+            Err(PostError::BadAtomic),
+            "{op:?} {sges:?}"
+        );
     }
-    assert_eq!(ep.post_send(qpn, SendWr { wr_id: 1, op: SendOp::FetchAdd(at(8), 1), sges: vec![e8], signaled: true }), Ok(()));
+    assert_eq!(
+        ep.post_send(
+            qpn,
+            SendWr {
+                wr_id: 1,
+                op: SendOp::FetchAdd(at(8), 1),
+                sges: vec![e8],
+                signaled: true
+            }
+        ),
+        Ok(())
+    );
 }
 
 #[test]
 fn the_send_queue_accepts_its_depth_and_refuses_one_more() {
     let (mut ep, pd, cq) = endpoint();
     let (qpn, keys) = connected(&mut ep, pd, cq, Access::ALL);
-    let s = vec![Sge { lkey: keys.lkey, offset: 0, len: 8 }];
+    let s = vec![Sge {
+        lkey: keys.lkey,
+        offset: 0,
+        len: 8,
+    }];
     for _ in 0..4 {
         assert_eq!(ep.post_send(qpn, write_wr(s.clone())), Ok(()));
     }
@@ -444,7 +922,14 @@ fn the_send_queue_accepts_its_depth_and_refuses_one_more() {
 fn the_receive_queue_accepts_its_depth_and_refuses_one_more() {
     let (mut ep, pd, cq) = endpoint();
     let (qpn, keys) = connected(&mut ep, pd, cq, Access::ALL);
-    let r = || RecvWr { wr_id: 1, sges: vec![Sge { lkey: keys.lkey, offset: 0, len: 8 }] };
+    let r = || RecvWr {
+        wr_id: 1,
+        sges: vec![Sge {
+            lkey: keys.lkey,
+            offset: 0,
+            len: 8,
+        }],
+    };
     for _ in 0..3 {
         assert_eq!(ep.post_recv(qpn, r()), Ok(()));
     }
@@ -456,19 +941,47 @@ fn the_receive_queue_accepts_its_depth_and_refuses_one_more() {
 fn more_than_max_sge_entries_is_too_many_sges() {
     let (mut ep, pd, cq) = endpoint();
     let (qpn, keys) = connected(&mut ep, pd, cq, Access::ALL);
-    let e = Sge { lkey: keys.lkey, offset: 0, len: 1 };
-    assert_eq!(ep.post_send(qpn, write_wr(vec![e; braid::proto::MAX_SGE])), Ok(()));
-    assert_eq!(ep.post_send(qpn, write_wr(vec![e; braid::proto::MAX_SGE + 1])), Err(PostError::TooManySges));
+    let e = Sge {
+        lkey: keys.lkey,
+        offset: 0,
+        len: 1,
+    };
+    assert_eq!(
+        ep.post_send(qpn, write_wr(vec![e; braid::proto::MAX_SGE])),
+        Ok(())
+    );
+    assert_eq!(
+        ep.post_send(qpn, write_wr(vec![e; braid::proto::MAX_SGE + 1])),
+        Err(PostError::TooManySges)
+    );
 }
 
 #[test]
 fn placing_into_a_region_without_local_write_is_no_local_write() {
     let (mut ep, pd, cq) = endpoint();
     let (qpn, keys) = connected(&mut ep, pd, cq, Access::REMOTE_READ | Access::REMOTE_WRITE);
-    let s = vec![Sge { lkey: keys.lkey, offset: 0, len: 8 }];
-    let read = SendWr { wr_id: 1, op: SendOp::Read(RemoteAddr { rkey: 1, offset: 0 }), sges: s.clone(), signaled: true };
+    let s = vec![Sge {
+        lkey: keys.lkey,
+        offset: 0,
+        len: 8,
+    }];
+    let read = SendWr {
+        wr_id: 1,
+        op: SendOp::Read(RemoteAddr { rkey: 1, offset: 0 }),
+        sges: s.clone(),
+        signaled: true,
+    };
     assert_eq!(ep.post_send(qpn, read), Err(PostError::NoLocalWrite));
-    assert_eq!(ep.post_recv(qpn, RecvWr { wr_id: 1, sges: s.clone() }), Err(PostError::NoLocalWrite));
+    assert_eq!(
+        ep.post_recv(
+            qpn,
+            RecvWr {
+                wr_id: 1,
+                sges: s.clone()
+            }
+        ),
+        Err(PostError::NoLocalWrite)
+    );
     // Gathering from it is fine.
     assert_eq!(ep.post_send(qpn, write_wr(s)), Ok(()));
 }
@@ -478,18 +991,45 @@ fn an_entry_from_another_protection_domain_is_wrong_pd() {
     let (mut ep, pd, cq) = endpoint();
     let (qpn, _) = connected(&mut ep, pd, cq, Access::ALL);
     let other = ep.alloc_pd();
-    let keys = ep.register(other, braid::proto::Region::new(64), Access::ALL).expect("register");
-    assert_eq!(ep.post_send(qpn, write_wr(vec![Sge { lkey: keys.lkey, offset: 0, len: 8 }])), Err(PostError::WrongPd));
+    let keys = ep
+        .register(other, braid::proto::Region::new(64), Access::ALL)
+        .expect("register");
+    assert_eq!(
+        ep.post_send(
+            qpn,
+            write_wr(vec![Sge {
+                lkey: keys.lkey,
+                offset: 0,
+                len: 8
+            }])
+        ),
+        Err(PostError::WrongPd)
+    );
 }
 
 #[test]
 fn a_deregistered_lkey_is_refused_at_post() {
     let seed = seed(251);
     let (mut sim, dst, src) = pair_with_target(seed);
-    sim.c.nodes[0].ep.deregister(src.keys.lkey).expect("registered");
-    let remote = RemoteAddr { rkey: dst.keys.rkey, offset: 0 };
-    let wr = SendWr { wr_id: 1, op: SendOp::Write(remote), sges: vec![sge(&src, 0, 8)], signaled: true };
-    assert_eq!(sim.try_post_send(sim.a, wr), Err(PostError::InvalidLkey), "seed {seed}");
+    sim.c.nodes[0]
+        .ep
+        .deregister(src.keys.lkey)
+        .expect("registered");
+    let remote = RemoteAddr {
+        rkey: dst.keys.rkey,
+        offset: 0,
+    };
+    let wr = SendWr {
+        wr_id: 1,
+        op: SendOp::Write(remote),
+        sges: vec![sge(&src, 0, 8)],
+        signaled: true,
+    };
+    assert_eq!(
+        sim.try_post_send(sim.a, wr),
+        Err(PostError::InvalidLkey),
+        "seed {seed}"
+    );
 }
 
 #[test]
@@ -500,14 +1040,29 @@ fn endpoints_never_panic_on_hostile_datagrams_at_any_time() {
     let (mut sim, dst, src) = pair_with_target(seed);
     let (a, b) = (sim.a, sim.b);
     let mut rng = rng(seed);
-    let remote = RemoteAddr { rkey: dst.keys.rkey, offset: 0 };
-    sim.post_send(a, SendWr { wr_id: 1, op: SendOp::Write(remote), sges: vec![sge(&src, 0, 8192)], signaled: true });
+    let remote = RemoteAddr {
+        rkey: dst.keys.rkey,
+        offset: 0,
+    };
+    sim.post_send(
+        a,
+        SendWr {
+            wr_id: 1,
+            op: SendOp::Write(remote),
+            sges: vec![sge(&src, 0, 8192)],
+            signaled: true,
+        },
+    );
     for _ in 0..2000 {
         let mut bytes = vec![0u8; wire::HEADER_LEN + below(&mut rng, 120) as usize];
         rng.fill_bytes(&mut bytes);
         bytes[0] = wire::VERSION;
         bytes[1] = 1 + below(&mut rng, 5) as u8;
-        let (to, from, dst_qpn, src_qpn) = if below(&mut rng, 2) == 0 { (1, 0, b.qp.qpn, a.qp.qpn) } else { (0, 1, a.qp.qpn, b.qp.qpn) };
+        let (to, from, dst_qpn, src_qpn) = if below(&mut rng, 2) == 0 {
+            (1, 0, b.qp.qpn, a.qp.qpn)
+        } else {
+            (0, 1, a.qp.qpn, b.qp.qpn)
+        };
         bytes[4..8].copy_from_slice(&dst_qpn.to_be_bytes());
         bytes[8..12].copy_from_slice(&src_qpn.to_be_bytes());
         if bytes.len() > wire::HEADER_LEN {
@@ -524,8 +1079,15 @@ fn endpoints_never_panic_on_hostile_datagrams_at_any_time() {
     // The forged packets carry the right addresses and QP numbers, so they may legitimately
     // fail the connection; but nothing panics and the WRITE completes exactly once.
     let got = sim.drain_cq(a);
-    assert_eq!(got.iter().map(|c| c.wr_id).collect::<Vec<_>>(), vec![1], "seed {seed}: {got:?}");
-    assert!(sim.c.nodes[1].ep.stats().rx_datagrams + sim.c.nodes[0].ep.stats().rx_datagrams >= 2000, "seed {seed}");
+    assert_eq!(
+        got.iter().map(|c| c.wr_id).collect::<Vec<_>>(),
+        vec![1],
+        "seed {seed}: {got:?}"
+    );
+    assert!(
+        sim.c.nodes[1].ep.stats().rx_datagrams + sim.c.nodes[0].ep.stats().rx_datagrams >= 2000,
+        "seed {seed}"
+    );
 }
 
 #[test]
@@ -537,20 +1099,44 @@ fn a_refused_request_fails_after_earlier_ones_complete_and_later_ones_are_flushe
         let (a, b) = (sim.a, sim.b);
         let src = sim.random_mr(a, 64 * 1024, Access::LOCAL_WRITE, &mut rng);
         let dst = sim.random_mr(b, 64 * 1024, Access::REMOTE_WRITE, &mut rng);
-        let remote = |offset| RemoteAddr { rkey: dst.keys.rkey, offset };
-        let write = |i: u64| SendWr { wr_id: i, op: SendOp::Write(remote(i * 4000)), sges: vec![sge(&src, i * 4000, 4000)], signaled: true };
+        let remote = |offset| RemoteAddr {
+            rkey: dst.keys.rkey,
+            offset,
+        };
+        let write = |i: u64| SendWr {
+            wr_id: i,
+            op: SendOp::Write(remote(i * 4000)),
+            sges: vec![sge(&src, i * 4000, 4000)],
+            signaled: true,
+        };
         for i in 0..10 {
             sim.post_send(a, write(i));
         }
         // No REMOTE_READ on the target: refused.
-        sim.post_send(a, SendWr { wr_id: 10, op: SendOp::Read(remote(0)), sges: vec![sge(&src, 0, 8)], signaled: true });
+        sim.post_send(
+            a,
+            SendWr {
+                wr_id: 10,
+                op: SendOp::Read(remote(0)),
+                sges: vec![sge(&src, 0, 8)],
+                signaled: true,
+            },
+        );
         sim.post_send(a, write(11));
         sim.post_send(a, write(12));
         let got = sim.wait_cq(a, 13, 1_000_000);
         let st: Vec<_> = got.iter().map(|c| (c.wr_id, c.status)).collect();
         let mut want: Vec<_> = (0..10).map(|i| (i, WcStatus::Success)).collect();
-        want.extend([(10, WcStatus::RemoteAccessError), (11, WcStatus::Flushed), (12, WcStatus::Flushed)]);
+        want.extend([
+            (10, WcStatus::RemoteAccessError),
+            (11, WcStatus::Flushed),
+            (12, WcStatus::Flushed),
+        ]);
         assert_eq!(st, want, "seed {seed}");
-        assert!(dst.region.to_vec(0, 40_000).expect("in bounds") == src.region.to_vec(0, 40_000).expect("in bounds"), "seed {seed}: the successful WRITEs landed");
+        assert!(
+            dst.region.to_vec(0, 40_000).expect("in bounds")
+                == src.region.to_vec(0, 40_000).expect("in bounds"),
+            "seed {seed}: the successful WRITEs landed"
+        );
     }
 }

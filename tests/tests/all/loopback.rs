@@ -8,7 +8,7 @@ use braid::{
     Access, Completion, CompletionQueue, Device, DeviceConfig, MemoryRegion, ProtectionDomain,
     QueuePair, RecvWr, SendOp, SendWr, WcOpcode, WcStatus,
 };
-use braid_tests::{fnv1a, format_info, parse_info, pattern_byte, PEER_RECV_LEN, PEER_REGION_LEN};
+use braid_tests::{PEER_RECV_LEN, PEER_REGION_LEN, fnv1a, format_info, parse_info, pattern_byte};
 use rand_core::RngCore;
 
 use crate::support::{below, rng};
@@ -24,7 +24,8 @@ struct End {
 }
 
 fn open() -> End {
-    let dev = Device::open(DeviceConfig::udp("127.0.0.1:0".parse().expect("addr")).paths(PATHS)).expect("open a UDP device");
+    let dev = Device::open(DeviceConfig::udp("127.0.0.1:0".parse().expect("addr")).paths(PATHS))
+        .expect("open a UDP device");
     let pd = dev.alloc_pd();
     let cq = dev.create_cq();
     let qp = pd.create_qp(&cq, &cq).expect("qp");
@@ -39,7 +40,12 @@ fn pair() -> (End, End) {
     (a, b)
 }
 
-fn random_mr(pd: &ProtectionDomain, len: usize, access: Access, seed: u64) -> (MemoryRegion, Vec<u8>) {
+fn random_mr(
+    pd: &ProtectionDomain,
+    len: usize,
+    access: Access,
+    seed: u64,
+) -> (MemoryRegion, Vec<u8>) {
     let mr = pd.alloc_mr(len, access).expect("alloc_mr");
     let mut data = vec![0u8; len];
     rng(seed).fill_bytes(&mut data);
@@ -58,7 +64,12 @@ fn wait(cq: &CompletionQueue) -> Completion {
 }
 
 fn wr(wr_id: u64, op: SendOp, sges: Vec<braid::Sge>) -> SendWr {
-    SendWr { wr_id, op, sges, signaled: true }
+    SendWr {
+        wr_id,
+        op,
+        sges,
+        signaled: true,
+    }
 }
 
 #[test]
@@ -67,9 +78,13 @@ fn write_lands_byte_exact_over_udp() {
     let (src, data) = random_mr(&a.pd, 1 << 20, Access::NONE, 1);
     let (dst, before) = random_mr(&b.pd, 2 << 20, Access::REMOTE_WRITE, 2);
     let sges = vec![src.sge(0, 300_000), src.sge(500_000, 400_001)];
-    a.qp.post_send(wr(1, SendOp::Write(dst.remote(777)), sges)).expect("post");
+    a.qp.post_send(wr(1, SendOp::Write(dst.remote(777)), sges))
+        .expect("post");
     let wc = wait(&a.cq);
-    assert_eq!((wc.wr_id, wc.status, wc.opcode, wc.byte_len), (1, WcStatus::Success, WcOpcode::Write, 700_001));
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.opcode, wc.byte_len),
+        (1, WcStatus::Success, WcOpcode::Write, 700_001)
+    );
     let mut want = before;
     want[777..777 + 300_000].copy_from_slice(&data[..300_000]);
     want[777 + 300_000..777 + 700_001].copy_from_slice(&data[500_000..900_001]);
@@ -81,10 +96,18 @@ fn read_returns_byte_exact_over_udp() {
     let (a, b) = pair();
     let (dst, before) = random_mr(&a.pd, 1 << 20, Access::LOCAL_WRITE, 3);
     let (src, data) = random_mr(&b.pd, 1 << 20, Access::REMOTE_READ, 4);
-    let sges = vec![dst.sge(10, 100_000), dst.sge(200_000, 1), dst.sge(300_000, 250_000)];
-    a.qp.post_send(wr(2, SendOp::Read(src.remote(5)), sges)).expect("post");
+    let sges = vec![
+        dst.sge(10, 100_000),
+        dst.sge(200_000, 1),
+        dst.sge(300_000, 250_000),
+    ];
+    a.qp.post_send(wr(2, SendOp::Read(src.remote(5)), sges))
+        .expect("post");
     let wc = wait(&a.cq);
-    assert_eq!((wc.wr_id, wc.status, wc.opcode, wc.byte_len), (2, WcStatus::Success, WcOpcode::Read, 350_001));
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.opcode, wc.byte_len),
+        (2, WcStatus::Success, WcOpcode::Read, 350_001)
+    );
     let mut want = before;
     want[10..100_010].copy_from_slice(&data[5..100_005]);
     want[200_000] = data[100_005];
@@ -97,14 +120,38 @@ fn send_fills_the_posted_recv_over_udp() {
     let (a, b) = pair();
     let (src, data) = random_mr(&a.pd, 100_000, Access::NONE, 5);
     let (rbuf, before) = random_mr(&b.pd, 100_000, Access::LOCAL_WRITE, 6);
-    b.qp.post_recv(RecvWr { wr_id: 10, sges: vec![rbuf.sge(0, 5000), rbuf.sge(50_000, 50_000)] }).expect("recv");
-    b.qp.post_recv(RecvWr { wr_id: 11, sges: vec![] }).expect("recv");
-    a.qp.post_send(wr(3, SendOp::SendImm(0xabcd), vec![src.sge(0, 20_000)])).expect("post");
+    b.qp.post_recv(RecvWr {
+        wr_id: 10,
+        sges: vec![rbuf.sge(0, 5000), rbuf.sge(50_000, 50_000)],
+    })
+    .expect("recv");
+    b.qp.post_recv(RecvWr {
+        wr_id: 11,
+        sges: vec![],
+    })
+    .expect("recv");
+    a.qp.post_send(wr(3, SendOp::SendImm(0xabcd), vec![src.sge(0, 20_000)]))
+        .expect("post");
     a.qp.post_send(wr(4, SendOp::Send, vec![])).expect("post");
-    let sent: Vec<_> = (0..2).map(|_| wait(&a.cq)).map(|c| (c.wr_id, c.status, c.byte_len)).collect();
-    assert_eq!(sent, vec![(3, WcStatus::Success, 20_000), (4, WcStatus::Success, 0)]);
-    let got: Vec<_> = (0..2).map(|_| wait(&b.cq)).map(|c| (c.wr_id, c.status, c.opcode, c.byte_len, c.imm)).collect();
-    assert_eq!(got, vec![(10, WcStatus::Success, WcOpcode::Recv, 20_000, Some(0xabcd)), (11, WcStatus::Success, WcOpcode::Recv, 0, None)]);
+    let sent: Vec<_> = (0..2)
+        .map(|_| wait(&a.cq))
+        .map(|c| (c.wr_id, c.status, c.byte_len))
+        .collect();
+    assert_eq!(
+        sent,
+        vec![(3, WcStatus::Success, 20_000), (4, WcStatus::Success, 0)]
+    );
+    let got: Vec<_> = (0..2)
+        .map(|_| wait(&b.cq))
+        .map(|c| (c.wr_id, c.status, c.opcode, c.byte_len, c.imm))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (10, WcStatus::Success, WcOpcode::Recv, 20_000, Some(0xabcd)),
+            (11, WcStatus::Success, WcOpcode::Recv, 0, None)
+        ]
+    );
     let mut want = before;
     want[..5000].copy_from_slice(&data[..5000]);
     want[50_000..65_000].copy_from_slice(&data[5000..20_000]);
@@ -116,15 +163,32 @@ fn atomics_are_exact_over_udp() {
     let (a, b) = pair();
     let res = a.pd.alloc_mr(8 * 200, Access::LOCAL_WRITE).expect("mr");
     let target = b.pd.alloc_mr(16, Access::REMOTE_ATOMIC).expect("mr");
-    target.region().write(8, &41u64.to_ne_bytes()).expect("in bounds");
+    target
+        .region()
+        .write(8, &41u64.to_ne_bytes())
+        .expect("in bounds");
     for i in 0..199u64 {
-        a.qp.post_send(wr(i, SendOp::FetchAdd(target.remote(0), 5), vec![res.sge(8 * i, 8)])).expect("post");
+        a.qp.post_send(wr(
+            i,
+            SendOp::FetchAdd(target.remote(0), 5),
+            vec![res.sge(8 * i, 8)],
+        ))
+        .expect("post");
     }
-    let cas = SendOp::CompareSwap { remote: target.remote(8), compare: 41, swap: 99 };
-    a.qp.post_send(wr(199, cas, vec![res.sge(8 * 199, 8)])).expect("post");
+    let cas = SendOp::CompareSwap {
+        remote: target.remote(8),
+        compare: 41,
+        swap: 99,
+    };
+    a.qp.post_send(wr(199, cas, vec![res.sge(8 * 199, 8)]))
+        .expect("post");
     for i in 0..200 {
         let wc = wait(&a.cq);
-        assert_eq!((wc.wr_id, wc.status, wc.byte_len), (i, WcStatus::Success, 8), "completion {i}");
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.byte_len),
+            (i, WcStatus::Success, 8),
+            "completion {i}"
+        );
     }
     let word = |mr: &MemoryRegion, off: u64| {
         let mut b = [0u8; 8];
@@ -156,16 +220,25 @@ fn many_messages_spread_over_16_paths() {
             next_to = to + size;
             want[to..to + size].copy_from_slice(&data[off..off + size]);
             let op = SendOp::Write(dst.remote(to as u64));
-            a.qp.post_send(wr(posted, op, vec![src.sge(off as u64, size as u32)])).expect("post");
+            a.qp.post_send(wr(posted, op, vec![src.sge(off as u64, size as u32)]))
+                .expect("post");
             posted += 1;
         }
         let wc = wait(&a.cq);
-        assert_eq!((wc.wr_id, wc.status), (done, WcStatus::Success), "completions come in posting order");
+        assert_eq!(
+            (wc.wr_id, wc.status),
+            (done, WcStatus::Success),
+            "completions come in posting order"
+        );
         done += 1;
     }
     assert!(contents(&dst) == want, "target region differs");
     let used = a.dev.path_stats().iter().filter(|p| p.packets > 0).count();
-    assert_eq!(used, usize::from(PATHS), "packets were sprayed over every path");
+    assert_eq!(
+        used,
+        usize::from(PATHS),
+        "packets were sprayed over every path"
+    );
 }
 
 /// The child peer process; killed (and reaped) when dropped, so a failing test never leaves
@@ -186,17 +259,26 @@ impl Peer {
             .expect("spawn braid-test-peer");
         let stdin = child.stdin.take();
         let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
-        Peer { child, stdin, stdout }
+        Peer {
+            child,
+            stdin,
+            stdout,
+        }
     }
 
     fn send(&mut self, line: &str) {
         let w = self.stdin.as_mut().expect("stdin open");
-        writeln!(w, "{line}").and_then(|()| w.flush()).expect("write to the peer");
+        writeln!(w, "{line}")
+            .and_then(|()| w.flush())
+            .expect("write to the peer");
     }
 
     fn recv(&mut self) -> String {
         let mut line = String::new();
-        let n = self.stdout.read_line(&mut line).expect("read from the peer");
+        let n = self
+            .stdout
+            .read_line(&mut line)
+            .expect("read from the peer");
         assert!(n > 0, "the peer closed its stdout");
         line.trim_end().to_string()
     }
@@ -244,32 +326,63 @@ fn write_read_and_send_to_another_process() {
     // WRITE 300 000 bytes into the second half of its region, then ask for a fingerprint.
     let (src, data) = random_mr(&me.pd, 400_000, Access::LOCAL_WRITE, 11);
     let half = PEER_REGION_LEN / 2;
-    me.qp.post_send(wr(1, SendOp::Write(remote(half + 3)), vec![src.sge(0, 300_000)])).expect("post");
+    me.qp
+        .post_send(wr(
+            1,
+            SendOp::Write(remote(half + 3)),
+            vec![src.sge(0, 300_000)],
+        ))
+        .expect("post");
     let wc = wait(&me.cq);
-    assert_eq!((wc.wr_id, wc.status, wc.byte_len), (1, WcStatus::Success, 300_000));
-    assert_eq!(peer.ask(&format!("SUM {} 300000", half + 3)), format!("SUM {}", fnv1a(&data[..300_000])));
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len),
+        (1, WcStatus::Success, 300_000)
+    );
+    assert_eq!(
+        peer.ask(&format!("SUM {} 300000", half + 3)),
+        format!("SUM {}", fnv1a(&data[..300_000]))
+    );
 
     // READ 256 KiB of its pattern.
     let dst = me.pd.alloc_mr(300_000, Access::LOCAL_WRITE).expect("mr");
-    me.qp.post_send(wr(2, SendOp::Read(remote(1000)), vec![dst.sge(0, 262_144)])).expect("post");
+    me.qp
+        .post_send(wr(2, SendOp::Read(remote(1000)), vec![dst.sge(0, 262_144)]))
+        .expect("post");
     let wc = wait(&me.cq);
-    assert_eq!((wc.wr_id, wc.status, wc.byte_len), (2, WcStatus::Success, 262_144));
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len),
+        (2, WcStatus::Success, 262_144)
+    );
     let mut got = vec![0u8; 262_144];
     dst.read(0, &mut got).expect("in bounds");
     let want: Vec<u8> = (1000..1000 + 262_144).map(pattern_byte).collect();
     assert!(got == want, "READ from the peer differs from its pattern");
 
     // SEND with immediate into its posted RECV.
-    me.qp.post_send(wr(3, SendOp::SendImm(4242), vec![src.sge(1000, 50_000)])).expect("post");
+    me.qp
+        .post_send(wr(3, SendOp::SendImm(4242), vec![src.sge(1000, 50_000)]))
+        .expect("post");
     let wc = wait(&me.cq);
-    assert_eq!((wc.wr_id, wc.status, wc.byte_len), (3, WcStatus::Success, 50_000));
+    assert_eq!(
+        (wc.wr_id, wc.status, wc.byte_len),
+        (3, WcStatus::Success, 50_000)
+    );
     const { assert!(50_000 <= PEER_RECV_LEN) };
     let line = peer.ask("RECV");
-    assert_eq!(line, format!("RECV 1 Success 50000 4242 {}", fnv1a(&data[1000..51_000])));
+    assert_eq!(
+        line,
+        format!("RECV 1 Success 50000 4242 {}", fnv1a(&data[1000..51_000]))
+    );
 
     // A fetch-add on its region.
     let res = me.pd.alloc_mr(8, Access::LOCAL_WRITE).expect("mr");
-    me.qp.post_send(wr(4, SendOp::FetchAdd(remote(half - 8), 1), vec![res.sge(0, 8)])).expect("post");
+    me.qp
+        .post_send(wr(
+            4,
+            SendOp::FetchAdd(remote(half - 8), 1),
+            vec![res.sge(0, 8)],
+        ))
+        .expect("post");
     assert_eq!(wait(&me.cq).status, WcStatus::Success);
     let mut orig = [0u8; 8];
     res.read(0, &mut orig).expect("in bounds");

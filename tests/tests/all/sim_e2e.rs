@@ -3,12 +3,14 @@
 //! vanished peers; receiver-not-ready. Every assertion names the seed; replay a failure with
 //! `BRAID_SEED=<seed> cargo test -p braid-tests <test name>`.
 use braid::datapath::sim::LinkConfig;
-use braid::proto::{Access, Completion, RecvWr, RemoteAddr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
+use braid::proto::{
+    Access, Completion, RecvWr, RemoteAddr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+};
 use braid::testing::Mr;
 use rand_chacha::ChaCha8Rng;
 use rand_core::RngCore;
 
-use crate::support::{below, config, hostile_link, rng, seed, sge, snapshot, Sim};
+use crate::support::{Sim, below, config, hostile_link, rng, seed, sge, snapshot};
 
 const MIB: u32 = 1 << 20;
 /// The value each fetch-and-add adds.
@@ -25,7 +27,13 @@ enum Kind {
     CmpSwap,
 }
 
-const DATA_KINDS: [Kind; 5] = [Kind::Send, Kind::SendImm, Kind::Write, Kind::WriteImm, Kind::Read];
+const DATA_KINDS: [Kind; 5] = [
+    Kind::Send,
+    Kind::SendImm,
+    Kind::Write,
+    Kind::WriteImm,
+    Kind::Read,
+];
 
 /// Splits `len` bytes into up to `max_k` scatter/gather pieces (a zero-length message gets
 /// either no entry or one empty entry).
@@ -34,7 +42,9 @@ fn split(rng: &mut ChaCha8Rng, len: u32, max_k: u64) -> Vec<u32> {
         return if below(rng, 2) == 0 { vec![] } else { vec![0] };
     }
     let k = 1 + below(rng, max_k) as usize;
-    let mut cuts: Vec<u32> = (1..k).map(|_| below(rng, u64::from(len) + 1) as u32).collect();
+    let mut cuts: Vec<u32> = (1..k)
+        .map(|_| below(rng, u64::from(len) + 1) as u32)
+        .collect();
     cuts.push(0);
     cuts.push(len);
     cuts.sort_unstable();
@@ -49,7 +59,13 @@ struct Tracked {
 }
 
 impl Tracked {
-    fn new(sim: &mut Sim, side: braid::testing::Side, len: usize, access: Access, rng: &mut ChaCha8Rng) -> Tracked {
+    fn new(
+        sim: &mut Sim,
+        side: braid::testing::Side,
+        len: usize,
+        access: Access,
+        rng: &mut ChaCha8Rng,
+    ) -> Tracked {
         let mr = sim.random_mr(side, len, access, rng);
         let model = snapshot(&mr.region);
         Tracked { mr, model, next: 0 }
@@ -61,7 +77,10 @@ impl Tracked {
             .map(|&len| {
                 let off = self.next + below(rng, 65);
                 self.next = off + u64::from(len);
-                assert!(self.next <= self.model.len() as u64, "test bug: region too small");
+                assert!(
+                    self.next <= self.model.len() as u64,
+                    "test bug: region too small"
+                );
                 sge(&self.mr, off, len)
             })
             .collect()
@@ -69,7 +88,13 @@ impl Tracked {
 
     /// The bytes a gather list reads.
     fn gather(&self, sges: &[Sge]) -> Vec<u8> {
-        sges.iter().flat_map(|s| self.model[s.offset as usize..(s.offset + u64::from(s.len)) as usize].iter().copied()).collect()
+        sges.iter()
+            .flat_map(|s| {
+                self.model[s.offset as usize..(s.offset + u64::from(s.len)) as usize]
+                    .iter()
+                    .copied()
+            })
+            .collect()
     }
 
     /// Records `data` scattered over `sges` in the model.
@@ -86,10 +111,20 @@ impl Tracked {
     fn check(&self, seed: u64, name: &str) {
         let got = snapshot(&self.mr.region);
         if got != self.model {
-            let first = got.iter().zip(&self.model).position(|(a, b)| a != b).unwrap_or(0);
-            let last = got.iter().zip(&self.model).rposition(|(a, b)| a != b).unwrap_or(0);
+            let first = got
+                .iter()
+                .zip(&self.model)
+                .position(|(a, b)| a != b)
+                .unwrap_or(0);
+            let last = got
+                .iter()
+                .zip(&self.model)
+                .rposition(|(a, b)| a != b)
+                .unwrap_or(0);
             let diff = got.iter().zip(&self.model).filter(|(a, b)| a != b).count();
-            panic!("seed {seed}: region {name}: {diff} bytes differ from the model, first at {first}, last at {last}");
+            panic!(
+                "seed {seed}: region {name}: {diff} bytes differ from the model, first at {first}, last at {last}"
+            );
         }
     }
 }
@@ -126,25 +161,77 @@ fn run_workload(sim: Sim, ops: &[(Kind, u32)], max_steps: u64) -> Outcome {
 }
 
 /// As [`run_workload`]; `mid` runs once the requester has sent that many packets.
-fn run_workload_with(sim: Sim, ops: &[(Kind, u32)], max_steps: u64, mid: Option<MidRun<'_>>) -> Outcome {
+fn run_workload_with(
+    sim: Sim,
+    ops: &[(Kind, u32)],
+    max_steps: u64,
+    mid: Option<MidRun<'_>>,
+) -> Outcome {
     let mut sim = sim;
     let seed = sim.seed;
     let mut rng = rng(seed);
     let (a, b) = (sim.a, sim.b);
-    let n_atomic = ops.iter().filter(|(k, _)| matches!(k, Kind::FetchAdd | Kind::CmpSwap)).count();
+    let n_atomic = ops
+        .iter()
+        .filter(|(k, _)| matches!(k, Kind::FetchAdd | Kind::CmpSwap))
+        .count();
     let n_cas = ops.iter().filter(|(k, _)| *k == Kind::CmpSwap).count();
     let slack = |kinds: &[Kind]| -> usize {
-        ops.iter().filter(|(k, _)| kinds.contains(k)).map(|&(_, s)| s as usize + 5 * 64 + 300).sum::<usize>() + 64
+        ops.iter()
+            .filter(|(k, _)| kinds.contains(k))
+            .map(|&(_, s)| s as usize + 5 * 64 + 300)
+            .sum::<usize>()
+            + 64
     };
-    let mut a_src = Tracked::new(&mut sim, a, slack(&[Kind::Send, Kind::SendImm, Kind::Write, Kind::WriteImm]), Access::NONE, &mut rng);
-    let mut a_dst = Tracked::new(&mut sim, a, slack(&[Kind::Read]), Access::LOCAL_WRITE, &mut rng);
-    let mut a_atomic = Tracked::new(&mut sim, a, 72 * n_atomic + 8, Access::LOCAL_WRITE, &mut rng);
-    let mut b_dst = Tracked::new(&mut sim, b, slack(&[Kind::Write, Kind::WriteImm]), Access::REMOTE_WRITE, &mut rng);
-    let b_src = Tracked::new(&mut sim, b, slack(&[Kind::Read]), Access::REMOTE_READ, &mut rng);
-    let mut b_recv = Tracked::new(&mut sim, b, slack(&[Kind::Send, Kind::SendImm, Kind::WriteImm]), Access::LOCAL_WRITE, &mut rng);
+    let mut a_src = Tracked::new(
+        &mut sim,
+        a,
+        slack(&[Kind::Send, Kind::SendImm, Kind::Write, Kind::WriteImm]),
+        Access::NONE,
+        &mut rng,
+    );
+    let mut a_dst = Tracked::new(
+        &mut sim,
+        a,
+        slack(&[Kind::Read]),
+        Access::LOCAL_WRITE,
+        &mut rng,
+    );
+    let mut a_atomic = Tracked::new(
+        &mut sim,
+        a,
+        72 * n_atomic + 8,
+        Access::LOCAL_WRITE,
+        &mut rng,
+    );
+    let mut b_dst = Tracked::new(
+        &mut sim,
+        b,
+        slack(&[Kind::Write, Kind::WriteImm]),
+        Access::REMOTE_WRITE,
+        &mut rng,
+    );
+    let b_src = Tracked::new(
+        &mut sim,
+        b,
+        slack(&[Kind::Read]),
+        Access::REMOTE_READ,
+        &mut rng,
+    );
+    let mut b_recv = Tracked::new(
+        &mut sim,
+        b,
+        slack(&[Kind::Send, Kind::SendImm, Kind::WriteImm]),
+        Access::LOCAL_WRITE,
+        &mut rng,
+    );
     let mut b_atomic = Tracked::new(&mut sim, b, 8 * n_cas + 8, Access::REMOTE_ATOMIC, &mut rng);
     // Word 0 of b_atomic is the fetch-and-add counter.
-    b_atomic.mr.region.write(0, &0u64.to_ne_bytes()).expect("in bounds");
+    b_atomic
+        .mr
+        .region
+        .write(0, &0u64.to_ne_bytes())
+        .expect("in bounds");
     b_atomic.model[..8].copy_from_slice(&0u64.to_ne_bytes());
     b_atomic.next = 8;
 
@@ -158,69 +245,164 @@ fn run_workload_with(sim: Sim, ops: &[(Kind, u32)], max_steps: u64, mid: Option<
         let imm = rng.next_u32();
         let (op, sges, opcode, byte_len) = match kind {
             Kind::Send | Kind::SendImm | Kind::Write | Kind::WriteImm => {
-                let sges = { let lens = split(&mut rng, size, 4); a_src.place(&mut rng, &lens) };
+                let sges = {
+                    let lens = split(&mut rng, size, 4);
+                    a_src.place(&mut rng, &lens)
+                };
                 let data = a_src.gather(&sges);
                 let op = match kind {
                     Kind::Send | Kind::SendImm => {
-                        let extra = if below(&mut rng, 3) == 0 { below(&mut rng, 200) as u32 } else { 0 };
-                        let rsges = { let lens = split(&mut rng, size + extra, 4); b_recv.place(&mut rng, &lens) };
+                        let extra = if below(&mut rng, 3) == 0 {
+                            below(&mut rng, 200) as u32
+                        } else {
+                            0
+                        };
+                        let rsges = {
+                            let lens = split(&mut rng, size + extra, 4);
+                            b_recv.place(&mut rng, &lens)
+                        };
                         b_recv.scatter(&rsges, &data);
-                        recvs.push(RecvWr { wr_id: wr_id + 1_000_000, sges: rsges });
+                        recvs.push(RecvWr {
+                            wr_id: wr_id + 1_000_000,
+                            sges: rsges,
+                        });
                         let imm = (kind == Kind::SendImm).then_some(imm);
-                        want_b.push(WantRecv { wr_id: wr_id + 1_000_000, opcode: WcOpcode::Recv, byte_len: size, imm });
-                        if kind == Kind::Send { SendOp::Send } else { SendOp::SendImm(imm.unwrap_or(0)) }
+                        want_b.push(WantRecv {
+                            wr_id: wr_id + 1_000_000,
+                            opcode: WcOpcode::Recv,
+                            byte_len: size,
+                            imm,
+                        });
+                        if kind == Kind::Send {
+                            SendOp::Send
+                        } else {
+                            SendOp::SendImm(imm.unwrap_or(0))
+                        }
                     }
                     _ => {
                         let dst = b_dst.place(&mut rng, &[size]);
                         b_dst.scatter(&dst, &data);
-                        let remote = RemoteAddr { rkey: b_dst.mr.keys.rkey, offset: dst[0].offset };
+                        let remote = RemoteAddr {
+                            rkey: b_dst.mr.keys.rkey,
+                            offset: dst[0].offset,
+                        };
                         if kind == Kind::Write {
                             SendOp::Write(remote)
                         } else {
                             // The RECV a WRITE_IMM consumes: its buffers stay untouched.
                             let cap = below(&mut rng, 100) as u32;
-                            let rsges = { let lens = split(&mut rng, cap, 2); b_recv.place(&mut rng, &lens) };
-                            recvs.push(RecvWr { wr_id: wr_id + 1_000_000, sges: rsges });
-                            want_b.push(WantRecv { wr_id: wr_id + 1_000_000, opcode: WcOpcode::RecvRdmaWithImm, byte_len: size, imm: Some(imm) });
+                            let rsges = {
+                                let lens = split(&mut rng, cap, 2);
+                                b_recv.place(&mut rng, &lens)
+                            };
+                            recvs.push(RecvWr {
+                                wr_id: wr_id + 1_000_000,
+                                sges: rsges,
+                            });
+                            want_b.push(WantRecv {
+                                wr_id: wr_id + 1_000_000,
+                                opcode: WcOpcode::RecvRdmaWithImm,
+                                byte_len: size,
+                                imm: Some(imm),
+                            });
                             SendOp::WriteImm(remote, imm)
                         }
                     }
                 };
-                let opcode = if matches!(kind, Kind::Send | Kind::SendImm) { WcOpcode::Send } else { WcOpcode::Write };
+                let opcode = if matches!(kind, Kind::Send | Kind::SendImm) {
+                    WcOpcode::Send
+                } else {
+                    WcOpcode::Write
+                };
                 (op, sges, opcode, size)
             }
             Kind::Read => {
                 let src = b_src.mr.keys.rkey;
                 let from = read_source(&b_src, &mut rng, size);
                 let data = b_src.model[from as usize..(from + u64::from(size)) as usize].to_vec();
-                let sges = { let lens = split(&mut rng, size, 4); a_dst.place(&mut rng, &lens) };
+                let sges = {
+                    let lens = split(&mut rng, size, 4);
+                    a_dst.place(&mut rng, &lens)
+                };
                 a_dst.scatter(&sges, &data);
-                (SendOp::Read(RemoteAddr { rkey: src, offset: from }), sges, WcOpcode::Read, size)
+                (
+                    SendOp::Read(RemoteAddr {
+                        rkey: src,
+                        offset: from,
+                    }),
+                    sges,
+                    WcOpcode::Read,
+                    size,
+                )
             }
             Kind::FetchAdd => {
                 let slot = a_atomic.place(&mut rng, &[8]);
-                let slot = Sge { offset: slot[0].offset, ..slot[0] };
+                let slot = Sge {
+                    offset: slot[0].offset,
+                    ..slot[0]
+                };
                 fetch_add_slots.push(slot.offset);
-                (SendOp::FetchAdd(RemoteAddr { rkey: b_atomic.mr.keys.rkey, offset: 0 }, ADD), vec![slot], WcOpcode::FetchAdd, 8)
+                (
+                    SendOp::FetchAdd(
+                        RemoteAddr {
+                            rkey: b_atomic.mr.keys.rkey,
+                            offset: 0,
+                        },
+                        ADD,
+                    ),
+                    vec![slot],
+                    WcOpcode::FetchAdd,
+                    8,
+                )
             }
             Kind::CmpSwap => {
                 let slot = a_atomic.place(&mut rng, &[8]);
                 let word = b_atomic.next;
                 b_atomic.next += 8;
-                let initial = u64::from_ne_bytes(b_atomic.model[word as usize..word as usize + 8].try_into().expect("8 bytes"));
+                let initial = u64::from_ne_bytes(
+                    b_atomic.model[word as usize..word as usize + 8]
+                        .try_into()
+                        .expect("8 bytes"),
+                );
                 let matches = below(&mut rng, 2) == 0;
-                let compare = if matches { initial } else { initial ^ (1 << below(&mut rng, 64)) };
+                let compare = if matches {
+                    initial
+                } else {
+                    initial ^ (1 << below(&mut rng, 64))
+                };
                 let swap = rng.next_u64();
                 a_atomic.scatter(&slot, &initial.to_ne_bytes());
                 if matches {
-                    b_atomic.model[word as usize..word as usize + 8].copy_from_slice(&swap.to_ne_bytes());
+                    b_atomic.model[word as usize..word as usize + 8]
+                        .copy_from_slice(&swap.to_ne_bytes());
                 }
-                let remote = RemoteAddr { rkey: b_atomic.mr.keys.rkey, offset: word };
-                (SendOp::CompareSwap { remote, compare, swap }, slot, WcOpcode::CompareSwap, 8)
+                let remote = RemoteAddr {
+                    rkey: b_atomic.mr.keys.rkey,
+                    offset: word,
+                };
+                (
+                    SendOp::CompareSwap {
+                        remote,
+                        compare,
+                        swap,
+                    },
+                    slot,
+                    WcOpcode::CompareSwap,
+                    8,
+                )
             }
         };
-        want_a.push(WantSend { wr_id, opcode, byte_len });
-        wrs.push(SendWr { wr_id, op, sges, signaled: true });
+        want_a.push(WantSend {
+            wr_id,
+            opcode,
+            byte_len,
+        });
+        wrs.push(SendWr {
+            wr_id,
+            op,
+            sges,
+            signaled: true,
+        });
     }
     for r in recvs {
         sim.post_recv(b, r);
@@ -230,8 +412,13 @@ fn run_workload_with(sim: Sim, ops: &[(Kind, u32)], max_steps: u64, mid: Option<
     }
     if let Some((packets, hook)) = mid {
         let qpn = a.qp.qpn;
-        let sent = |c: &mut braid::testing::Cluster| c.nodes[0].ep.qp_stats(qpn).map_or(0, |s| s.packets_sent);
-        assert!(sim.c.run_until(max_steps, |c| sent(c) >= packets), "seed {seed}: never sent {packets} packets");
+        let sent = |c: &mut braid::testing::Cluster| {
+            c.nodes[0].ep.qp_stats(qpn).map_or(0, |s| s.packets_sent)
+        };
+        assert!(
+            sim.c.run_until(max_steps, |c| sent(c) >= packets),
+            "seed {seed}: never sent {packets} packets"
+        );
         hook(&mut sim);
     }
     let got_a = sim.wait_cq(a, want_a.len(), max_steps);
@@ -250,7 +437,11 @@ fn run_workload_with(sim: Sim, ops: &[(Kind, u32)], max_steps: u64, mid: Option<
     }
     results.sort_unstable();
     let n = results.len() as u64;
-    assert_eq!(results, (0..n).map(|i| i * ADD).collect::<Vec<_>>(), "seed {seed}: fetch-add originals");
+    assert_eq!(
+        results,
+        (0..n).map(|i| i * ADD).collect::<Vec<_>>(),
+        "seed {seed}: fetch-add originals"
+    );
     b_atomic.model[..8].copy_from_slice(&(n * ADD).to_ne_bytes());
 
     for (t, name) in [
@@ -267,9 +458,20 @@ fn run_workload_with(sim: Sim, ops: &[(Kind, u32)], max_steps: u64, mid: Option<
     // And then everything goes quiet: no livelock, no timer left armed, and no completion
     // comes twice.
     sim.c.drive_bounded(200_000);
-    assert_eq!(sim.drain_cq(a), vec![], "seed {seed}: extra requester completions");
-    assert_eq!(sim.drain_cq(b), vec![], "seed {seed}: extra responder completions");
-    Outcome { sim, fetch_add_results: results }
+    assert_eq!(
+        sim.drain_cq(a),
+        vec![],
+        "seed {seed}: extra requester completions"
+    );
+    assert_eq!(
+        sim.drain_cq(b),
+        vec![],
+        "seed {seed}: extra responder completions"
+    );
+    Outcome {
+        sim,
+        fetch_add_results: results,
+    }
 }
 
 /// A READ source range: `size` bytes at a random offset of `t`'s region (it is never written).
@@ -285,9 +487,17 @@ fn read_u64(mr: &Mr, off: u64) -> u64 {
 }
 
 fn check_sends(seed: u64, got: &[Completion], want: &[WantSend], qpn: u32) {
-    assert_eq!(got.len(), want.len(), "seed {seed}: requester completion count");
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "seed {seed}: requester completion count"
+    );
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let g2 = WantSend { wr_id: g.wr_id, opcode: g.opcode, byte_len: g.byte_len };
+        let g2 = WantSend {
+            wr_id: g.wr_id,
+            opcode: g.opcode,
+            byte_len: g.byte_len,
+        };
         assert_eq!(
             (g.status, g.imm, g.qpn, &g2),
             (WcStatus::Success, None, qpn, w),
@@ -297,17 +507,37 @@ fn check_sends(seed: u64, got: &[Completion], want: &[WantSend], qpn: u32) {
 }
 
 fn check_recvs(seed: u64, got: &[Completion], want: &[WantRecv], qpn: u32) {
-    assert_eq!(got.len(), want.len(), "seed {seed}: responder completion count");
+    assert_eq!(
+        got.len(),
+        want.len(),
+        "seed {seed}: responder completion count"
+    );
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let g2 = WantRecv { wr_id: g.wr_id, opcode: g.opcode, byte_len: g.byte_len, imm: g.imm };
-        assert_eq!((g.status, g.qpn, &g2), (WcStatus::Success, qpn, w), "seed {seed}: responder completion #{i}");
+        let g2 = WantRecv {
+            wr_id: g.wr_id,
+            opcode: g.opcode,
+            byte_len: g.byte_len,
+            imm: g.imm,
+        };
+        assert_eq!(
+            (g.status, g.qpn, &g2),
+            (WcStatus::Success, qpn, w),
+            "seed {seed}: responder completion #{i}"
+        );
     }
 }
 
 /// Every data op at every boundary size around one packet, `extra` random ones up to
 /// `max_random` bytes, the `big` sizes as random data ops, and `atomics` fetch-adds and
 /// compare-swaps, shuffled.
-fn mixed_ops(seed: u64, chunk: u32, extra: usize, max_random: u32, big: &[u32], atomics: usize) -> Vec<(Kind, u32)> {
+fn mixed_ops(
+    seed: u64,
+    chunk: u32,
+    extra: usize,
+    max_random: u32,
+    big: &[u32],
+    atomics: usize,
+) -> Vec<(Kind, u32)> {
     let mut rng = rng(seed ^ 0x0b5);
     let mut ops = Vec::new();
     for kind in DATA_KINDS {
@@ -323,7 +553,14 @@ fn mixed_ops(seed: u64, chunk: u32, extra: usize, max_random: u32, big: &[u32], 
         ops.push((DATA_KINDS[below(&mut rng, 5) as usize], size));
     }
     for i in 0..atomics {
-        ops.push((if i % 3 == 2 { Kind::CmpSwap } else { Kind::FetchAdd }, 8));
+        ops.push((
+            if i % 3 == 2 {
+                Kind::CmpSwap
+            } else {
+                Kind::FetchAdd
+            },
+            8,
+        ));
     }
     for i in (1..ops.len()).rev() {
         ops.swap(i, below(&mut rng, i as u64 + 1) as usize);
@@ -332,17 +569,37 @@ fn mixed_ops(seed: u64, chunk: u32, extra: usize, max_random: u32, big: &[u32], 
 }
 
 fn mixed(seed: u64, loss: f64, retry_limit: u32, big: &[u32], extra: usize) {
-    let seed = std::env::var("BRAID_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(seed);
+    let seed = std::env::var("BRAID_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(seed);
     let sim = Sim::new(seed, &config(8, retry_limit), hostile_link(loss));
     let chunk = sim.c.nodes[0].ep.chunk_size();
     let ops = mixed_ops(seed, chunk, extra, 64 * 1024, big, 60);
     let out = run_workload(sim, &ops, 3_000_000);
     let st = out.sim.c.nodes[0].ep.stats();
-    eprintln!("seed {seed} loss {loss}: {} ops, virtual {:?}, {} steps, requester {st:?}, responder {:?}, net {:?}", ops.len(), out.sim.c.now, out.sim.c.steps, out.sim.c.nodes[1].ep.stats(), (out.sim.c.net.stats().sent, out.sim.c.net.stats().lost, out.sim.c.net.stats().corrupted));
+    eprintln!(
+        "seed {seed} loss {loss}: {} ops, virtual {:?}, {} steps, requester {st:?}, responder {:?}, net {:?}",
+        ops.len(),
+        out.sim.c.now,
+        out.sim.c.steps,
+        out.sim.c.nodes[1].ep.stats(),
+        (
+            out.sim.c.net.stats().sent,
+            out.sim.c.net.stats().lost,
+            out.sim.c.net.stats().corrupted
+        )
+    );
     if loss > 0.0 {
-        assert!(st.retransmits > 0, "seed {seed}: {loss} loss but no retransmission: {st:?}");
+        assert!(
+            st.retransmits > 0,
+            "seed {seed}: {loss} loss but no retransmission: {st:?}"
+        );
     }
-    assert!(out.sim.c.net.stats().corrupted > 0, "seed {seed}: the link corrupted nothing");
+    assert!(
+        out.sim.c.net.stats().corrupted > 0,
+        "seed {seed}: the link corrupted nothing"
+    );
 }
 
 #[test]
@@ -387,7 +644,12 @@ fn fetch_adds_count_exactly_under_loss() {
 fn a_path_black_holed_mid_transfer_does_not_stop_it() {
     let seed = seed(31);
     let sim = Sim::new(seed, &config(8, 10), hostile_link(0.01));
-    let ops = [(Kind::Write, 4 * MIB + 17), (Kind::Read, 2 * MIB), (Kind::Send, MIB), (Kind::FetchAdd, 8)];
+    let ops = [
+        (Kind::Write, 4 * MIB + 17),
+        (Kind::Read, 2 * MIB),
+        (Kind::Send, MIB),
+        (Kind::FetchAdd, 8),
+    ];
     let mut cut = |sim: &mut Sim| {
         let (a, b) = (sim.c.nodes[0].addr, sim.c.nodes[1].addr);
         sim.c.net.link_mut(a, 3).blackhole = true;
@@ -395,7 +657,10 @@ fn a_path_black_holed_mid_transfer_does_not_stop_it() {
     };
     let out = run_workload_with(sim, &ops, 3_000_000, Some((500, &mut cut)));
     let net = out.sim.c.net.stats();
-    assert!(net.blackholed > 0, "seed {seed}: the black hole swallowed nothing: {net:?}");
+    assert!(
+        net.blackholed > 0,
+        "seed {seed}: the black hole swallowed nothing: {net:?}"
+    );
 }
 
 /// Posts a WRITE, a READ, a SEND and a fetch-add from a, and a RECV on a; runs until `n`
@@ -405,22 +670,51 @@ fn start_then(sim: &mut Sim, packets: u64) -> braid::proto::Timestamp {
     let (a, b) = (sim.a, sim.b);
     let src = sim.random_mr(a, 2 * MIB as usize, Access::LOCAL_WRITE, &mut rng);
     let dst = sim.random_mr(b, 2 * MIB as usize, Access::ALL, &mut rng);
-    sim.post_recv(b, RecvWr { wr_id: 90, sges: vec![sge(&dst, 0, 4096)] });
-    sim.post_recv(a, RecvWr { wr_id: 91, sges: vec![sge(&src, 0, 4096)] });
-    let remote = |offset| RemoteAddr { rkey: dst.keys.rkey, offset };
+    sim.post_recv(
+        b,
+        RecvWr {
+            wr_id: 90,
+            sges: vec![sge(&dst, 0, 4096)],
+        },
+    );
+    sim.post_recv(
+        a,
+        RecvWr {
+            wr_id: 91,
+            sges: vec![sge(&src, 0, 4096)],
+        },
+    );
+    let remote = |offset| RemoteAddr {
+        rkey: dst.keys.rkey,
+        offset,
+    };
     let wrs = [
         (SendOp::Write(remote(0)), vec![sge(&src, 0, MIB)]),
-        (SendOp::Read(remote(MIB.into())), vec![sge(&src, MIB.into(), 65_536)]),
+        (
+            SendOp::Read(remote(MIB.into())),
+            vec![sge(&src, MIB.into(), 65_536)],
+        ),
         (SendOp::Send, vec![sge(&src, 0, 3000)]),
         (SendOp::FetchAdd(remote(8), 1), vec![sge(&src, 8, 8)]),
     ];
     for (i, (op, sges)) in wrs.into_iter().enumerate() {
-        sim.post_send(a, SendWr { wr_id: 1 + i as u64, op, sges, signaled: true });
+        sim.post_send(
+            a,
+            SendWr {
+                wr_id: 1 + i as u64,
+                op,
+                sges,
+                signaled: true,
+            },
+        );
     }
     let qpn = a.qp.qpn;
     let seed = sim.seed;
     assert!(
-        sim.c.run_until(1_000_000, |c| c.nodes[0].ep.qp_stats(qpn).is_some_and(|s| s.packets_sent >= packets)),
+        sim.c.run_until(1_000_000, |c| c.nodes[0]
+            .ep
+            .qp_stats(qpn)
+            .is_some_and(|s| s.packets_sent >= packets)),
         "seed {seed}: never sent {packets} packets"
     );
     sim.c.now
@@ -433,14 +727,30 @@ fn assert_gave_up(sim: &mut Sim, since: braid::proto::Timestamp, bound_ns: u64) 
     let seed = sim.seed;
     let got = sim.wait_cq(sim.a, 5, 1_000_000);
     let waited = sim.c.now.nanos_since(since);
-    assert!(waited < bound_ns, "seed {seed}: gave up after {waited} ns of virtual time, bound {bound_ns}");
-    let sends: Vec<(u64, WcStatus)> = got.iter().filter(|c| c.opcode != WcOpcode::Recv).map(|c| (c.wr_id, c.status)).collect();
+    assert!(
+        waited < bound_ns,
+        "seed {seed}: gave up after {waited} ns of virtual time, bound {bound_ns}"
+    );
+    let sends: Vec<(u64, WcStatus)> = got
+        .iter()
+        .filter(|c| c.opcode != WcOpcode::Recv)
+        .map(|c| (c.wr_id, c.status))
+        .collect();
     assert_eq!(
         sends,
-        vec![(1, WcStatus::RetryExceeded), (2, WcStatus::Flushed), (3, WcStatus::Flushed), (4, WcStatus::Flushed)],
+        vec![
+            (1, WcStatus::RetryExceeded),
+            (2, WcStatus::Flushed),
+            (3, WcStatus::Flushed),
+            (4, WcStatus::Flushed)
+        ],
         "seed {seed}: {got:?}"
     );
-    let recv: Vec<_> = got.iter().filter(|c| c.opcode == WcOpcode::Recv).map(|c| (c.wr_id, c.status)).collect();
+    let recv: Vec<_> = got
+        .iter()
+        .filter(|c| c.opcode == WcOpcode::Recv)
+        .map(|c| (c.wr_id, c.status))
+        .collect();
     assert_eq!(recv, vec![(91, WcStatus::Flushed)], "seed {seed}");
     let st = sim.c.nodes[0].ep.qp_stats(sim.a.qp.qpn).expect("qp");
     assert_eq!(st.state, braid::proto::QpState::Error, "seed {seed}");
@@ -477,9 +787,21 @@ fn work_posted_after_the_qp_failed_completes_flushed() {
     sim.c.nodes.truncate(1);
     assert_gave_up(&mut sim, t0, 1_000_000_000);
     let mr = sim.c.alloc_mr(&sim.a.clone(), 64, Access::LOCAL_WRITE);
-    sim.post_send(sim.a, SendWr { wr_id: 77, op: SendOp::Send, sges: vec![sge(&mr, 0, 64)], signaled: true });
+    sim.post_send(
+        sim.a,
+        SendWr {
+            wr_id: 77,
+            op: SendOp::Send,
+            sges: vec![sge(&mr, 0, 64)],
+            signaled: true,
+        },
+    );
     let got = sim.wait_cq(sim.a, 1, 1000);
-    assert_eq!((got[0].wr_id, got[0].status), (77, WcStatus::Flushed), "seed {seed}");
+    assert_eq!(
+        (got[0].wr_id, got[0].status),
+        (77, WcStatus::Flushed),
+        "seed {seed}"
+    );
 }
 
 /// a SENDs `len` bytes to b; returns the source data.
@@ -487,7 +809,15 @@ fn send_bytes(sim: &mut Sim, len: u32) -> (Mr, Vec<u8>) {
     let mut rng = rng(sim.seed);
     let src = sim.random_mr(sim.a, len as usize, Access::NONE, &mut rng);
     let data = snapshot(&src.region);
-    sim.post_send(sim.a, SendWr { wr_id: 5, op: SendOp::SendImm(0xfeed), sges: vec![sge(&src, 0, len)], signaled: true });
+    sim.post_send(
+        sim.a,
+        SendWr {
+            wr_id: 5,
+            op: SendOp::SendImm(0xfeed),
+            sges: vec![sge(&src, 0, len)],
+            signaled: true,
+        },
+    );
     (src, data)
 }
 
@@ -497,16 +827,46 @@ fn rnr_send_is_retried_until_a_recv_is_posted() {
     let mut sim = Sim::new(seed, &config(8, 7), LinkConfig::default());
     let (_src, data) = send_bytes(&mut sim, 5000);
     // b refuses it (no RECV) a few times.
-    assert!(sim.c.run_until(100_000, |c| c.nodes[1].ep.stats().naks_sent >= 3), "seed {seed}: no RNR NAK");
-    assert_eq!(sim.c.cq_len(0, sim.a.cq), 0, "seed {seed}: completed without a RECV");
+    assert!(
+        sim.c
+            .run_until(100_000, |c| c.nodes[1].ep.stats().naks_sent >= 3),
+        "seed {seed}: no RNR NAK"
+    );
+    assert_eq!(
+        sim.c.cq_len(0, sim.a.cq),
+        0,
+        "seed {seed}: completed without a RECV"
+    );
     let dst = sim.c.alloc_mr(&sim.b.clone(), 6000, Access::LOCAL_WRITE);
-    sim.post_recv(sim.b, RecvWr { wr_id: 6, sges: vec![sge(&dst, 0, 6000)] });
+    sim.post_recv(
+        sim.b,
+        RecvWr {
+            wr_id: 6,
+            sges: vec![sge(&dst, 0, 6000)],
+        },
+    );
     let a = sim.wait_cq(sim.a, 1, 100_000);
-    assert_eq!((a[0].wr_id, a[0].status, a[0].opcode, a[0].byte_len), (5, WcStatus::Success, WcOpcode::Send, 5000), "seed {seed}");
+    assert_eq!(
+        (a[0].wr_id, a[0].status, a[0].opcode, a[0].byte_len),
+        (5, WcStatus::Success, WcOpcode::Send, 5000),
+        "seed {seed}"
+    );
     let b = sim.wait_cq(sim.b, 1, 100_000);
-    assert_eq!((b[0].wr_id, b[0].status, b[0].byte_len, b[0].imm), (6, WcStatus::Success, 5000, Some(0xfeed)), "seed {seed}");
-    assert_eq!(dst.region.to_vec(0, 5000).expect("in bounds"), data, "seed {seed}");
-    assert_eq!(dst.region.to_vec(5000, 1000).expect("in bounds"), vec![0; 1000], "seed {seed}: past the message");
+    assert_eq!(
+        (b[0].wr_id, b[0].status, b[0].byte_len, b[0].imm),
+        (6, WcStatus::Success, 5000, Some(0xfeed)),
+        "seed {seed}"
+    );
+    assert_eq!(
+        dst.region.to_vec(0, 5000).expect("in bounds"),
+        data,
+        "seed {seed}"
+    );
+    assert_eq!(
+        dst.region.to_vec(5000, 1000).expect("in bounds"),
+        vec![0; 1000],
+        "seed {seed}: past the message"
+    );
     assert!(sim.c.nodes[0].ep.stats().naks_received >= 3, "seed {seed}");
 }
 
@@ -518,13 +878,33 @@ fn rnr_send_with_no_recv_ever_ends_in_rnr_retry_exceeded() {
     let mut sim = Sim::new(seed, &cfg, LinkConfig::default());
     let _src = send_bytes(&mut sim, 5000);
     let mr = sim.c.alloc_mr(&sim.a.clone(), 8, Access::LOCAL_WRITE);
-    sim.post_send(sim.a, SendWr { wr_id: 8, op: SendOp::Send, sges: vec![sge(&mr, 0, 8)], signaled: true });
+    sim.post_send(
+        sim.a,
+        SendWr {
+            wr_id: 8,
+            op: SendOp::Send,
+            sges: vec![sge(&mr, 0, 8)],
+            signaled: true,
+        },
+    );
     let got = sim.wait_cq(sim.a, 2, 100_000);
     let st: Vec<_> = got.iter().map(|c| (c.wr_id, c.status)).collect();
-    assert_eq!(st, vec![(5, WcStatus::RnrRetryExceeded), (8, WcStatus::Flushed)], "seed {seed}");
+    assert_eq!(
+        st,
+        vec![(5, WcStatus::RnrRetryExceeded), (8, WcStatus::Flushed)],
+        "seed {seed}"
+    );
     let bound = u64::from(limit + 2) * timer + 1_000_000;
-    assert!(sim.c.now.as_nanos() < bound, "seed {seed}: gave up at {:?}, bound {bound} ns", sim.c.now);
-    assert_eq!(sim.c.cq_len(1, sim.b.cq), 0, "seed {seed}: the receiver completed nothing");
+    assert!(
+        sim.c.now.as_nanos() < bound,
+        "seed {seed}: gave up at {:?}, bound {bound} ns",
+        sim.c.now
+    );
+    assert_eq!(
+        sim.c.cq_len(1, sim.b.cq),
+        0,
+        "seed {seed}: the receiver completed nothing"
+    );
 }
 
 #[test]
@@ -535,16 +915,43 @@ fn a_peer_vanishing_while_a_read_is_answered_fails_the_read_first() {
     let (a, b) = (sim.a, sim.b);
     let local = sim.random_mr(a, 8 * MIB as usize, Access::LOCAL_WRITE, &mut rng);
     let remote = sim.random_mr(b, 8 * MIB as usize, Access::ALL, &mut rng);
-    let at = |offset| RemoteAddr { rkey: remote.keys.rkey, offset };
-    sim.post_send(a, SendWr { wr_id: 1, op: SendOp::Read(at(0)), sges: vec![sge(&local, 0, 4 * MIB)], signaled: true });
-    sim.post_send(a, SendWr { wr_id: 2, op: SendOp::Write(at(4 * u64::from(MIB))), sges: vec![sge(&local, 4 * u64::from(MIB), MIB)], signaled: true });
+    let at = |offset| RemoteAddr {
+        rkey: remote.keys.rkey,
+        offset,
+    };
+    sim.post_send(
+        a,
+        SendWr {
+            wr_id: 1,
+            op: SendOp::Read(at(0)),
+            sges: vec![sge(&local, 0, 4 * MIB)],
+            signaled: true,
+        },
+    );
+    sim.post_send(
+        a,
+        SendWr {
+            wr_id: 2,
+            op: SendOp::Write(at(4 * u64::from(MIB))),
+            sges: vec![sge(&local, 4 * u64::from(MIB), MIB)],
+            signaled: true,
+        },
+    );
     // Wait until part of the READ response has arrived (so the READ request was accepted).
-    assert!(sim.c.run_until(1_000_000, |c| c.nodes[0].ep.stats().rx_datagrams >= 200), "seed {seed}");
+    assert!(
+        sim.c
+            .run_until(1_000_000, |c| c.nodes[0].ep.stats().rx_datagrams >= 200),
+        "seed {seed}"
+    );
     let t0 = sim.c.now;
     sim.c.nodes.truncate(1);
     let got = sim.wait_cq(a, 2, 1_000_000);
     let st: Vec<_> = got.iter().map(|c| (c.wr_id, c.status)).collect();
-    assert_eq!(st, vec![(1, WcStatus::RetryExceeded), (2, WcStatus::Flushed)], "seed {seed}: the oldest work request fails, later ones are flushed");
+    assert_eq!(
+        st,
+        vec![(1, WcStatus::RetryExceeded), (2, WcStatus::Flushed)],
+        "seed {seed}: the oldest work request fails, later ones are flushed"
+    );
     assert!(sim.c.now.nanos_since(t0) < 1_000_000_000, "seed {seed}");
 }
 
@@ -562,20 +969,50 @@ fn both_directions_at_once_are_exact_under_loss() {
     // Each side writes its first MiB into the other's second, and reads the other's first
     // MiB into its own third.
     for (side, mine, theirs) in [(a, &ma, &mb), (b, &mb, &ma)] {
-        let at = |offset| RemoteAddr { rkey: theirs.keys.rkey, offset };
-        sim.post_send(side, SendWr { wr_id: 1, op: SendOp::Write(at(m)), sges: vec![sge(mine, 0, MIB)], signaled: true });
-        sim.post_send(side, SendWr { wr_id: 2, op: SendOp::Read(at(0)), sges: vec![sge(mine, 2 * m, MIB)], signaled: true });
+        let at = |offset| RemoteAddr {
+            rkey: theirs.keys.rkey,
+            offset,
+        };
+        sim.post_send(
+            side,
+            SendWr {
+                wr_id: 1,
+                op: SendOp::Write(at(m)),
+                sges: vec![sge(mine, 0, MIB)],
+                signaled: true,
+            },
+        );
+        sim.post_send(
+            side,
+            SendWr {
+                wr_id: 2,
+                op: SendOp::Read(at(0)),
+                sges: vec![sge(mine, 2 * m, MIB)],
+                signaled: true,
+            },
+        );
     }
     for side in [a, b] {
         let got = sim.wait_cq(side, 2, 2_000_000);
-        let st: Vec<_> = got.iter().map(|c| (c.wr_id, c.status, c.byte_len)).collect();
-        assert_eq!(st, vec![(1, WcStatus::Success, MIB), (2, WcStatus::Success, MIB)], "seed {seed}: node {}", side.node);
+        let st: Vec<_> = got
+            .iter()
+            .map(|c| (c.wr_id, c.status, c.byte_len))
+            .collect();
+        assert_eq!(
+            st,
+            vec![(1, WcStatus::Success, MIB), (2, WcStatus::Success, MIB)],
+            "seed {seed}: node {}",
+            side.node
+        );
     }
     let mi = MIB as usize;
     for (mr, init, other) in [(&ma, &ia, &ib), (&mb, &ib, &ia)] {
         let got = snapshot(&mr.region);
         assert!(got[..mi] == init[..mi], "seed {seed}: source MiB changed");
-        assert!(got[mi..2 * mi] == other[..mi], "seed {seed}: written MiB wrong");
+        assert!(
+            got[mi..2 * mi] == other[..mi],
+            "seed {seed}: written MiB wrong"
+        );
         assert!(got[2 * mi..] == other[..mi], "seed {seed}: read MiB wrong");
     }
 }
@@ -587,7 +1024,10 @@ fn several_qps_between_two_nodes_stay_independent_under_loss() {
     let mut c = braid::testing::Cluster::new(seed, 3, &cfg, hostile_link(0.05));
     let mut rng = rng(seed);
     // Four QP pairs: three from node 0 to node 1, one from node 2 to node 1.
-    let pairs: Vec<_> = [(0, 1), (0, 1), (0, 1), (2, 1)].iter().map(|&(x, y)| c.connect(x, y)).collect();
+    let pairs: Vec<_> = [(0, 1), (0, 1), (0, 1), (2, 1)]
+        .iter()
+        .map(|&(x, y)| c.connect(x, y))
+        .collect();
     let mut checks = Vec::new();
     for (i, (s, r)) in pairs.iter().enumerate() {
         let len = 200_000 + i * 1000;
@@ -596,20 +1036,41 @@ fn several_qps_between_two_nodes_stay_independent_under_loss() {
         rng.fill_bytes(&mut data);
         src.region.write(0, &data).expect("in bounds");
         let dst = c.alloc_mr(r, len, Access::REMOTE_WRITE | Access::LOCAL_WRITE);
-        let wr = SendWr { wr_id: i as u64, op: SendOp::Write(RemoteAddr { rkey: dst.keys.rkey, offset: 0 }), sges: vec![sge(&src, 0, len as u32)], signaled: true };
+        let wr = SendWr {
+            wr_id: i as u64,
+            op: SendOp::Write(RemoteAddr {
+                rkey: dst.keys.rkey,
+                offset: 0,
+            }),
+            sges: vec![sge(&src, 0, len as u32)],
+            signaled: true,
+        };
         c.nodes[s.node].ep.post_send(s.qp.qpn, wr).expect("post");
         checks.push((*s, dst, data));
     }
     let done = |c: &mut braid::testing::Cluster| checks_done(c, &pairs);
-    assert!(c.run_until(2_000_000, done), "seed {seed}: not every QP completed");
+    assert!(
+        c.run_until(2_000_000, done),
+        "seed {seed}: not every QP completed"
+    );
     for (i, (s, dst, data)) in checks.iter().enumerate() {
         let wc = c.poll_cq(s.node, s.cq).expect("one completion");
-        assert_eq!((wc.wr_id, wc.status, wc.qpn), (i as u64, WcStatus::Success, s.qp.qpn), "seed {seed}");
-        assert!(snapshot(&dst.region) == *data, "seed {seed}: QP pair {i} data");
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.qpn),
+            (i as u64, WcStatus::Success, s.qp.qpn),
+            "seed {seed}"
+        );
+        assert!(
+            snapshot(&dst.region) == *data,
+            "seed {seed}: QP pair {i} data"
+        );
     }
 }
 
-fn checks_done(c: &mut braid::testing::Cluster, pairs: &[(braid::testing::Side, braid::testing::Side)]) -> bool {
+fn checks_done(
+    c: &mut braid::testing::Cluster,
+    pairs: &[(braid::testing::Side, braid::testing::Side)],
+) -> bool {
     // Every pair uses its own CQ on the sending node.
     pairs.iter().all(|(s, _)| c.cq_len(s.node, s.cq) >= 1)
 }
@@ -621,31 +1082,96 @@ fn rnr_write_imm_is_retried_until_a_recv_is_posted() {
     let mut rng = rng(seed);
     let src = sim.random_mr(sim.a, 3000, Access::NONE, &mut rng);
     let dst = sim.c.alloc_mr(&sim.b.clone(), 3000, Access::REMOTE_WRITE);
-    let remote = RemoteAddr { rkey: dst.keys.rkey, offset: 0 };
-    sim.post_send(sim.a, SendWr { wr_id: 5, op: SendOp::WriteImm(remote, 77), sges: vec![sge(&src, 0, 3000)], signaled: true });
-    assert!(sim.c.run_until(100_000, |c| c.nodes[1].ep.stats().naks_sent >= 2), "seed {seed}: no RNR NAK");
-    sim.post_recv(sim.b, RecvWr { wr_id: 6, sges: vec![] });
+    let remote = RemoteAddr {
+        rkey: dst.keys.rkey,
+        offset: 0,
+    };
+    sim.post_send(
+        sim.a,
+        SendWr {
+            wr_id: 5,
+            op: SendOp::WriteImm(remote, 77),
+            sges: vec![sge(&src, 0, 3000)],
+            signaled: true,
+        },
+    );
+    assert!(
+        sim.c
+            .run_until(100_000, |c| c.nodes[1].ep.stats().naks_sent >= 2),
+        "seed {seed}: no RNR NAK"
+    );
+    sim.post_recv(
+        sim.b,
+        RecvWr {
+            wr_id: 6,
+            sges: vec![],
+        },
+    );
     let a = sim.wait_cq(sim.a, 1, 100_000);
-    assert_eq!((a[0].wr_id, a[0].status, a[0].opcode), (5, WcStatus::Success, WcOpcode::Write), "seed {seed}");
+    assert_eq!(
+        (a[0].wr_id, a[0].status, a[0].opcode),
+        (5, WcStatus::Success, WcOpcode::Write),
+        "seed {seed}"
+    );
     let b = sim.wait_cq(sim.b, 1, 100_000);
-    assert_eq!((b[0].wr_id, b[0].status, b[0].opcode, b[0].byte_len, b[0].imm), (6, WcStatus::Success, WcOpcode::RecvRdmaWithImm, 3000, Some(77)), "seed {seed}");
-    assert!(snapshot(&dst.region) == snapshot(&src.region), "seed {seed}");
+    assert_eq!(
+        (
+            b[0].wr_id,
+            b[0].status,
+            b[0].opcode,
+            b[0].byte_len,
+            b[0].imm
+        ),
+        (
+            6,
+            WcStatus::Success,
+            WcOpcode::RecvRdmaWithImm,
+            3000,
+            Some(77)
+        ),
+        "seed {seed}"
+    );
+    assert!(
+        snapshot(&dst.region) == snapshot(&src.region),
+        "seed {seed}"
+    );
 }
 
 #[test]
 fn rnr_retry_works_under_loss_and_reordering() {
     for s in 0..6 {
         let seed = seed(54 + s);
-        let cfg = braid::proto::EndpointConfig { rnr_retry_limit: 30, ..config(8, 20) };
+        let cfg = braid::proto::EndpointConfig {
+            rnr_retry_limit: 30,
+            ..config(8, 20)
+        };
         let mut sim = Sim::new(seed, &cfg, hostile_link(0.05));
         let (_src, data) = send_bytes(&mut sim, 20_000);
-        assert!(sim.c.run_until(100_000, |c| c.nodes[1].ep.stats().naks_sent >= 3), "seed {seed}: no RNR NAK");
+        assert!(
+            sim.c
+                .run_until(100_000, |c| c.nodes[1].ep.stats().naks_sent >= 3),
+            "seed {seed}: no RNR NAK"
+        );
         let dst = sim.c.alloc_mr(&sim.b.clone(), 20_000, Access::LOCAL_WRITE);
-        sim.post_recv(sim.b, RecvWr { wr_id: 6, sges: vec![sge(&dst, 0, 7000), sge(&dst, 7000, 13_000)] });
+        sim.post_recv(
+            sim.b,
+            RecvWr {
+                wr_id: 6,
+                sges: vec![sge(&dst, 0, 7000), sge(&dst, 7000, 13_000)],
+            },
+        );
         let a = sim.wait_cq(sim.a, 1, 1_000_000);
-        assert_eq!((a[0].wr_id, a[0].status), (5, WcStatus::Success), "seed {seed}");
+        assert_eq!(
+            (a[0].wr_id, a[0].status),
+            (5, WcStatus::Success),
+            "seed {seed}"
+        );
         let b = sim.wait_cq(sim.b, 1, 1_000_000);
-        assert_eq!((b[0].wr_id, b[0].status, b[0].byte_len), (6, WcStatus::Success, 20_000), "seed {seed}");
+        assert_eq!(
+            (b[0].wr_id, b[0].status, b[0].byte_len),
+            (6, WcStatus::Success, 20_000),
+            "seed {seed}"
+        );
         assert!(snapshot(&dst.region) == data, "seed {seed}");
     }
 }
@@ -657,16 +1183,39 @@ fn unsignaled_work_requests_complete_silently_unless_they_fail() {
     let mut rng = rng(seed);
     let src = sim.random_mr(sim.a, 64 * 1024, Access::LOCAL_WRITE, &mut rng);
     let dst = sim.random_mr(sim.b, 64 * 1024, Access::REMOTE_WRITE, &mut rng);
-    let remote = |offset| RemoteAddr { rkey: dst.keys.rkey, offset };
+    let remote = |offset| RemoteAddr {
+        rkey: dst.keys.rkey,
+        offset,
+    };
     for i in 0..10u64 {
         let signaled = i == 9;
-        sim.post_send(sim.a, SendWr { wr_id: i, op: SendOp::Write(remote(i * 5000)), sges: vec![sge(&src, i * 5000, 5000)], signaled });
+        sim.post_send(
+            sim.a,
+            SendWr {
+                wr_id: i,
+                op: SendOp::Write(remote(i * 5000)),
+                sges: vec![sge(&src, i * 5000, 5000)],
+                signaled,
+            },
+        );
     }
     // Then one that fails (a READ from a region without REMOTE_READ), unsignaled.
-    sim.post_send(sim.a, SendWr { wr_id: 10, op: SendOp::Read(remote(0)), sges: vec![sge(&src, 0, 8)], signaled: false });
+    sim.post_send(
+        sim.a,
+        SendWr {
+            wr_id: 10,
+            op: SendOp::Read(remote(0)),
+            sges: vec![sge(&src, 0, 8)],
+            signaled: false,
+        },
+    );
     let got = sim.wait_cq(sim.a, 2, 1_000_000);
     let st: Vec<_> = got.iter().map(|c| (c.wr_id, c.status)).collect();
-    assert_eq!(st, vec![(9, WcStatus::Success), (10, WcStatus::RemoteAccessError)], "seed {seed}");
+    assert_eq!(
+        st,
+        vec![(9, WcStatus::Success), (10, WcStatus::RemoteAccessError)],
+        "seed {seed}"
+    );
     sim.c.run_until(100_000, |c| c.next_event().is_none());
     assert_eq!(sim.drain_cq(sim.a), vec![], "seed {seed}");
 }

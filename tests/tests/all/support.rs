@@ -3,16 +3,17 @@
 use std::sync::Arc;
 
 use braid::datapath::sim::LinkConfig;
-use braid::proto::{
-    Access, Completion, EndpointConfig, PostError, RecvWr, Region, SendWr, Sge,
-};
+use braid::proto::{Access, Completion, EndpointConfig, PostError, RecvWr, Region, SendWr, Sge};
 use braid::testing::{Cluster, Mr, Side};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 
 /// The seed for a simulated test: `BRAID_SEED` if set (to replay a failure), else `default`.
 pub fn seed(default: u64) -> u64 {
-    std::env::var("BRAID_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+    std::env::var("BRAID_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
 }
 
 /// A seeded generator for test data, independent of the network's.
@@ -42,7 +43,11 @@ pub fn hostile_link(loss: f64) -> LinkConfig {
 /// Engine settings for simulated tests: `paths` paths, and `retry_limit` consecutive
 /// timeouts before a QP gives up.
 pub fn config(paths: u16, retry_limit: u32) -> EndpointConfig {
-    EndpointConfig { paths, retry_limit, ..EndpointConfig::default() }
+    EndpointConfig {
+        paths,
+        retry_limit,
+        ..EndpointConfig::default()
+    }
 }
 
 /// Two nodes (0 = requester `a`, 1 = responder `b`) with one connected QP pair.
@@ -65,7 +70,13 @@ impl Sim {
     }
 
     /// A region on `side`, filled with seeded random bytes.
-    pub fn random_mr(&mut self, side: Side, len: usize, access: Access, rng: &mut ChaCha8Rng) -> Mr {
+    pub fn random_mr(
+        &mut self,
+        side: Side,
+        len: usize,
+        access: Access,
+        rng: &mut ChaCha8Rng,
+    ) -> Mr {
         let mr = self.c.alloc_mr(&side, len, access);
         let mut bytes = vec![0u8; len];
         rng.fill_bytes(&mut bytes);
@@ -80,7 +91,8 @@ impl Sim {
     pub fn post_send(&mut self, side: Side, wr: SendWr) {
         let seed = self.seed;
         let id = wr.wr_id;
-        self.try_post_send(side, wr).unwrap_or_else(|e| panic!("seed {seed}: post_send wr {id}: {e}"));
+        self.try_post_send(side, wr)
+            .unwrap_or_else(|e| panic!("seed {seed}: post_send wr {id}: {e}"));
     }
 
     pub fn post_recv(&mut self, side: Side, wr: RecvWr) {
@@ -128,7 +140,11 @@ impl Sim {
 
 /// A scatter/gather entry.
 pub fn sge(mr: &Mr, offset: u64, len: u32) -> Sge {
-    Sge { lkey: mr.keys.lkey, offset, len }
+    Sge {
+        lkey: mr.keys.lkey,
+        offset,
+        len,
+    }
 }
 
 /// The whole content of a region.

@@ -1,13 +1,20 @@
 //! The wire format: round trips, golden bytes written by hand from the header diagrams in
 //! `braid_proto::wire`, and rejection of truncated, corrupted, inconsistent and random input.
 use braid_proto::wire::{
-    self, Ack, AtomicResponse, Body, Error, Header, Kind, Nak, Op, Packet, ReadResponse, Request,
-    Syndrome, FLAG_RETRANSMIT, HEADER_LEN, SACK_BITS, TRAILER_LEN,
+    self, Ack, AtomicResponse, Body, Error, FLAG_RETRANSMIT, HEADER_LEN, Header, Kind, Nak, Op,
+    Packet, ReadResponse, Request, SACK_BITS, Syndrome, TRAILER_LEN,
 };
 use proptest::prelude::*;
 
-const ALL_OPS: [Op; 7] =
-    [Op::Send, Op::SendImm, Op::Write, Op::WriteImm, Op::Read, Op::FetchAdd, Op::CompareSwap];
+const ALL_OPS: [Op; 7] = [
+    Op::Send,
+    Op::SendImm,
+    Op::Write,
+    Op::WriteImm,
+    Op::Read,
+    Op::FetchAdd,
+    Op::CompareSwap,
+];
 
 fn header(kind: Kind) -> Header {
     Header {
@@ -24,8 +31,10 @@ fn header(kind: Kind) -> Header {
 /// Emits a packet into a fresh vector.
 fn emit(h: &Header, body: &Body, payload: &[u8]) -> Vec<u8> {
     let mut buf = vec![0u8; wire::packet_len(body, payload.len())];
-    let n = wire::emit(&mut buf, h, body, payload.len(), |p| p.copy_from_slice(payload))
-        .expect("buffer sized by packet_len");
+    let n = wire::emit(&mut buf, h, body, payload.len(), |p| {
+        p.copy_from_slice(payload)
+    })
+    .expect("buffer sized by packet_len");
     assert_eq!(n, buf.len(), "emit wrote the length packet_len announced");
     buf
 }
@@ -44,11 +53,32 @@ fn request(op: Op) -> (Request, Vec<u8>) {
         Op::FetchAdd | Op::CompareSwap => (8, 0, (1..=16).collect()),
         _ => (5000, 1400, (0..100u8).map(|i| i.wrapping_mul(37)).collect()),
     };
-    let imm = if matches!(op, Op::SendImm | Op::WriteImm) { 0xdead_beef } else { 0 };
+    let imm = if matches!(op, Op::SendImm | Op::WriteImm) {
+        0xdead_beef
+    } else {
+        0
+    };
     let ssn = if op.consumes_recv() { 77 } else { 0 };
-    let rkey = if matches!(op, Op::Send | Op::SendImm) { 0 } else { 0x1357_9bdf };
-    let remote_offset = if matches!(op, Op::Send | Op::SendImm) { 0 } else { 0x0000_0001_0000_0008 };
-    let r = Request { op, msn: 9, ssn, imm, rkey, msg_len, offset, remote_offset };
+    let rkey = if matches!(op, Op::Send | Op::SendImm) {
+        0
+    } else {
+        0x1357_9bdf
+    };
+    let remote_offset = if matches!(op, Op::Send | Op::SendImm) {
+        0
+    } else {
+        0x0000_0001_0000_0008
+    };
+    let r = Request {
+        op,
+        msn: 9,
+        ssn,
+        imm,
+        rkey,
+        msg_len,
+        offset,
+        remote_offset,
+    };
     (r, payload)
 }
 
@@ -56,7 +86,14 @@ fn sample_ack() -> Ack {
     let mut sack = [0u8; SACK_BITS as usize / 8];
     sack[0] = 0b1010_0001;
     sack[31] = 0x80;
-    Ack { cum_psn: 1000, echo_psn: 1003, echo_ts_ns: 123_456_789, hold_ns: 4321, ce_count: 7, sack }
+    Ack {
+        cum_psn: 1000,
+        echo_psn: 1003,
+        echo_ts_ns: 123_456_789,
+        hold_ns: 4321,
+        ce_count: 7,
+        sack,
+    }
 }
 
 /// One valid packet of every kind and every request op, with its payload.
@@ -70,15 +107,25 @@ fn samples() -> Vec<(Header, Body, Vec<u8>)> {
         .collect();
     v.push((
         header(Kind::ReadResponse),
-        Body::ReadResponse(ReadResponse { msn: 3, offset: 2816, msg_len: 4000 }),
+        Body::ReadResponse(ReadResponse {
+            msn: 3,
+            offset: 2816,
+            msg_len: 4000,
+        }),
         vec![0x5a; 1184],
     ));
     v.push((
         header(Kind::AtomicResponse),
-        Body::AtomicResponse(AtomicResponse { msn: 4, original: u64::MAX - 1 }),
+        Body::AtomicResponse(AtomicResponse {
+            msn: 4,
+            original: u64::MAX - 1,
+        }),
         vec![],
     ));
-    let ack = Header { psn: 0, ..header(Kind::Ack) };
+    let ack = Header {
+        psn: 0,
+        ..header(Kind::Ack)
+    };
     v.push((ack, Body::Ack(sample_ack()), vec![]));
     for syndrome in [
         Syndrome::ReceiverNotReady,
@@ -86,8 +133,19 @@ fn samples() -> Vec<(Header, Body, Vec<u8>)> {
         Syndrome::InvalidRequest,
         Syndrome::RemoteOperation,
     ] {
-        let h = Header { psn: 0, ..header(Kind::Nak) };
-        v.push((h, Body::Nak(Nak { psn: 55, msn: 6, syndrome }), vec![]));
+        let h = Header {
+            psn: 0,
+            ..header(Kind::Nak)
+        };
+        v.push((
+            h,
+            Body::Nak(Nak {
+                psn: 55,
+                msn: 6,
+                syndrome,
+            }),
+            vec![],
+        ));
     }
     v
 }
@@ -118,10 +176,19 @@ fn request_round_trips_with_extreme_field_values() {
             r.msg_len = u32::MAX;
             r.offset = u32::MAX - payload.len() as u32;
         }
-        let h = Header { dst_qpn: u32::MAX, src_qpn: 0, psn: u32::MAX, send_ts_ns: u64::MAX, ..header(Kind::Request) };
+        let h = Header {
+            dst_qpn: u32::MAX,
+            src_qpn: 0,
+            psn: u32::MAX,
+            send_ts_ns: u64::MAX,
+            ..header(Kind::Request)
+        };
         let bytes = emit(&h, &Body::Request(r), &payload);
         let p = Packet::parse(&bytes).expect("valid");
-        assert_eq!((p.header, p.body, p.payload), (h, Body::Request(r), &payload[..]));
+        assert_eq!(
+            (p.header, p.body, p.payload),
+            (h, Body::Request(r), &payload[..])
+        );
     }
 }
 
@@ -164,9 +231,19 @@ fn golden_request_write_imm() {
         0xaa, 0xbb, 0xcc, // payload
     ]);
     let expect = with_crc(expect);
-    assert_eq!(emit(&header(Kind::Request), &Body::Request(r), &[0xaa, 0xbb, 0xcc]), expect);
+    assert_eq!(
+        emit(
+            &header(Kind::Request),
+            &Body::Request(r),
+            &[0xaa, 0xbb, 0xcc]
+        ),
+        expect
+    );
     let p = Packet::parse(&expect).expect("golden bytes parse");
-    assert_eq!((p.body, p.payload), (Body::Request(r), &[0xaa, 0xbb, 0xcc][..]));
+    assert_eq!(
+        (p.body, p.payload),
+        (Body::Request(r), &[0xaa, 0xbb, 0xcc][..])
+    );
 }
 
 #[test]
@@ -196,13 +273,23 @@ fn golden_request_compare_swap() {
         0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d, 0x1e, 0x1f, // compare
     ]);
     let expect = with_crc(expect);
-    assert_eq!(emit(&header(Kind::Request), &Body::Request(r), &operands), expect);
-    assert_eq!(Packet::parse(&expect).expect("golden").body, Body::Request(r));
+    assert_eq!(
+        emit(&header(Kind::Request), &Body::Request(r), &operands),
+        expect
+    );
+    assert_eq!(
+        Packet::parse(&expect).expect("golden").body,
+        Body::Request(r)
+    );
 }
 
 #[test]
 fn golden_read_response() {
-    let r = ReadResponse { msn: 0x0a0b_0c0d, offset: 0x0000_0584, msg_len: 0x0001_0000 };
+    let r = ReadResponse {
+        msn: 0x0a0b_0c0d,
+        offset: 0x0000_0584,
+        msg_len: 0x0001_0000,
+    };
     let mut expect = common_bytes(2, PSN);
     expect.extend_from_slice(&[
         0x0a, 0x0b, 0x0c, 0x0d, // MSN
@@ -212,13 +299,26 @@ fn golden_read_response() {
         0x42, 0x43, // payload
     ]);
     let expect = with_crc(expect);
-    assert_eq!(emit(&header(Kind::ReadResponse), &Body::ReadResponse(r), &[0x42, 0x43]), expect);
-    assert_eq!(Packet::parse(&expect).expect("golden").body, Body::ReadResponse(r));
+    assert_eq!(
+        emit(
+            &header(Kind::ReadResponse),
+            &Body::ReadResponse(r),
+            &[0x42, 0x43]
+        ),
+        expect
+    );
+    assert_eq!(
+        Packet::parse(&expect).expect("golden").body,
+        Body::ReadResponse(r)
+    );
 }
 
 #[test]
 fn golden_atomic_response() {
-    let r = AtomicResponse { msn: 0x0000_0102, original: 0x8877_6655_4433_2211 };
+    let r = AtomicResponse {
+        msn: 0x0000_0102,
+        original: 0x8877_6655_4433_2211,
+    };
     let mut expect = common_bytes(3, PSN);
     expect.extend_from_slice(&[
         0x00, 0x00, 0x01, 0x02, // MSN
@@ -226,14 +326,23 @@ fn golden_atomic_response() {
         0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, // original value
     ]);
     let expect = with_crc(expect);
-    assert_eq!(emit(&header(Kind::AtomicResponse), &Body::AtomicResponse(r), &[]), expect);
-    assert_eq!(Packet::parse(&expect).expect("golden").body, Body::AtomicResponse(r));
+    assert_eq!(
+        emit(&header(Kind::AtomicResponse), &Body::AtomicResponse(r), &[]),
+        expect
+    );
+    assert_eq!(
+        Packet::parse(&expect).expect("golden").body,
+        Body::AtomicResponse(r)
+    );
 }
 
 #[test]
 fn golden_ack() {
     let a = sample_ack();
-    let h = Header { psn: 0, ..header(Kind::Ack) };
+    let h = Header {
+        psn: 0,
+        ..header(Kind::Ack)
+    };
     let mut expect = common_bytes(4, [0, 0, 0, 0]);
     expect.extend_from_slice(&[
         0x00, 0x00, 0x03, 0xe8, // cumulative PSN 1000
@@ -258,8 +367,15 @@ fn golden_ack() {
 
 #[test]
 fn golden_nak() {
-    let n = Nak { psn: 0x0000_0037, msn: 0x0000_0006, syndrome: Syndrome::RemoteAccess };
-    let h = Header { psn: 0, ..header(Kind::Nak) };
+    let n = Nak {
+        psn: 0x0000_0037,
+        msn: 0x0000_0006,
+        syndrome: Syndrome::RemoteAccess,
+    };
+    let h = Header {
+        psn: 0,
+        ..header(Kind::Nak)
+    };
     let mut expect = common_bytes(5, [0, 0, 0, 0]);
     expect.extend_from_slice(&[
         0x00, 0x00, 0x00, 0x37, // refused PSN
@@ -288,7 +404,17 @@ fn golden_op_and_syndrome_codes() {
         Syndrome::RemoteOperation,
     ]
     .iter()
-    .map(|&syndrome| emit(&header(Kind::Nak), &Body::Nak(Nak { psn: 0, msn: 0, syndrome }), &[])[HEADER_LEN + 8])
+    .map(|&syndrome| {
+        emit(
+            &header(Kind::Nak),
+            &Body::Nak(Nak {
+                psn: 0,
+                msn: 0,
+                syndrome,
+            }),
+            &[],
+        )[HEADER_LEN + 8]
+    })
     .collect();
     assert_eq!(syn, vec![1, 2, 3, 4]);
 }
@@ -298,7 +424,10 @@ fn truncated_packets_at_every_length_are_rejected() {
     for (h, body, payload) in samples() {
         let bytes = emit(&h, &body, &payload);
         for len in 0..bytes.len() {
-            assert!(Packet::parse(&bytes[..len]).is_err(), "{body:?} cut to {len} bytes parsed");
+            assert!(
+                Packet::parse(&bytes[..len]).is_err(),
+                "{body:?} cut to {len} bytes parsed"
+            );
         }
     }
 }
@@ -310,7 +439,11 @@ fn truncated_headers_with_a_valid_crc_are_truncated() {
         let headers = HEADER_LEN + body.len();
         for len in 0..headers {
             let cut = with_crc(bytes[..len].to_vec());
-            assert_eq!(Packet::parse(&cut), Err(Error::Truncated), "{body:?} headers cut to {len} bytes");
+            assert_eq!(
+                Packet::parse(&cut),
+                Err(Error::Truncated),
+                "{body:?} headers cut to {len} bytes"
+            );
         }
     }
 }
@@ -332,19 +465,68 @@ fn inconsistent() -> Vec<(&'static str, Body, usize)> {
     let (send, _) = request(Op::Send);
     let (read, _) = request(Op::Read);
     let (fadd, _) = request(Op::FetchAdd);
-    let rresp = ReadResponse { msn: 1, offset: 100, msg_len: 150 };
+    let rresp = ReadResponse {
+        msn: 1,
+        offset: 100,
+        msg_len: 150,
+    };
     vec![
-        ("send past its message length", Body::Request(Request { offset: 4990, ..send }), 11),
-        ("send with offset wrapping u32", Body::Request(Request { offset: u32::MAX, msg_len: u32::MAX, ..send }), 1),
+        (
+            "send past its message length",
+            Body::Request(Request {
+                offset: 4990,
+                ..send
+            }),
+            11,
+        ),
+        (
+            "send with offset wrapping u32",
+            Body::Request(Request {
+                offset: u32::MAX,
+                msg_len: u32::MAX,
+                ..send
+            }),
+            1,
+        ),
         ("read carrying payload", Body::Request(read), 1),
-        ("fetch-add with msg_len 9", Body::Request(Request { msg_len: 9, ..fadd }), 16),
+        (
+            "fetch-add with msg_len 9",
+            Body::Request(Request { msg_len: 9, ..fadd }),
+            16,
+        ),
         ("fetch-add with 15 operand bytes", Body::Request(fadd), 15),
         ("fetch-add with 17 operand bytes", Body::Request(fadd), 17),
-        ("compare-swap with no operands", Body::Request(Request { op: Op::CompareSwap, ..fadd }), 0),
-        ("read response past its length", Body::ReadResponse(rresp), 51),
-        ("atomic response with payload", Body::AtomicResponse(AtomicResponse { msn: 1, original: 2 }), 1),
+        (
+            "compare-swap with no operands",
+            Body::Request(Request {
+                op: Op::CompareSwap,
+                ..fadd
+            }),
+            0,
+        ),
+        (
+            "read response past its length",
+            Body::ReadResponse(rresp),
+            51,
+        ),
+        (
+            "atomic response with payload",
+            Body::AtomicResponse(AtomicResponse {
+                msn: 1,
+                original: 2,
+            }),
+            1,
+        ),
         ("ack with payload", Body::Ack(sample_ack()), 4),
-        ("nak with payload", Body::Nak(Nak { psn: 1, msn: 1, syndrome: Syndrome::RemoteAccess }), 8),
+        (
+            "nak with payload",
+            Body::Nak(Nak {
+                psn: 1,
+                msn: 1,
+                syndrome: Syndrome::RemoteAccess,
+            }),
+            8,
+        ),
     ]
 }
 
@@ -359,9 +541,16 @@ fn inconsistent_length_fields_are_bad_length() {
 #[test]
 fn length_fields_at_their_limit_are_accepted() {
     let (send, _) = request(Op::Send);
-    let at_limit = Body::Request(Request { offset: 4990, ..send });
+    let at_limit = Body::Request(Request {
+        offset: 4990,
+        ..send
+    });
     assert!(Packet::parse(&emit(&header(Kind::Request), &at_limit, &[1; 10])).is_ok());
-    let rresp = Body::ReadResponse(ReadResponse { msn: 1, offset: 100, msg_len: 150 });
+    let rresp = Body::ReadResponse(ReadResponse {
+        msn: 1,
+        offset: 100,
+        msg_len: 150,
+    });
     assert!(Packet::parse(&emit(&header(Kind::ReadResponse), &rresp, &[1; 50])).is_ok());
 }
 
@@ -380,11 +569,23 @@ fn unknown_version_kind_op_and_syndrome_are_rejected() {
     assert_eq!(Packet::parse(&refit(1, 6)), Err(Error::BadKind));
     assert_eq!(Packet::parse(&refit(HEADER_LEN, 7)), Err(Error::BadOp));
     assert_eq!(Packet::parse(&refit(HEADER_LEN, 0xff)), Err(Error::BadOp));
-    let nak = emit(&header(Kind::Nak), &Body::Nak(Nak { psn: 1, msn: 1, syndrome: Syndrome::RemoteAccess }), &[]);
+    let nak = emit(
+        &header(Kind::Nak),
+        &Body::Nak(Nak {
+            psn: 1,
+            msn: 1,
+            syndrome: Syndrome::RemoteAccess,
+        }),
+        &[],
+    );
     for bad in [0u8, 5, 0xff] {
         let mut b = nak[..nak.len() - TRAILER_LEN].to_vec();
         b[HEADER_LEN + 8] = bad;
-        assert_eq!(Packet::parse(&with_crc(b)), Err(Error::BadSyndrome), "syndrome {bad}");
+        assert_eq!(
+            Packet::parse(&with_crc(b)),
+            Err(Error::BadSyndrome),
+            "syndrome {bad}"
+        );
     }
 }
 
@@ -393,7 +594,9 @@ fn emit_into_a_short_buffer_is_buffer_too_small() {
     let (r, p) = request(Op::Send);
     let body = Body::Request(r);
     let mut buf = vec![0u8; wire::packet_len(&body, p.len()) - 1];
-    let res = wire::emit(&mut buf, &header(Kind::Request), &body, p.len(), |_| panic!("must not fill"));
+    let res = wire::emit(&mut buf, &header(Kind::Request), &body, p.len(), |_| {
+        panic!("must not fill")
+    });
     assert_eq!(res, Err(Error::BufferTooSmall));
 }
 

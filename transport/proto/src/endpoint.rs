@@ -38,6 +38,10 @@ const MAX_PENDING_NAKS: usize = 64;
 const MAX_RESPONSE_JOBS: usize = 1024;
 /// Lower bound of the reordering window used by time-based loss detection, ns.
 const REO_WND_MIN_NS: u64 = 20_000;
+/// Largest multiplier of the reordering window (it grows when losses prove spurious).
+const REO_MULT_MAX: u32 = 64;
+/// Packets acknowledged without a spurious loss before the reordering window shrinks a step.
+const REO_DECAY_ACKS: u32 = 4096;
 /// Largest RTO backoff exponent.
 const MAX_BACKOFF_SHIFT: u32 = 10;
 
@@ -119,11 +123,17 @@ impl Shared {
         offset: u64,
         len: u64,
     ) -> Result<Arc<Region>, Syndrome> {
-        let mr = self.rkeys.get(&rkey).and_then(|l| self.mrs.get(l)).ok_or(Syndrome::RemoteAccess)?;
+        let mr = self
+            .rkeys
+            .get(&rkey)
+            .and_then(|l| self.mrs.get(l))
+            .ok_or(Syndrome::RemoteAccess)?;
         if mr.pd != pd || !mr.access.contains(need) {
             return Err(Syndrome::RemoteAccess);
         }
-        mr.region.check(offset, len).map_err(|_| Syndrome::RemoteAccess)?;
+        mr.region
+            .check(offset, len)
+            .map_err(|_| Syndrome::RemoteAccess)?;
         Ok(mr.region.clone())
     }
 
@@ -191,7 +201,10 @@ fn scatter(segs: &[Seg], mut off: u64, data: &[u8]) -> bool {
             continue;
         }
         let n = ((len - off) as usize).min(data.len() - done);
-        if s.region.write(s.offset + off, &data[done..done + n]).is_err() {
+        if s.region
+            .write(s.offset + off, &data[done..done + n])
+            .is_err()
+        {
             return false;
         }
         done += n;
@@ -233,7 +246,9 @@ impl SendWqe {
     }
 
     fn awaits_response(&self) -> bool {
-        self.packetized && matches!(self.op, Op::Read | Op::FetchAdd | Op::CompareSwap) && !self.is_done()
+        self.packetized
+            && matches!(self.op, Op::Read | Op::FetchAdd | Op::CompareSwap)
+            && !self.is_done()
     }
 
     fn opcode(&self) -> WcOpcode {
@@ -261,9 +276,23 @@ struct RecvWqe {
 
 #[derive(Debug)]
 enum SentWhat {
-    Req { msn: u32, offset: u32, len: u32 },
-    ReadResp { msn: u32, region: Arc<Region>, base: u64, offset: u32, len: u32, msg_len: u32 },
-    AtomicResp { msn: u32, original: u64 },
+    Req {
+        msn: u32,
+        offset: u32,
+        len: u32,
+    },
+    ReadResp {
+        msn: u32,
+        region: Arc<Region>,
+        base: u64,
+        offset: u32,
+        len: u32,
+        msg_len: u32,
+    },
+    AtomicResp {
+        msn: u32,
+        original: u64,
+    },
 }
 
 #[derive(Debug)]
@@ -276,13 +305,24 @@ struct SentPkt {
     acked: bool,
     /// Declared lost and not yet sent again (in `rtx` or `held`).
     lost: bool,
+    /// Sent more than once: an acknowledgement may be for an earlier copy.
+    retransmitted: bool,
     hold_until: Timestamp,
 }
 
 #[derive(Debug)]
 enum RespJob {
-    Read { msn: u32, region: Arc<Region>, base: u64, msg_len: u32, next_offset: u32 },
-    Atomic { msn: u32, original: u64 },
+    Read {
+        msn: u32,
+        region: Arc<Region>,
+        base: u64,
+        msg_len: u32,
+        next_offset: u32,
+    },
+    Atomic {
+        msn: u32,
+        original: u64,
+    },
 }
 
 #[derive(Debug, Default)]
@@ -339,6 +379,14 @@ struct Qp {
     backoff: u32,
     consecutive_rto: u32,
     rack_ts: Timestamp,
+    /// Round trip of the packet that set `rack_ts`: it includes the queueing that packets
+    /// sent around the same time meet, which a smoothed RTT averages away.
+    rack_rtt_ns: u64,
+    /// When the reorder timer of loss detection fires.
+    reorder_deadline: Option<Timestamp>,
+    reo_mult: u32,
+    reo_bumped_at: Timestamp,
+    acks_since_spurious: u32,
     cc: Box<dyn Controller>,
     path_cursor: u16,
     peer_ce_seen: u32,
@@ -372,7 +420,10 @@ pub struct Endpoint {
 
 impl core::fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Endpoint").field("local", &self.local).field("qps", &self.qps.len()).finish()
+        f.debug_struct("Endpoint")
+            .field("local", &self.local)
+            .field("qps", &self.qps.len())
+            .finish()
     }
 }
 
@@ -386,7 +437,8 @@ impl Endpoint {
         cfg.max_recv_wr = cfg.max_recv_wr.clamp(1, MAX_RECV_WR);
         let min_dgram = wire::HEADER_LEN + wire::MAX_BODY_LEN + wire::TRAILER_LEN + 64;
         cfg.max_datagram = cfg.max_datagram.clamp(min_dgram, 65_507);
-        let overhead = |body: usize| (cfg.max_datagram - wire::HEADER_LEN - body - wire::TRAILER_LEN) as u32;
+        let overhead =
+            |body: usize| (cfg.max_datagram - wire::HEADER_LEN - body - wire::TRAILER_LEN) as u32;
         let sh = Shared {
             rng: ChaCha8Rng::seed_from_u64(cfg.seed),
             req_chunk: overhead(wire::REQUEST_LEN),
@@ -398,7 +450,16 @@ impl Endpoint {
             completions: VecDeque::new(),
             stats: EndpointStats::default(),
         };
-        Endpoint { local, sh, qps: HashMap::new(), order: Vec::new(), cursor: 0, pds: HashMap::new(), cqs: Vec::new(), next_id: 1 }
+        Endpoint {
+            local,
+            sh,
+            qps: HashMap::new(),
+            order: Vec::new(),
+            cursor: 0,
+            pds: HashMap::new(),
+            cqs: Vec::new(),
+            next_id: 1,
+        }
     }
 
     /// The device address this endpoint was created for.
@@ -459,7 +520,12 @@ impl Endpoint {
     }
 
     /// Registers `region` in `pd` with `access` rights; returns fresh random keys.
-    pub fn register(&mut self, pd: PdId, region: Arc<Region>, access: Access) -> Result<MrKeys, ResourceError> {
+    pub fn register(
+        &mut self,
+        pd: PdId,
+        region: Arc<Region>,
+        access: Access,
+    ) -> Result<MrKeys, ResourceError> {
         let users = self.pds.get_mut(&pd.0).ok_or(ResourceError::UnknownPd)?;
         *users += 1;
         let lkey = loop {
@@ -474,7 +540,15 @@ impl Endpoint {
                 break k;
             }
         };
-        self.sh.mrs.insert(lkey, Mr { region, pd: pd.0, access, rkey });
+        self.sh.mrs.insert(
+            lkey,
+            Mr {
+                region,
+                pd: pd.0,
+                access,
+                rkey,
+            },
+        );
         self.sh.rkeys.insert(rkey, lkey);
         Ok(MrKeys { lkey, rkey })
     }
@@ -491,7 +565,12 @@ impl Endpoint {
     }
 
     /// Creates a QP in `pd` reporting to `send_cq` and `recv_cq`. It starts in `Init`.
-    pub fn create_qp(&mut self, pd: PdId, send_cq: CqId, recv_cq: CqId) -> Result<QpInfo, ResourceError> {
+    pub fn create_qp(
+        &mut self,
+        pd: PdId,
+        send_cq: CqId,
+        recv_cq: CqId,
+    ) -> Result<QpInfo, ResourceError> {
         if !self.pds.contains_key(&pd.0) {
             return Err(ResourceError::UnknownPd);
         }
@@ -535,6 +614,11 @@ impl Endpoint {
             backoff: 0,
             consecutive_rto: 0,
             rack_ts: Timestamp::ZERO,
+            rack_rtt_ns: 0,
+            reorder_deadline: None,
+            reo_mult: 1,
+            reo_bumped_at: Timestamp::ZERO,
+            acks_since_spurious: 0,
             cc,
             path_cursor: (self.sh.rng.next_u32() % u32::from(self.sh.cfg.paths)) as u16,
             peer_ce_seen: 0,
@@ -555,12 +639,20 @@ impl Endpoint {
         if let Some(n) = self.pds.get_mut(&pd.0) {
             *n += 1;
         }
-        Ok(QpInfo { addr: self.local, qpn, psn })
+        Ok(QpInfo {
+            addr: self.local,
+            qpn,
+            psn,
+        })
     }
 
     /// What a peer needs to connect to `qpn`.
     pub fn qp_info(&self, qpn: u32) -> Option<QpInfo> {
-        self.qps.get(&qpn).map(|q| QpInfo { addr: self.local, qpn, psn: q.initial_psn })
+        self.qps.get(&qpn).map(|q| QpInfo {
+            addr: self.local,
+            qpn,
+            psn: q.initial_psn,
+        })
     }
 
     /// Connects `qpn` (in `Init`) to the peer QP described by `peer`.
@@ -622,9 +714,15 @@ impl Endpoint {
             if !mr.access.contains(need) {
                 return Err(PostError::NoLocalWrite);
             }
-            mr.region.check(s.offset, u64::from(s.len)).map_err(|_| PostError::OutOfBounds)?;
+            mr.region
+                .check(s.offset, u64::from(s.len))
+                .map_err(|_| PostError::OutOfBounds)?;
             total += u64::from(s.len);
-            segs.push(Seg { region: mr.region.clone(), offset: s.offset, len: s.len });
+            segs.push(Seg {
+                region: mr.region.clone(),
+                offset: s.offset,
+                len: s.len,
+            });
         }
         let total = u32::try_from(total).map_err(|_| PostError::TooManySges)?;
         Ok((segs, total))
@@ -650,9 +748,17 @@ impl Endpoint {
             SendOp::WriteImm(r, i) => (Op::WriteImm, r, i, (0, 0)),
             SendOp::Read(r) => (Op::Read, r, 0, (0, 0)),
             SendOp::FetchAdd(r, add) => (Op::FetchAdd, r, 0, (add, 0)),
-            SendOp::CompareSwap { remote, compare, swap } => (Op::CompareSwap, remote, 0, (swap, compare)),
+            SendOp::CompareSwap {
+                remote,
+                compare,
+                swap,
+            } => (Op::CompareSwap, remote, 0, (swap, compare)),
         };
-        let need = if matches!(op, Op::Read | Op::FetchAdd | Op::CompareSwap) { Access::LOCAL_WRITE } else { Access::NONE };
+        let need = if matches!(op, Op::Read | Op::FetchAdd | Op::CompareSwap) {
+            Access::LOCAL_WRITE
+        } else {
+            Access::NONE
+        };
         let (segs, len) = self.resolve(pd, &wr.sges, need)?;
         if op.is_atomic() && (segs.len() != 1 || len != 8 || remote.offset % 8 != 0) {
             return Err(PostError::BadAtomic);
@@ -690,7 +796,14 @@ impl Endpoint {
         };
         if state == QpState::Error {
             qp.sq_base_msn = qp.next_msn;
-            let c = Completion { wr_id: wqe.wr_id, status: WcStatus::Flushed, opcode: wqe.opcode(), byte_len: 0, imm: None, qpn };
+            let c = Completion {
+                wr_id: wqe.wr_id,
+                status: WcStatus::Flushed,
+                opcode: wqe.opcode(),
+                byte_len: 0,
+                imm: None,
+                qpn,
+            };
             self.sh.complete(qp.send_cq, c);
             return Ok(());
         }
@@ -711,11 +824,26 @@ impl Endpoint {
         let (segs, cap) = self.resolve(pd, &wr.sges, Access::LOCAL_WRITE)?;
         let qp = self.qps.get_mut(&qpn).ok_or(PostError::UnknownQp)?;
         if state == QpState::Error {
-            let c = Completion { wr_id: wr.wr_id, status: WcStatus::Flushed, opcode: WcOpcode::Recv, byte_len: 0, imm: None, qpn };
+            let c = Completion {
+                wr_id: wr.wr_id,
+                status: WcStatus::Flushed,
+                opcode: WcOpcode::Recv,
+                byte_len: 0,
+                imm: None,
+                qpn,
+            };
             self.sh.complete(qp.recv_cq, c);
             return Ok(());
         }
-        qp.rq.push_back(RecvWqe { wr_id: wr.wr_id, segs, cap: u64::from(cap), msg: None, placed: 0, imm: None, done: false });
+        qp.rq.push_back(RecvWqe {
+            wr_id: wr.wr_id,
+            segs,
+            cap: u64::from(cap),
+            msg: None,
+            placed: 0,
+            imm: None,
+            done: false,
+        });
         Ok(())
     }
 
@@ -750,7 +878,9 @@ impl Endpoint {
             Body::Ack(a) => qp.on_ack(now, &a, &mut self.sh),
             Body::Nak(n) => qp.on_nak(now, &n, &mut self.sh),
             Body::Request(r) => qp.on_request(now, &h, &r, pkt.payload, ecn, &mut self.sh),
-            Body::ReadResponse(r) => qp.on_read_response(now, &h, &r, pkt.payload, ecn, &mut self.sh),
+            Body::ReadResponse(r) => {
+                qp.on_read_response(now, &h, &r, pkt.payload, ecn, &mut self.sh)
+            }
             Body::AtomicResponse(r) => qp.on_atomic_response(now, &h, &r, ecn, &mut self.sh),
         }
     }
@@ -769,7 +899,9 @@ impl Endpoint {
         for i in 0..n {
             let idx = (self.cursor + i) % n;
             let qpn = self.order[idx];
-            let Some(qp) = self.qps.get_mut(&qpn) else { continue };
+            let Some(qp) = self.qps.get_mut(&qpn) else {
+                continue;
+            };
             if let Some(t) = qp.poll_transmit(now, buf, &mut self.sh) {
                 self.cursor = (idx + 1) % n;
                 self.sh.stats.tx_datagrams += 1;
@@ -786,7 +918,7 @@ impl Endpoint {
 
     /// When `handle_timeout` must next be called, if any timer is armed.
     pub fn poll_timeout(&self) -> Option<Timestamp> {
-        self.qps.values().filter_map(|q| q.next_deadline(&self.sh)).min()
+        self.qps.values().filter_map(|q| q.next_deadline()).min()
     }
 
     /// Number of QPs.
@@ -806,20 +938,17 @@ impl Qp {
         (base << self.backoff.min(MAX_BACKOFF_SHIFT)).min(cfg.rto_max_ns)
     }
 
-    fn next_deadline(&self, sh: &Shared) -> Option<Timestamp> {
+    fn next_deadline(&self) -> Option<Timestamp> {
         if self.state != QpState::Connected {
             return None;
         }
         let held = self
             .held
             .iter()
-            .filter_map(|&psn| self.sent_index(psn).map(|i| self.sent[i].hold_until))
-            .min();
-        let _ = sh;
-        match (self.rto_deadline, held) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+            .filter_map(|&psn| self.sent_index(psn).map(|i| self.sent[i].hold_until));
+        held.chain(self.rto_deadline)
+            .chain(self.reorder_deadline)
+            .min()
     }
 
     fn sent_index(&self, psn: u32) -> Option<usize> {
@@ -832,9 +961,24 @@ impl Qp {
         (i < self.sq.len()).then_some(i)
     }
 
-    fn header(&self, kind: wire::Kind, psn: u32, path: u8, now: Timestamp, flags: u8) -> Option<Header> {
+    fn header(
+        &self,
+        kind: wire::Kind,
+        psn: u32,
+        path: u8,
+        now: Timestamp,
+        flags: u8,
+    ) -> Option<Header> {
         let peer = self.peer?;
-        Some(Header { kind, path, flags, dst_qpn: peer.qpn, src_qpn: self.qpn, psn, send_ts_ns: now.as_nanos() })
+        Some(Header {
+            kind,
+            path,
+            flags,
+            dst_qpn: peer.qpn,
+            src_qpn: self.qpn,
+            psn,
+            send_ts_ns: now.as_nanos(),
+        })
     }
 
     fn next_path(&mut self, sh: &Shared) -> u8 {
@@ -844,7 +988,15 @@ impl Qp {
     }
 
     /// Emits the packet described by `what` with sequence number `psn`.
-    fn emit(&self, what: &SentWhat, psn: u32, path: u8, flags: u8, now: Timestamp, buf: &mut [u8]) -> Option<usize> {
+    fn emit(
+        &self,
+        what: &SentWhat,
+        psn: u32,
+        path: u8,
+        flags: u8,
+        now: Timestamp,
+        buf: &mut [u8],
+    ) -> Option<usize> {
         match what {
             SentWhat::Req { msn, offset, len } => {
                 let w = &self.sq[self.wqe_index(*msn)?];
@@ -875,9 +1027,20 @@ impl Qp {
                 })
                 .ok()
             }
-            SentWhat::ReadResp { msn, region, base, offset, len, msg_len } => {
+            SentWhat::ReadResp {
+                msn,
+                region,
+                base,
+                offset,
+                len,
+                msg_len,
+            } => {
                 let h = self.header(wire::Kind::ReadResponse, psn, path, now, flags)?;
-                let body = Body::ReadResponse(wire::ReadResponse { msn: *msn, offset: *offset, msg_len: *msg_len });
+                let body = Body::ReadResponse(wire::ReadResponse {
+                    msn: *msn,
+                    offset: *offset,
+                    msg_len: *msg_len,
+                });
                 wire::emit(buf, &h, &body, *len as usize, |p| {
                     // Bounds were checked when the READ was accepted.
                     let _ = region.read(base + u64::from(*offset), p);
@@ -886,15 +1049,28 @@ impl Qp {
             }
             SentWhat::AtomicResp { msn, original } => {
                 let h = self.header(wire::Kind::AtomicResponse, psn, path, now, flags)?;
-                let body = Body::AtomicResponse(wire::AtomicResponse { msn: *msn, original: *original });
+                let body = Body::AtomicResponse(wire::AtomicResponse {
+                    msn: *msn,
+                    original: *original,
+                });
                 wire::emit(buf, &h, &body, 0, |_| {}).ok()
             }
         }
     }
 
-    fn poll_transmit(&mut self, now: Timestamp, buf: &mut [u8], sh: &mut Shared) -> Option<Transmit> {
+    fn poll_transmit(
+        &mut self,
+        now: Timestamp,
+        buf: &mut [u8],
+        sh: &mut Shared,
+    ) -> Option<Transmit> {
         let peer = self.peer?;
-        let out = |len: usize, path: u8, ecn: u8| Transmit { dest: peer.addr, path: u16::from(path), ecn, len };
+        let out = |len: usize, path: u8, ecn: u8| Transmit {
+            dest: peer.addr,
+            path: u16::from(path),
+            ecn,
+            len,
+        };
         if let Some(nak) = self.naks.pop_front() {
             let h = self.header(wire::Kind::Nak, 0, self.path_cursor as u8, now, 0)?;
             let len = wire::emit(buf, &h, &Body::Nak(nak), 0, |_| {}).ok()?;
@@ -922,7 +1098,9 @@ impl Qp {
         }
         // Retransmissions first: they are not limited by the window.
         while let Some(psn) = self.rtx.pop_front() {
-            let Some(i) = self.sent_index(psn) else { continue };
+            let Some(i) = self.sent_index(psn) else {
+                continue;
+            };
             if self.sent[i].acked || !self.sent[i].lost {
                 continue;
             }
@@ -935,11 +1113,19 @@ impl Qp {
                 continue;
             }
             let path = sh.other_path(self.sent[i].path);
-            let Some(len) = self.emit(&self.sent[i].what, psn, path, wire::FLAG_RETRANSMIT, now, buf) else {
+            let Some(len) = self.emit(
+                &self.sent[i].what,
+                psn,
+                path,
+                wire::FLAG_RETRANSMIT,
+                now,
+                buf,
+            ) else {
                 continue;
             };
             let p = &mut self.sent[i];
             p.lost = false;
+            p.retransmitted = true;
             p.send_ts = now;
             p.path = path;
             p.wire_len = len as u32;
@@ -961,7 +1147,9 @@ impl Qp {
         if span >= wire::SACK_BITS {
             return None;
         }
-        if self.in_flight_bytes > 0 && self.in_flight_bytes + sh.cfg.max_datagram as u64 > self.cc.window() {
+        if self.in_flight_bytes > 0
+            && self.in_flight_bytes + sh.cfg.max_datagram as u64 > self.cc.window()
+        {
             return None;
         }
         let what = self.next_new_packet(sh)?;
@@ -969,7 +1157,17 @@ impl Qp {
         let path = self.next_path(sh);
         let len = self.emit(&what, psn, path, 0, now, buf)?;
         self.next_psn = psn.wrapping_add(1);
-        self.sent.push_back(SentPkt { psn, what, send_ts: now, path, wire_len: len as u32, acked: false, lost: false, hold_until: Timestamp::ZERO });
+        self.sent.push_back(SentPkt {
+            psn,
+            what,
+            send_ts: now,
+            path,
+            wire_len: len as u32,
+            acked: false,
+            lost: false,
+            retransmitted: false,
+            hold_until: Timestamp::ZERO,
+        });
         self.in_flight_bytes += len as u64;
         self.in_flight_pkts += 1;
         self.packets_sent += 1;
@@ -985,10 +1183,23 @@ impl Qp {
     fn next_new_packet(&mut self, sh: &Shared) -> Option<SentWhat> {
         if let Some(job) = self.resp.front_mut() {
             match job {
-                RespJob::Read { msn, region, base, msg_len, next_offset } => {
+                RespJob::Read {
+                    msn,
+                    region,
+                    base,
+                    msg_len,
+                    next_offset,
+                } => {
                     let offset = *next_offset;
                     let len = (*msg_len - offset).min(sh.resp_chunk);
-                    let what = SentWhat::ReadResp { msn: *msn, region: region.clone(), base: *base, offset, len, msg_len: *msg_len };
+                    let what = SentWhat::ReadResp {
+                        msn: *msn,
+                        region: region.clone(),
+                        base: *base,
+                        offset,
+                        len,
+                        msg_len: *msg_len,
+                    };
                     *next_offset = offset + len;
                     if *next_offset >= *msg_len {
                         self.resp.pop_front();
@@ -996,7 +1207,10 @@ impl Qp {
                     return Some(what);
                 }
                 RespJob::Atomic { msn, original } => {
-                    let what = SentWhat::AtomicResp { msn: *msn, original: *original };
+                    let what = SentWhat::AtomicResp {
+                        msn: *msn,
+                        original: *original,
+                    };
                     self.resp.pop_front();
                     return Some(what);
                 }
@@ -1007,14 +1221,22 @@ impl Qp {
         }
         let w = self.sq.get_mut(self.pack_idx)?;
         let offset = w.next_offset;
-        let len = if w.op.carries_data() { (w.len - offset).min(sh.req_chunk) } else { 0 };
+        let len = if w.op.carries_data() {
+            (w.len - offset).min(sh.req_chunk)
+        } else {
+            0
+        };
         w.next_offset = offset + len;
         w.unacked_pkts += 1;
         if w.next_offset >= w.len || !w.op.carries_data() {
             w.packetized = true;
             self.pack_idx += 1;
         }
-        Some(SentWhat::Req { msn: w.msn, offset, len })
+        Some(SentWhat::Req {
+            msn: w.msn,
+            offset,
+            len,
+        })
     }
 
     /// Records a newly accepted packet of the peer's for acknowledgement.
@@ -1051,11 +1273,23 @@ impl Qp {
 
     fn nak(&mut self, h: &Header, msn: u32, syndrome: Syndrome) {
         if self.naks.len() < MAX_PENDING_NAKS {
-            self.naks.push_back(wire::Nak { psn: h.psn, msn, syndrome });
+            self.naks.push_back(wire::Nak {
+                psn: h.psn,
+                msn,
+                syndrome,
+            });
         }
     }
 
-    fn on_request(&mut self, now: Timestamp, h: &Header, r: &wire::Request, payload: &[u8], ecn: u8, sh: &mut Shared) {
+    fn on_request(
+        &mut self,
+        now: Timestamp,
+        h: &Header,
+        r: &wire::Request,
+        payload: &[u8],
+        ecn: u8,
+        sh: &mut Shared,
+    ) {
         if self.state == QpState::Error {
             self.nak(h, r.msn, Syndrome::RemoteOperation);
             return;
@@ -1077,7 +1311,12 @@ impl Qp {
 
     /// Executes one request packet. `Err(Some)` refuses it with a NAK, `Err(None)` drops it
     /// silently (an inconsistent peer).
-    fn execute(&mut self, r: &wire::Request, payload: &[u8], sh: &mut Shared) -> Result<(), Option<Syndrome>> {
+    fn execute(
+        &mut self,
+        r: &wire::Request,
+        payload: &[u8],
+        sh: &mut Shared,
+    ) -> Result<(), Option<Syndrome>> {
         let plen = payload.len() as u64;
         let recv_idx = if r.op.consumes_recv() {
             let i = r.ssn.wrapping_sub(self.rq_base_ssn) as usize;
@@ -1100,16 +1339,31 @@ impl Qp {
         match r.op {
             Op::Write | Op::WriteImm => {
                 let region = sh
-                    .remote_region(self.pd, r.rkey, Access::REMOTE_WRITE, r.remote_offset, u64::from(r.msg_len))
+                    .remote_region(
+                        self.pd,
+                        r.rkey,
+                        Access::REMOTE_WRITE,
+                        r.remote_offset,
+                        u64::from(r.msg_len),
+                    )
                     .map_err(Some)?;
-                region.write(r.remote_offset + u64::from(r.offset), payload).map_err(|_| Some(Syndrome::RemoteAccess))?;
+                region
+                    .write(r.remote_offset + u64::from(r.offset), payload)
+                    .map_err(|_| Some(Syndrome::RemoteAccess))?;
             }
             Op::Send | Op::SendImm => {
                 let i = recv_idx.unwrap_or(0);
                 if u64::from(r.msg_len) > self.rq[i].cap {
                     let w = self.rq.remove(i).map(|w| w.wr_id).unwrap_or(0);
                     // Complete every earlier receive in order, then this one with the error.
-                    let c = Completion { wr_id: w, status: WcStatus::LocalLengthError, opcode: WcOpcode::Recv, byte_len: r.msg_len, imm: None, qpn: self.qpn };
+                    let c = Completion {
+                        wr_id: w,
+                        status: WcStatus::LocalLengthError,
+                        opcode: WcOpcode::Recv,
+                        byte_len: r.msg_len,
+                        imm: None,
+                        qpn: self.qpn,
+                    };
                     self.complete_rq(sh);
                     sh.complete(self.recv_cq, c);
                     self.enter_error(sh);
@@ -1120,11 +1374,23 @@ impl Qp {
                 }
             }
             Op::Read => {
-                sh.remote_region(self.pd, r.rkey, Access::REMOTE_READ, r.remote_offset, u64::from(r.msg_len))
-                    .map_err(Some)
-                    .map(|region| {
-                        self.resp.push_back(RespJob::Read { msn: r.msn, region, base: r.remote_offset, msg_len: r.msg_len, next_offset: 0 })
-                    })?;
+                sh.remote_region(
+                    self.pd,
+                    r.rkey,
+                    Access::REMOTE_READ,
+                    r.remote_offset,
+                    u64::from(r.msg_len),
+                )
+                .map_err(Some)
+                .map(|region| {
+                    self.resp.push_back(RespJob::Read {
+                        msn: r.msn,
+                        region,
+                        base: r.remote_offset,
+                        msg_len: r.msg_len,
+                        next_offset: 0,
+                    })
+                })?;
                 if self.resp.len() > MAX_RESPONSE_JOBS {
                     self.resp.pop_back();
                     return Err(Some(Syndrome::ReceiverNotReady));
@@ -1137,7 +1403,9 @@ impl Qp {
                 if r.remote_offset % 8 != 0 {
                     return Err(Some(Syndrome::InvalidRequest));
                 }
-                let region = sh.remote_region(self.pd, r.rkey, Access::REMOTE_ATOMIC, r.remote_offset, 8).map_err(Some)?;
+                let region = sh
+                    .remote_region(self.pd, r.rkey, Access::REMOTE_ATOMIC, r.remote_offset, 8)
+                    .map_err(Some)?;
                 let mut a = [0u8; 8];
                 let mut b = [0u8; 8];
                 a.copy_from_slice(payload.get(..8).ok_or(None)?);
@@ -1149,7 +1417,10 @@ impl Qp {
                     region.compare_swap(r.remote_offset, b, a)
                 }
                 .map_err(|_| Some(Syndrome::InvalidRequest))?;
-                self.resp.push_back(RespJob::Atomic { msn: r.msn, original });
+                self.resp.push_back(RespJob::Atomic {
+                    msn: r.msn,
+                    original,
+                });
             }
         }
         if let Some(i) = recv_idx {
@@ -1172,20 +1443,48 @@ impl Qp {
             let Some(w) = self.rq.pop_front() else { break };
             self.rq_base_ssn = self.rq_base_ssn.wrapping_add(1);
             let (op, len) = w.msg.unwrap_or((Op::Send, 0));
-            let opcode = if op == Op::WriteImm { WcOpcode::RecvRdmaWithImm } else { WcOpcode::Recv };
-            sh.complete(self.recv_cq, Completion { wr_id: w.wr_id, status: WcStatus::Success, opcode, byte_len: len, imm: w.imm, qpn: self.qpn });
+            let opcode = if op == Op::WriteImm {
+                WcOpcode::RecvRdmaWithImm
+            } else {
+                WcOpcode::Recv
+            };
+            sh.complete(
+                self.recv_cq,
+                Completion {
+                    wr_id: w.wr_id,
+                    status: WcStatus::Success,
+                    opcode,
+                    byte_len: len,
+                    imm: w.imm,
+                    qpn: self.qpn,
+                },
+            );
         }
     }
 
     /// Completes send work requests from the front of the queue, in posting order.
     /// Once a refused work request (see `on_nak`) reaches the front, the QP fails.
     fn complete_sq(&mut self, sh: &mut Shared) {
-        while self.sq.front().is_some_and(|w| w.status.is_none() && w.is_done()) {
+        while self
+            .sq
+            .front()
+            .is_some_and(|w| w.status.is_none() && w.is_done())
+        {
             let Some(w) = self.sq.pop_front() else { break };
             self.sq_base_msn = self.sq_base_msn.wrapping_add(1);
             self.pack_idx = self.pack_idx.saturating_sub(1);
             if w.signaled {
-                sh.complete(self.send_cq, Completion { wr_id: w.wr_id, status: WcStatus::Success, opcode: w.opcode(), byte_len: w.len, imm: None, qpn: self.qpn });
+                sh.complete(
+                    self.send_cq,
+                    Completion {
+                        wr_id: w.wr_id,
+                        status: WcStatus::Success,
+                        opcode: w.opcode(),
+                        byte_len: w.len,
+                        imm: None,
+                        qpn: self.qpn,
+                    },
+                );
             }
         }
         if self.sq.front().is_some_and(|w| w.status.is_some()) {
@@ -1193,7 +1492,15 @@ impl Qp {
         }
     }
 
-    fn on_read_response(&mut self, now: Timestamp, h: &Header, r: &wire::ReadResponse, payload: &[u8], ecn: u8, sh: &mut Shared) {
+    fn on_read_response(
+        &mut self,
+        now: Timestamp,
+        h: &Header,
+        r: &wire::ReadResponse,
+        payload: &[u8],
+        ecn: u8,
+        sh: &mut Shared,
+    ) {
         if self.state != QpState::Connected {
             self.nak(h, r.msn, Syndrome::RemoteOperation);
             return;
@@ -1222,7 +1529,14 @@ impl Qp {
         self.rearm_rto(now, sh);
     }
 
-    fn on_atomic_response(&mut self, now: Timestamp, h: &Header, r: &wire::AtomicResponse, ecn: u8, sh: &mut Shared) {
+    fn on_atomic_response(
+        &mut self,
+        now: Timestamp,
+        h: &Header,
+        r: &wire::AtomicResponse,
+        ecn: u8,
+        sh: &mut Shared,
+    ) {
         if self.state != QpState::Connected {
             self.nak(h, r.msn, Syndrome::RemoteOperation);
             return;
@@ -1258,11 +1572,30 @@ impl Qp {
             self.in_flight_bytes = self.in_flight_bytes.saturating_sub(u64::from(p.wire_len));
             self.in_flight_pkts = self.in_flight_pkts.saturating_sub(1);
         }
+        // An acknowledgement sooner than any round trip after a retransmission is for the
+        // earlier copy: the loss was spurious, and the retransmission time says nothing about
+        // what was delivered (RACK ignores such samples).
+        let ambiguous = p.retransmitted && now.nanos_since(p.send_ts) < self.rtt.min_ns;
+        let spurious = p.lost || ambiguous;
         p.lost = false;
-        if p.send_ts > self.rack_ts {
+        if !ambiguous && p.send_ts >= self.rack_ts {
             self.rack_ts = p.send_ts;
+            self.rack_rtt_ns = now.nanos_since(p.send_ts);
         }
         let (send_ts, wire_len) = (p.send_ts, p.wire_len);
+        if spurious {
+            self.acks_since_spurious = 0;
+            if now >= self.reo_bumped_at.add_nanos(self.rtt.srtt_ns) {
+                self.reo_mult = (self.reo_mult * 2).min(REO_MULT_MAX);
+                self.reo_bumped_at = now;
+            }
+        } else {
+            self.acks_since_spurious += 1;
+            if self.acks_since_spurious >= REO_DECAY_ACKS {
+                self.acks_since_spurious = 0;
+                self.reo_mult = (self.reo_mult / 2).max(1);
+            }
+        }
         self.cc.on_ack(now, send_ts, wire_len, None);
         if let SentWhat::Req { msn, .. } = self.sent[i].what
             && let Some(w) = self.wqe_index(msn)
@@ -1286,13 +1619,22 @@ impl Qp {
             return;
         }
         // RTT from the echoed timestamp, minus the receiver's holding time.
-        if (a.echo_psn, a.echo_ts_ns) != self.last_echo && a.echo_ts_ns != 0 && a.echo_ts_ns <= now.as_nanos() {
+        if (a.echo_psn, a.echo_ts_ns) != self.last_echo
+            && a.echo_ts_ns != 0
+            && a.echo_ts_ns <= now.as_nanos()
+        {
             self.last_echo = (a.echo_psn, a.echo_ts_ns);
-            let rtt = (now.as_nanos() - a.echo_ts_ns).saturating_sub(u64::from(a.hold_ns)).max(1);
+            let rtt = (now.as_nanos() - a.echo_ts_ns)
+                .saturating_sub(u64::from(a.hold_ns))
+                .max(1);
             self.rtt.sample(rtt);
             if let Some(i) = self.sent_index(a.echo_psn) {
                 let ps = &mut sh.paths[usize::from(self.sent[i].path)];
-                ps.srtt_ns = if ps.rtt_samples == 0 { rtt } else { (7 * ps.srtt_ns + rtt) / 8 };
+                ps.srtt_ns = if ps.rtt_samples == 0 {
+                    rtt
+                } else {
+                    (7 * ps.srtt_ns + rtt) / 8
+                };
                 ps.rtt_samples += 1;
             }
         }
@@ -1332,15 +1674,24 @@ impl Qp {
         self.complete_sq(sh);
     }
 
-    /// Time-based loss detection (RACK): a packet sent more than a reordering window before
-    /// the newest delivered one is lost. With spraying, reordering is normal, so counting
-    /// duplicate ACKs would be wrong.
+    /// Time-based loss detection (RACK): a packet sent a reordering window before the newest
+    /// delivered one is lost; so is one sent before it that stays unacknowledged a round trip
+    /// plus the reordering window after it left (the reorder timer, which catches losses at
+    /// the tail of a burst without waiting for the retransmit timeout). With spraying,
+    /// reordering is normal, so counting duplicate ACKs would be wrong.
     fn detect_losses(&mut self, now: Timestamp, sh: &mut Shared) {
-        let reo = (self.rtt.min_ns / 4).max(REO_WND_MIN_NS);
-        let limit = self.rack_ts.as_nanos().saturating_sub(reo);
+        let reo = self.reorder_window_ns();
+        let rack = self.rack_ts.as_nanos();
+        let wait = self.rack_rtt_ns + reo;
+        let mut next: Option<u64> = None;
         for i in 0..self.sent.len() {
             let p = &mut self.sent[i];
-            if p.acked || p.lost || p.send_ts.as_nanos() >= limit {
+            let sent = p.send_ts.as_nanos();
+            if p.acked || p.lost || sent > rack {
+                continue;
+            }
+            if sent + reo >= rack && sent + wait > now.as_nanos() {
+                next = Some(next.map_or(sent + wait, |n| n.min(sent + wait)));
                 continue;
             }
             p.lost = true;
@@ -1351,11 +1702,23 @@ impl Qp {
             sh.paths[usize::from(path)].lost += 1;
             self.cc.on_congestion_event(now, ts, false, len);
         }
+        self.reorder_deadline = next.map(Timestamp::from_nanos);
+    }
+
+    /// How much later than a delivered packet an undelivered one may still arrive: a quarter
+    /// of the minimum RTT, scaled up while losses keep proving spurious, and never more than
+    /// the RTT's smoothed value plus four deviations.
+    fn reorder_window_ns(&self) -> u64 {
+        let cap = (self.rtt.srtt_ns + 4 * self.rtt.rttvar_ns).max(REO_WND_MIN_NS);
+        (self.rtt.min_ns / 4 * u64::from(self.reo_mult))
+            .max(REO_WND_MIN_NS)
+            .min(cap)
     }
 
     fn rearm_rto(&mut self, now: Timestamp, sh: &Shared) {
         let waiting = self.sq.iter().any(|w| w.awaits_response());
-        self.rto_deadline = (self.in_flight_pkts > 0 || waiting).then(|| now.add_nanos(self.rto_ns(&sh.cfg)));
+        self.rto_deadline =
+            (self.in_flight_pkts > 0 || waiting).then(|| now.add_nanos(self.rto_ns(&sh.cfg)));
     }
 
     fn on_nak(&mut self, now: Timestamp, n: &wire::Nak, sh: &mut Shared) {
@@ -1363,7 +1726,9 @@ impl Qp {
         if self.state != QpState::Connected {
             return;
         }
-        let Some(i) = self.sent_index(n.psn) else { return };
+        let Some(i) = self.sent_index(n.psn) else {
+            return;
+        };
         if self.sent[i].acked {
             return;
         }
@@ -1379,7 +1744,9 @@ impl Qp {
                 return;
             }
         };
-        let Some(wi) = self.wqe_index(msn) else { return };
+        let Some(wi) = self.wqe_index(msn) else {
+            return;
+        };
         self.made_progress();
         let status = match n.syndrome {
             Syndrome::ReceiverNotReady => {
@@ -1393,7 +1760,8 @@ impl Qp {
                     let p = &mut self.sent[i];
                     if !p.lost {
                         p.lost = true;
-                        self.in_flight_bytes = self.in_flight_bytes.saturating_sub(u64::from(p.wire_len));
+                        self.in_flight_bytes =
+                            self.in_flight_bytes.saturating_sub(u64::from(p.wire_len));
                         self.in_flight_pkts = self.in_flight_pkts.saturating_sub(1);
                     }
                     p.hold_until = until;
@@ -1441,7 +1809,12 @@ impl Qp {
                 }
             }
         }
-        let Some(deadline) = self.rto_deadline else { return };
+        if self.reorder_deadline.is_some_and(|d| d <= now) {
+            self.detect_losses(now, sh);
+        }
+        let Some(deadline) = self.rto_deadline else {
+            return;
+        };
         if now < deadline {
             return;
         }
@@ -1493,13 +1866,33 @@ impl Qp {
             };
             failed |= status != WcStatus::Success;
             if status != WcStatus::Success || w.signaled {
-                sh.complete(self.send_cq, Completion { wr_id: w.wr_id, status, opcode: w.opcode(), byte_len, imm: None, qpn: self.qpn });
+                sh.complete(
+                    self.send_cq,
+                    Completion {
+                        wr_id: w.wr_id,
+                        status,
+                        opcode: w.opcode(),
+                        byte_len,
+                        imm: None,
+                        qpn: self.qpn,
+                    },
+                );
             }
         }
         self.sq_base_msn = self.next_msn;
         self.pack_idx = 0;
         for w in self.rq.drain(..) {
-            sh.complete(self.recv_cq, Completion { wr_id: w.wr_id, status: WcStatus::Flushed, opcode: WcOpcode::Recv, byte_len: 0, imm: None, qpn: self.qpn });
+            sh.complete(
+                self.recv_cq,
+                Completion {
+                    wr_id: w.wr_id,
+                    status: WcStatus::Flushed,
+                    opcode: WcOpcode::Recv,
+                    byte_len: 0,
+                    imm: None,
+                    qpn: self.qpn,
+                },
+            );
         }
         self.resp.clear();
         self.sent.clear();
@@ -1509,6 +1902,7 @@ impl Qp {
         self.in_flight_bytes = 0;
         self.in_flight_pkts = 0;
         self.rto_deadline = None;
+        self.reorder_deadline = None;
         self.ack_pending = false;
     }
 }

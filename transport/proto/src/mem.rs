@@ -95,7 +95,9 @@ pub struct Region {
 
 impl core::fmt::Debug for Region {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Region").field("len", &self.len).finish_non_exhaustive()
+        f.debug_struct("Region")
+            .field("len", &self.len)
+            .finish_non_exhaustive()
     }
 }
 
@@ -104,7 +106,11 @@ impl Region {
     pub fn new(len: usize) -> Arc<Region> {
         let words = len.div_ceil(8);
         let storage = Storage::Owned((0..words).map(|_| AtomicU64::new(0)).collect());
-        Arc::new(Region { storage, head: 0, len })
+        Arc::new(Region {
+            storage,
+            head: 0,
+            len,
+        })
     }
 
     /// Registers `len` bytes of caller memory at `ptr`.
@@ -116,7 +122,11 @@ impl Region {
     /// other atomic operations (no plain loads or stores that could race with the network).
     pub unsafe fn from_raw(ptr: *mut u8, len: usize) -> Arc<Region> {
         if len == 0 {
-            return Arc::new(Region { storage: Storage::Owned(Box::new([])), head: 0, len: 0 });
+            return Arc::new(Region {
+                storage: Storage::Owned(Box::new([])),
+                head: 0,
+                len: 0,
+            });
         }
         let addr = ptr as usize;
         let head = addr % 8;
@@ -127,7 +137,11 @@ impl Region {
         let slice = unsafe {
             core::slice::from_raw_parts(ptr.wrapping_sub(head).cast::<AtomicU64>(), words)
         };
-        Arc::new(Region { storage: Storage::Borrowed(slice), head, len })
+        Arc::new(Region {
+            storage: Storage::Borrowed(slice),
+            head,
+            len,
+        })
     }
 
     /// Length in bytes.
@@ -173,7 +187,10 @@ impl Region {
         // Whole words, with fixed-size copies the compiler keeps inline.
         let whole = (dst.len() - done) / 8;
         let first = pos / 8;
-        for (w, chunk) in words[first..first + whole].iter().zip(dst[done..].chunks_exact_mut(8)) {
+        for (w, chunk) in words[first..first + whole]
+            .iter()
+            .zip(dst[done..].chunks_exact_mut(8))
+        {
             chunk.copy_from_slice(&w.load(Relaxed).to_ne_bytes());
         }
         done += whole * 8;
@@ -204,7 +221,10 @@ impl Region {
         // Whole words.
         let whole = (src.len() - done) / 8;
         let first = pos / 8;
-        for (w, chunk) in words[first..first + whole].iter().zip(src[done..].chunks_exact(8)) {
+        for (w, chunk) in words[first..first + whole]
+            .iter()
+            .zip(src[done..].chunks_exact(8))
+        {
             let mut b = [0u8; 8];
             b.copy_from_slice(chunk);
             w.store(u64::from_ne_bytes(b), Relaxed);
@@ -242,7 +262,9 @@ impl Region {
 
     /// Atomically adds `add` to the native-endian u64 at `offset`; returns the old value.
     pub fn fetch_add(&self, offset: u64, add: u64) -> Result<u64, MemError> {
-        Ok(self.atomic_word(offset)?.fetch_add(add, core::sync::atomic::Ordering::AcqRel))
+        Ok(self
+            .atomic_word(offset)?
+            .fetch_add(add, core::sync::atomic::Ordering::AcqRel))
     }
 
     /// Atomically replaces the u64 at `offset` with `swap` if it equals `compare`; returns the
@@ -257,7 +279,9 @@ impl Region {
 
     /// Atomically loads the u64 at `offset`.
     pub fn load_u64(&self, offset: u64) -> Result<u64, MemError> {
-        Ok(self.atomic_word(offset)?.load(core::sync::atomic::Ordering::Acquire))
+        Ok(self
+            .atomic_word(offset)?
+            .load(core::sync::atomic::Ordering::Acquire))
     }
 
     /// Copies the region's bytes `[offset, offset+len)` into a new vector.
@@ -291,7 +315,9 @@ mod tests {
         let r = Region::new(37);
         for off in 0..10u64 {
             for len in 0..20usize {
-                let data: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(7) ^ off as u8).collect();
+                let data: Vec<u8> = (0..len)
+                    .map(|i| (i as u8).wrapping_mul(7) ^ off as u8)
+                    .collect();
                 r.fill(0, 37, 0xAA).unwrap();
                 r.write(off, &data).unwrap();
                 let all = r.to_vec(0, 37).unwrap();

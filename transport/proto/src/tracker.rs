@@ -34,7 +34,10 @@ pub struct RecvTracker {
 impl RecvTracker {
     /// A tracker expecting `initial_psn` first.
     pub fn new(initial_psn: u32) -> Self {
-        RecvTracker { cum: initial_psn, bits: [0; WORDS] }
+        RecvTracker {
+            cum: initial_psn,
+            bits: [0; WORDS],
+        }
     }
 
     /// Every PSN before this one has been accepted.

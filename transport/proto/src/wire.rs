@@ -524,14 +524,24 @@ impl<'a> Packet<'a> {
                 (Kind::Request, Body::Request(req))
             }
             2 => {
-                let resp = ReadResponse { msn: r.u32()?, offset: r.u32()?, msg_len: r.u32()? };
+                let resp = ReadResponse {
+                    msn: r.u32()?,
+                    offset: r.u32()?,
+                    msg_len: r.u32()?,
+                };
                 r.u32()?;
                 (Kind::ReadResponse, Body::ReadResponse(resp))
             }
             3 => {
                 let msn = r.u32()?;
                 r.u32()?;
-                (Kind::AtomicResponse, Body::AtomicResponse(AtomicResponse { msn, original: r.u64()? }))
+                (
+                    Kind::AtomicResponse,
+                    Body::AtomicResponse(AtomicResponse {
+                        msn,
+                        original: r.u64()?,
+                    }),
+                )
             }
             4 => {
                 let ack = Ack {
@@ -555,8 +565,20 @@ impl<'a> Packet<'a> {
         };
         let payload = r.buf;
         check_payload(&body, payload.len())?;
-        let header = Header { kind, path, flags, dst_qpn, src_qpn, psn, send_ts_ns };
-        Ok(Packet { header, body, payload })
+        let header = Header {
+            kind,
+            path,
+            flags,
+            dst_qpn,
+            src_qpn,
+            psn,
+            send_ts_ns,
+        };
+        Ok(Packet {
+            header,
+            body,
+            payload,
+        })
     }
 }
 
@@ -660,7 +682,15 @@ impl fmt::Display for Packet<'_> {
             Body::Request(r) => write!(
                 f,
                 "REQ psn {} {:?} msn {} ssn {} rkey {:#x} roff {} off {}/{} imm {:#x} payload {}",
-                h.psn, r.op, r.msn, r.ssn, r.rkey, r.remote_offset, r.offset, r.msg_len, r.imm,
+                h.psn,
+                r.op,
+                r.msn,
+                r.ssn,
+                r.rkey,
+                r.remote_offset,
+                r.offset,
+                r.msg_len,
+                r.imm,
                 self.payload.len()
             ),
             Body::ReadResponse(r) => write!(
@@ -673,7 +703,11 @@ impl fmt::Display for Packet<'_> {
                 self.payload.len()
             ),
             Body::AtomicResponse(r) => {
-                write!(f, "ATOMIC_RESP psn {} msn {} original {:#x}", h.psn, r.msn, r.original)
+                write!(
+                    f,
+                    "ATOMIC_RESP psn {} msn {} original {:#x}",
+                    h.psn, r.msn, r.original
+                )
             }
             Body::Ack(a) => {
                 let sacked = a.sack.iter().map(|b| b.count_ones()).sum::<u32>();
