@@ -11,8 +11,11 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+pub mod bpf;
 pub mod sim;
 pub mod udp;
+pub mod uring;
+pub mod xdp;
 
 /// The largest datagram any backend carries (UDP payload bytes).
 pub const MAX_DATAGRAM: usize = 65_507;
@@ -119,4 +122,21 @@ pub trait Datapath: Send + Sync + core::fmt::Debug {
     fn recv(&self, batch: &mut RecvBatch, timeout: Option<Duration>) -> io::Result<usize>;
     /// Makes a waiting or the next `recv` return promptly.
     fn wake(&self);
+
+    /// Like [`recv`](Datapath::recv), but hands each datagram to `f` as a borrowed slice, so
+    /// the caller can copy the payload straight to its final place. Backends that own their
+    /// receive buffers (AF_XDP's UMEM) lend them without copying and leave `scratch` unused;
+    /// the others receive into `scratch` first. Returns the number of datagrams handed over.
+    fn recv_with(
+        &self,
+        scratch: &mut RecvBatch,
+        timeout: Option<Duration>,
+        f: &mut dyn FnMut(&RecvMeta, &[u8]),
+    ) -> io::Result<usize> {
+        let n = self.recv(scratch, timeout)?;
+        for (meta, bytes) in scratch.iter().take(n) {
+            f(meta, bytes);
+        }
+        Ok(n)
+    }
 }

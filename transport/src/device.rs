@@ -298,14 +298,20 @@ impl Inner {
                     None => cap,
                 }
             };
-            let n = self.datapath.recv(&mut rx, Some(wait)).unwrap_or(0);
             {
-                let mut core = self.lock();
+                // The engine lock is taken at the first datagram, not while waiting, and each
+                // payload goes from the datapath's buffer straight into its memory region.
+                let mut core = None;
+                let mut now = Timestamp::ZERO;
+                let _ = self.datapath.recv_with(&mut rx, Some(wait), &mut |meta, bytes| {
+                    let core = core.get_or_insert_with(|| {
+                        now = self.now();
+                        self.lock()
+                    });
+                    core.ep.handle_datagram(now, meta.src, meta.ecn as u8, bytes);
+                });
+                let mut core = core.unwrap_or_else(|| self.lock());
                 let now = self.now();
-                for (meta, bytes) in rx.iter().take(n) {
-                    core.ep
-                        .handle_datagram(now, meta.src, meta.ecn as u8, bytes);
-                }
                 if core.ep.poll_timeout().is_some_and(|t| t <= now) {
                     core.ep.handle_timeout(now);
                 }

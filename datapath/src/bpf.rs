@@ -1,0 +1,1 @@
+//! Loading eBPF programs and maps with the bpf() syscall (being written).

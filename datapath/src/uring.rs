@@ -1,0 +1,1 @@
+//! io_uring UDP datapath (being written).
