@@ -75,11 +75,11 @@ pub mod asm {
     }
     /// `dst += imm`.
     pub fn add_imm(dst: u8, imm: i32) -> Insn {
-        insn(ALU64 | 0x00 | K, dst, 0, 0, imm)
+        insn(ALU64 | K, dst, 0, 0, imm)
     }
     /// `dst += src`.
     pub fn add_reg(dst: u8, src: u8) -> Insn {
-        insn(ALU64 | 0x00 | X, dst, src, 0, 0)
+        insn(ALU64 | X, dst, src, 0, 0)
     }
     /// `dst &= imm`.
     pub fn and_imm(dst: u8, imm: i32) -> Insn {

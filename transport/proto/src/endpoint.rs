@@ -1400,7 +1400,7 @@ impl Qp {
                 if self.resp.len() >= MAX_RESPONSE_JOBS {
                     return Err(Some(Syndrome::ReceiverNotReady));
                 }
-                if r.remote_offset % 8 != 0 {
+                if !r.remote_offset.is_multiple_of(8) {
                     return Err(Some(Syndrome::InvalidRequest));
                 }
                 let region = sh

@@ -176,7 +176,7 @@ impl Region {
         let mut pos = self.head + offset as usize; // fits: checked against len above
         let mut done = 0;
         // A partial first word.
-        if pos % 8 != 0 && !dst.is_empty() {
+        if !pos.is_multiple_of(8) && !dst.is_empty() {
             let in_word = pos % 8;
             let n = (8 - in_word).min(dst.len());
             let w = words[pos / 8].load(Relaxed).to_ne_bytes();
@@ -211,7 +211,7 @@ impl Region {
         let mut pos = self.head + offset as usize; // fits: checked against len above
         let mut done = 0;
         // A partial first word.
-        if pos % 8 != 0 && done < src.len() {
+        if !pos.is_multiple_of(8) && done < src.len() {
             let in_word = pos % 8;
             let n = (8 - in_word).min(src.len());
             merge_word(&words[pos / 8], in_word, &src[..n]);
@@ -254,7 +254,7 @@ impl Region {
     fn atomic_word(&self, offset: u64) -> Result<&AtomicU64, MemError> {
         self.check(offset, 8)?;
         let pos = self.head + offset as usize;
-        if pos % 8 != 0 {
+        if !pos.is_multiple_of(8) {
             return Err(MemError::Misaligned);
         }
         Ok(&self.words()[pos / 8])
