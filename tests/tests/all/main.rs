@@ -8,6 +8,7 @@
 //! - `loopback`: devices over real UDP on 127.0.0.1, in one process and across two.
 mod hostile;
 mod loopback;
+mod netns;
 mod sim_e2e;
 mod support;
 mod wire;

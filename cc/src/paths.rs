@@ -1,0 +1,974 @@
+//! Per-path health and path choice for one connection.
+//!
+//! A Braid connection sprays its packets over N paths (1 to [`MAX_PATHS`]); a path is an
+//! entropy value, the UDP source port, that ECMP hashes onto some route. [`PathSet`] keeps, per
+//! path, an EWMA of the fabric delay, of the fraction of packets that arrived CE-marked, and
+//! of the loss rate, plus the packets in flight, and turns them into:
+//!
+//! - **spraying weights** ([`PathSet::weights`]): a path's health is
+//!
+//!   ```text
+//!   h = 1 / (1 + k_delay × max(0, delay / min_delay − 1 − delay_tolerance)
+//!              + k_ecn × ecn_frac + k_loss × loss_rate)
+//!   share = probe_floor / N + (1 − probe_floor) × h / Σh
+//!   ```
+//!
+//!   where `min_delay` is the lowest smoothed delay among the paths. Only the *relative*
+//!   delay matters: congestion every path shares (at the receiver's downlink, say) is the
+//!   congestion controller's business, not a reason to move traffic. The `probe_floor` keeps
+//!   a share of `probe_floor / N` on every path, so a path that recovered is noticed.
+//! - **weighted choice** ([`PathSet::pick`], [`PathSet::pick_other`] for retransmissions):
+//!   deterministic given a random `u32` the caller draws from its own seeded generator.
+//! - **PLB-style re-pathing** (Qureshi et al., "PLB: Congestion Signals are Simple and
+//!   Effective for Network Load Balancing", SIGCOMM 2022): per path, a *round* ends when
+//!   feedback (an ACK or a loss) arrives for a packet sent after the round began, so a round
+//!   is about one round trip of that path. A round is *congested* when at least
+//!   `plb_ecn_threshold` of its ECN-reporting packets were marked, or more than
+//!   `plb_loss_threshold` of its packets were lost, or its mean delay exceeded the delay
+//!   target. After `plb_rounds` consecutive congested rounds the path is queued for
+//!   re-pathing; [`PathSet::take_repath`] hands its index to the engine (which gives it a fresh
+//!   random source port) and resets its statistics.
+//! - **a connection-wide signal** ([`PathSet::connection_signal`]) and per-path outlier
+//!   filtering ([`PathSet::is_outlier`], [`PathSet::cc_delay_ns`]).
+//!
+//! # Why the controller sees a median, not the worst path
+//!
+//! The connection has one congestion window (or rate) and many paths. If every path's samples
+//! went straight to the controller, one bad path (a hot link, a flapping switch, a black hole)
+//! would trigger a multiplicative decrease every round trip and collapse the whole
+//! connection's window, although most of its traffic crosses healthy paths, and although the
+//! right response to one bad path is to move traffic off it, which the weights and PLB do.
+//! So the two mechanisms split the work:
+//!
+//! - congestion **common** to the paths (the receiver's link, an incast) raises every path's
+//!   delay and marks, so it raises the median, and the controller backs off;
+//! - congestion **on some paths only** leaves the median alone: those paths lose weight, and
+//!   PLB moves them if it persists.
+//!
+//! The median is weighted by each path's share of the traffic: it is the delay that half of
+//! the connection's packets see or less. The engine therefore feeds the controller:
+//!
+//! - delay samples through [`PathSet::cc_delay_ns`], which passes a sample through unless its
+//!   path is an outlier (smoothed delay above `outlier_delay_ratio` × the median), in which
+//!   case it is replaced by the median: a sudden shared rise reaches the controller at once,
+//!   while a lone slow path does not;
+//! - ECN and loss events only from paths that are not [outliers](PathSet::is_outlier).
+//!
+//! Per-path windows (one controller per path) would be the alternative; they split an already
+//! small window N ways and make each path's controller learn from a trickle of samples, so
+//! Braid keeps one window per connection and a median-filtered signal.
+
+use std::collections::VecDeque;
+
+use braid_time::Timestamp;
+
+use crate::AckSample;
+
+/// Most paths one connection may have.
+pub const MAX_PATHS: usize = 256;
+
+/// Quantization of the shares used for picking: shares become integers summing to about
+/// this, so a choice is exact integer arithmetic on the caller's random number.
+const SHARE_SCALE: f64 = (1u64 << 24) as f64;
+
+/// Tuning of a [`PathSet`]. The defaults are Braid's choices, except PLB's round count and
+/// ECN threshold, which are the PLB paper's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PathConfig {
+    /// EWMA gain of the per-path delay (per sample). Default 1/8.
+    pub delay_gain: f64,
+    /// EWMA gain of the per-path ECN fraction (per ECN-reporting ACK). Default 1/16.
+    pub ecn_gain: f64,
+    /// EWMA gain of the per-path loss rate (per ACK or loss). Default 1/16.
+    pub loss_gain: f64,
+    /// Weight penalty per unit of relative excess delay. Default 1: a path 10× slower than
+    /// the best gets about a tenth of the health.
+    pub k_delay: f64,
+    /// Relative excess delay ignored as jitter. Default 0.2.
+    pub delay_tolerance: f64,
+    /// Weight penalty per unit of ECN fraction. Default 8: half the packets marked leaves
+    /// a fifth of the health.
+    pub k_ecn: f64,
+    /// Weight penalty per unit of loss rate. Default 50: 2% loss halves the health.
+    pub k_loss: f64,
+    /// Fraction of the traffic spread evenly over all paths whatever their health, so every
+    /// path keeps being probed. Default 0.1.
+    pub probe_floor: f64,
+    /// Consecutive congested rounds before a path is re-pathed. Default 3 (PLB).
+    pub plb_rounds: u32,
+    /// Fraction of marked packets that makes a round congested. Default 0.5 (PLB).
+    pub plb_ecn_threshold: f64,
+    /// Fraction of lost packets above which a round is congested. Default 0.01: with a
+    /// handful of packets per path and round, any loss.
+    pub plb_loss_threshold: f64,
+    /// Without a delay target set by the engine, a round is congested when its mean delay
+    /// exceeds this multiple of the lowest delay measured. Default 3.
+    pub plb_delay_factor: f64,
+    /// A path whose smoothed delay exceeds this multiple of the connection's median is an
+    /// outlier. Default 2.
+    pub outlier_delay_ratio: f64,
+    /// A path whose ECN fraction exceeds the median by this much is an outlier. Default 0.2.
+    pub outlier_ecn_margin: f64,
+    /// A path whose loss rate exceeds the median by this much is an outlier. Default 0.05.
+    pub outlier_loss_margin: f64,
+    /// Samples a path needs (since its last reset) before it can be called an outlier.
+    /// Default 4.
+    pub min_samples: u32,
+}
+
+impl Default for PathConfig {
+    fn default() -> Self {
+        PathConfig {
+            delay_gain: 1.0 / 8.0,
+            ecn_gain: 1.0 / 16.0,
+            loss_gain: 1.0 / 16.0,
+            k_delay: 1.0,
+            delay_tolerance: 0.2,
+            k_ecn: 8.0,
+            k_loss: 50.0,
+            probe_floor: 0.1,
+            plb_rounds: 3,
+            plb_ecn_threshold: 0.5,
+            plb_loss_threshold: 0.01,
+            plb_delay_factor: 3.0,
+            outlier_delay_ratio: 2.0,
+            outlier_ecn_margin: 0.2,
+            outlier_loss_margin: 0.05,
+            min_samples: 4,
+        }
+    }
+}
+
+/// What a [`PathSet`] knows about one path, for statistics and tests.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub struct PathView {
+    /// Smoothed fabric delay, ns, if any sample arrived since the last reset.
+    pub delay_ns: Option<u64>,
+    /// Delay samples since the last reset.
+    pub delay_samples: u32,
+    /// Smoothed fraction of CE-marked packets.
+    pub ecn_frac: f64,
+    /// Smoothed loss rate.
+    pub loss_rate: f64,
+    /// ACKs and losses counted since the last reset.
+    pub outcomes: u32,
+    /// Packets sent on the path and not yet acknowledged or declared lost.
+    pub in_flight: u32,
+    /// Consecutive congested rounds so far.
+    pub congested_rounds: u32,
+    /// Times the path was re-pathed.
+    pub repaths: u32,
+}
+
+/// The connection-wide congestion signal: per-path values aggregated by their median,
+/// weighted by each path's share of the traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[non_exhaustive]
+pub struct ConnectionSignal {
+    /// Weighted median of the smoothed per-path delays, ns.
+    pub delay_ns: Option<u64>,
+    /// Weighted median of the per-path ECN fractions.
+    pub ecn_frac: f64,
+    /// Weighted median of the per-path loss rates.
+    pub loss_rate: f64,
+    /// Lowest delay sample seen on any path, ns.
+    pub min_delay_ns: Option<u64>,
+}
+
+/// Per-path state and path choice for one connection. See the [module docs](self).
+///
+/// # Call contract
+///
+/// - [`on_sent`](PathSet::on_sent) for every data packet, with the path it went out on;
+/// - [`on_ack`](PathSet::on_ack) for every packet newly acknowledged, with its path, send
+///   time and, when the ACK measured them for this packet, its delay and ECN mark;
+/// - [`on_loss`](PathSet::on_loss) for every packet declared lost;
+/// - [`pick`](PathSet::pick) / [`pick_other`](PathSet::pick_other) to choose a path;
+/// - [`take_repath`](PathSet::take_repath) now and then (after ACK processing): each index it
+///   returns gets a fresh random source port.
+///
+/// Path indices out of range are ignored. Nothing here allocates after construction.
+#[derive(Debug, Clone)]
+pub struct PathSet {
+    cfg: PathConfig,
+    paths: Vec<Path>,
+    shares: Vec<f64>,
+    /// Cumulative quantized shares: path `i` owns `[cum[i] - q[i], cum[i])`.
+    cum: Vec<u64>,
+    signal: ConnectionSignal,
+    dirty: bool,
+    events_since_refresh: u32,
+    refresh_every: u32,
+    repath_queue: VecDeque<u16>,
+    min_delay_ns: Option<u64>,
+    delay_target_ns: Option<u64>,
+    scratch: Vec<(f64, f64)>,
+}
+
+impl PathSet {
+    /// A set of `n` paths with default tuning.
+    ///
+    /// # Panics
+    ///
+    /// If `n` is 0 or above [`MAX_PATHS`].
+    pub fn new(n: u16) -> Self {
+        Self::with_config(n, PathConfig::default())
+    }
+
+    /// A set of `n` paths.
+    ///
+    /// # Panics
+    ///
+    /// If `n` is 0 or above [`MAX_PATHS`].
+    pub fn with_config(n: u16, cfg: PathConfig) -> Self {
+        let n = usize::from(n);
+        assert!(
+            (1..=MAX_PATHS).contains(&n),
+            "a connection has 1..={MAX_PATHS} paths, not {n}"
+        );
+        let mut cfg = cfg;
+        cfg.probe_floor = finite_or(cfg.probe_floor, 0.1).clamp(0.0, 1.0);
+        cfg.delay_gain = finite_or(cfg.delay_gain, 0.125).clamp(0.0, 1.0);
+        cfg.ecn_gain = finite_or(cfg.ecn_gain, 0.0625).clamp(0.0, 1.0);
+        cfg.loss_gain = finite_or(cfg.loss_gain, 0.0625).clamp(0.0, 1.0);
+        let mut set = PathSet {
+            cfg,
+            paths: vec![Path::default(); n],
+            shares: vec![0.0; n],
+            cum: vec![0; n],
+            signal: ConnectionSignal::default(),
+            dirty: true,
+            events_since_refresh: 0,
+            // Amortize the O(N log N) refresh over N/16 feedback events.
+            refresh_every: u32::try_from(n.div_ceil(16)).unwrap_or(1),
+            repath_queue: VecDeque::with_capacity(n),
+            min_delay_ns: None,
+            delay_target_ns: None,
+            scratch: Vec::with_capacity(n),
+        };
+        set.refresh();
+        set
+    }
+
+    /// Number of paths.
+    pub fn len(&self) -> usize {
+        self.paths.len()
+    }
+
+    /// Always `false`: a set has at least one path.
+    pub fn is_empty(&self) -> bool {
+        self.paths.is_empty()
+    }
+
+    /// What is known about `path`.
+    pub fn stats(&self, path: u16) -> Option<PathView> {
+        let p = self.paths.get(usize::from(path))?;
+        Some(PathView {
+            delay_ns: (p.delay_samples > 0).then_some(p.delay_ns as u64),
+            delay_samples: p.delay_samples,
+            ecn_frac: p.ecn_frac,
+            loss_rate: p.loss_rate,
+            outcomes: p.outcomes,
+            in_flight: p.in_flight,
+            congested_rounds: p.congested_rounds,
+            repaths: p.repaths,
+        })
+    }
+
+    /// Sets the delay above which a round counts as congested for PLB; `None` falls back to
+    /// `plb_delay_factor` × the lowest delay measured. The engine may keep it at the
+    /// controller's [`target_delay_ns`](crate::Controller::target_delay_ns).
+    pub fn set_delay_target_ns(&mut self, target_ns: Option<u64>) {
+        self.delay_target_ns = target_ns;
+    }
+
+    /// A packet left on `path` at `now`.
+    pub fn on_sent(&mut self, path: u16, now: Timestamp) {
+        if let Some(p) = self.paths.get_mut(usize::from(path)) {
+            p.in_flight = p.in_flight.saturating_add(1);
+            p.last_sent = p.last_sent.max(now);
+        }
+    }
+
+    /// A packet sent on `s.path` at `s.sent_at` was acknowledged at `now`. Reads the delay
+    /// ([`AckSample::delay_ns`]) and the CE mark (`ecn_ce`) when present.
+    pub fn on_ack(&mut self, now: Timestamp, s: &AckSample) {
+        let i = usize::from(s.path);
+        let cfg = self.cfg;
+        let Some(p) = self.paths.get_mut(i) else {
+            return;
+        };
+        p.in_flight = p.in_flight.saturating_sub(1);
+        if s.sent_at < p.epoch {
+            return; // sent on the path's previous source port
+        }
+        self.next_round(i, now, s.sent_at);
+        let p = &mut self.paths[i];
+        if let Some(d) = s.delay_ns() {
+            let d = d as f64;
+            p.delay_ns = if p.delay_samples == 0 {
+                d
+            } else {
+                p.delay_ns + cfg.delay_gain * (d - p.delay_ns)
+            };
+            p.delay_samples = p.delay_samples.saturating_add(1);
+            p.round.delay_sum += d;
+            p.round.delay_n += 1;
+            self.min_delay_ns = Some(self.min_delay_ns.map_or(d as u64, |m| m.min(d as u64)));
+        }
+        if let Some(ce) = s.ecn_ce {
+            let x = if ce { 1.0 } else { 0.0 };
+            p.ecn_frac += cfg.ecn_gain * (x - p.ecn_frac);
+            p.ecn_samples = p.ecn_samples.saturating_add(1);
+            p.round.ecn_known += 1;
+            p.round.marked += u32::from(ce);
+        }
+        p.loss_rate -= cfg.loss_gain * p.loss_rate;
+        p.outcomes = p.outcomes.saturating_add(1);
+        p.round.acked += 1;
+    }
+
+    /// A packet sent on `path` at `sent_at` was declared lost at `now`.
+    pub fn on_loss(&mut self, now: Timestamp, path: u16, sent_at: Timestamp) {
+        let i = usize::from(path);
+        let gain = self.cfg.loss_gain;
+        let Some(p) = self.paths.get_mut(i) else {
+            return;
+        };
+        p.in_flight = p.in_flight.saturating_sub(1);
+        if sent_at < p.epoch {
+            return;
+        }
+        self.next_round(i, now, sent_at);
+        let p = &mut self.paths[i];
+        p.loss_rate += gain * (1.0 - p.loss_rate);
+        p.outcomes = p.outcomes.saturating_add(1);
+        p.round.lost += 1;
+    }
+
+    /// The traffic share of each path (summing to 1), recomputed if anything changed.
+    pub fn weights(&mut self) -> &[f64] {
+        if self.dirty {
+            self.refresh();
+        }
+        &self.shares
+    }
+
+    /// Chooses a path with probability equal to its share, from a random number the caller
+    /// drew (uniform over `u32`). The same state and number give the same path.
+    pub fn pick(&mut self, rng_u32: u32) -> u16 {
+        self.maybe_refresh();
+        let total = self.cum.last().copied().unwrap_or(1);
+        let x = (u64::from(rng_u32) * total) >> 32;
+        self.index_at(x)
+    }
+
+    /// Like [`pick`](PathSet::pick), but never `avoid` when there is another path: for a
+    /// retransmission, which should not follow the packet that was lost.
+    pub fn pick_other(&mut self, avoid: u16, rng_u32: u32) -> u16 {
+        let a = usize::from(avoid);
+        if self.paths.len() < 2 || a >= self.paths.len() {
+            return self.pick(rng_u32);
+        }
+        self.maybe_refresh();
+        let total = self.cum.last().copied().unwrap_or(1);
+        let end = self.cum[a];
+        let q = end - if a == 0 { 0 } else { self.cum[a - 1] };
+        let mut x = (u64::from(rng_u32) * (total - q)) >> 32;
+        if x >= end - q {
+            x += q;
+        }
+        self.index_at(x)
+    }
+
+    /// The next path due for re-pathing, if any: the engine gives it a fresh random source
+    /// port. Its statistics restart, and feedback for packets sent on it before this call
+    /// (on the old port) is ignored from now on.
+    pub fn take_repath(&mut self) -> Option<u16> {
+        while let Some(i) = self.repath_queue.pop_front() {
+            let p = &mut self.paths[usize::from(i)];
+            if !p.repath_pending {
+                continue;
+            }
+            *p = Path {
+                in_flight: p.in_flight,
+                last_sent: p.last_sent,
+                epoch: p.last_sent.add_nanos(1),
+                repaths: p.repaths.saturating_add(1),
+                ..Path::default()
+            };
+            self.dirty = true;
+            self.events_since_refresh = u32::MAX;
+            return Some(i);
+        }
+        None
+    }
+
+    /// Queues `path` for re-pathing now, whatever its rounds say (for instance when a
+    /// retransmit timeout suggests it black-holes packets).
+    pub fn request_repath(&mut self, path: u16) {
+        if let Some(p) = self.paths.get_mut(usize::from(path))
+            && !p.repath_pending
+        {
+            p.repath_pending = true;
+            p.congested_rounds = 0;
+            self.repath_queue.push_back(path);
+        }
+    }
+
+    /// The connection-wide signal: share-weighted medians of the per-path values.
+    pub fn connection_signal(&mut self) -> ConnectionSignal {
+        if self.dirty {
+            self.refresh();
+        }
+        self.signal
+    }
+
+    /// Whether `path` is doing markedly worse than the connection as a whole (delay above
+    /// `outlier_delay_ratio` × the median, or ECN fraction or loss rate above the median by
+    /// their margins), with at least `min_samples` samples behind the verdict. The engine
+    /// should not pass ECN and loss events from outlier paths to the controller.
+    pub fn is_outlier(&mut self, path: u16) -> bool {
+        self.maybe_refresh();
+        self.delay_outlier(path) || {
+            let Some(p) = self.paths.get(usize::from(path)) else {
+                return false;
+            };
+            let c = &self.cfg;
+            let ecn = p.ecn_samples >= c.min_samples
+                && p.ecn_frac > self.signal.ecn_frac + c.outlier_ecn_margin;
+            let loss = p.outcomes >= c.min_samples
+                && p.loss_rate > self.signal.loss_rate + c.outlier_loss_margin;
+            ecn || loss
+        }
+    }
+
+    /// The delay sample the connection's controller should see for a raw sample `raw_ns`
+    /// measured on `path`: `raw_ns` itself, unless the path's smoothed delay makes it an
+    /// outlier, in which case `min(raw_ns, median delay)`.
+    pub fn cc_delay_ns(&mut self, path: u16, raw_ns: u64) -> u64 {
+        self.maybe_refresh();
+        match self.signal.delay_ns {
+            Some(median) if self.delay_outlier(path) => raw_ns.min(median),
+            _ => raw_ns,
+        }
+    }
+
+    fn delay_outlier(&self, path: u16) -> bool {
+        let Some(p) = self.paths.get(usize::from(path)) else {
+            return false;
+        };
+        p.delay_samples >= self.cfg.min_samples
+            && self
+                .signal
+                .delay_ns
+                .is_some_and(|m| p.delay_ns > self.cfg.outlier_delay_ratio * m as f64)
+    }
+
+    fn index_at(&self, x: u64) -> u16 {
+        let i = self.cum.partition_point(|&c| c <= x);
+        // `x < total`, so `i < len ≤ MAX_PATHS`, which fits in u16.
+        u16::try_from(i.min(self.paths.len() - 1)).unwrap_or(0)
+    }
+
+    /// Called before feedback is counted: ends the path's round if the feedback is for a
+    /// packet sent after the round began (that feedback then opens the next round).
+    fn next_round(&mut self, i: usize, now: Timestamp, sent_at: Timestamp) {
+        self.dirty = true;
+        self.events_since_refresh = self.events_since_refresh.saturating_add(1);
+        let delay_target = self.delay_target_ns.map(|t| t as f64).or_else(|| {
+            self.min_delay_ns
+                .map(|m| m as f64 * self.cfg.plb_delay_factor)
+        });
+        let cfg = self.cfg;
+        let p = &mut self.paths[i];
+        let Some(start) = p.round.start else {
+            p.round.start = Some(now);
+            return;
+        };
+        if sent_at < start {
+            return;
+        }
+        let congested = p.round.congested(&cfg, delay_target);
+        p.round = Round {
+            start: Some(now),
+            ..Round::default()
+        };
+        if !congested {
+            p.congested_rounds = 0;
+            return;
+        }
+        p.congested_rounds += 1;
+        if p.congested_rounds >= cfg.plb_rounds.max(1) {
+            p.congested_rounds = 0;
+            if !p.repath_pending {
+                p.repath_pending = true;
+                // `i < len ≤ MAX_PATHS`.
+                self.repath_queue.push_back(u16::try_from(i).unwrap_or(0));
+            }
+        }
+    }
+
+    fn maybe_refresh(&mut self) {
+        if self.dirty && self.events_since_refresh >= self.refresh_every {
+            self.refresh();
+        }
+    }
+
+    fn refresh(&mut self) {
+        let c = self.cfg;
+        let n = self.paths.len() as f64;
+        let dmin = self
+            .paths
+            .iter()
+            .filter(|p| p.delay_samples > 0)
+            .map(|p| p.delay_ns)
+            .fold(f64::INFINITY, f64::min);
+        let mut sum = 0.0;
+        for (p, s) in self.paths.iter().zip(self.shares.iter_mut()) {
+            let excess = if p.delay_samples > 0 && dmin > 0.0 && dmin.is_finite() {
+                (p.delay_ns / dmin - 1.0 - c.delay_tolerance).max(0.0)
+            } else {
+                0.0
+            };
+            let h =
+                1.0 / (1.0 + c.k_delay * excess + c.k_ecn * p.ecn_frac + c.k_loss * p.loss_rate);
+            let h = if h.is_finite() && h > 0.0 { h } else { 0.0 };
+            *s = h;
+            sum += h;
+        }
+        let mut acc = 0u64;
+        for (s, cum) in self.shares.iter_mut().zip(self.cum.iter_mut()) {
+            let health = if sum > 0.0 { *s / sum } else { 1.0 / n };
+            *s = c.probe_floor / n + (1.0 - c.probe_floor) * health;
+            acc += ((*s * SHARE_SCALE).round() as u64).max(1);
+            *cum = acc;
+        }
+        self.signal = ConnectionSignal {
+            delay_ns: self
+                .median(|p| (p.delay_samples > 0).then_some(p.delay_ns))
+                .map(|d| d as u64),
+            ecn_frac: self
+                .median(|p| (p.ecn_samples > 0).then_some(p.ecn_frac))
+                .unwrap_or(0.0),
+            loss_rate: self
+                .median(|p| (p.outcomes > 0).then_some(p.loss_rate))
+                .unwrap_or(0.0),
+            min_delay_ns: self.min_delay_ns,
+        };
+        self.dirty = false;
+        self.events_since_refresh = 0;
+    }
+
+    /// Share-weighted median of `value` over the paths that have one.
+    fn median(&mut self, value: impl Fn(&Path) -> Option<f64>) -> Option<f64> {
+        self.scratch.clear();
+        for (p, &w) in self.paths.iter().zip(&self.shares) {
+            if let Some(v) = value(p) {
+                self.scratch.push((v, w));
+            }
+        }
+        self.scratch.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let half = self.scratch.iter().map(|e| e.1).sum::<f64>() / 2.0;
+        let mut acc = 0.0;
+        for &(v, w) in &self.scratch {
+            acc += w;
+            if acc >= half {
+                return Some(v);
+            }
+        }
+        self.scratch.last().map(|e| e.0)
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+struct Path {
+    delay_ns: f64,
+    delay_samples: u32,
+    ecn_frac: f64,
+    ecn_samples: u32,
+    loss_rate: f64,
+    outcomes: u32,
+    in_flight: u32,
+    last_sent: Timestamp,
+    /// Feedback for packets sent before this is ignored (they left on the previous port).
+    epoch: Timestamp,
+    round: Round,
+    congested_rounds: u32,
+    repath_pending: bool,
+    repaths: u32,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Round {
+    start: Option<Timestamp>,
+    acked: u32,
+    lost: u32,
+    ecn_known: u32,
+    marked: u32,
+    delay_sum: f64,
+    delay_n: u32,
+}
+
+impl Round {
+    fn congested(&self, cfg: &PathConfig, delay_target_ns: Option<f64>) -> bool {
+        let total = self.acked + self.lost;
+        if total == 0 {
+            return false;
+        }
+        let ecn = self.ecn_known > 0
+            && f64::from(self.marked) >= cfg.plb_ecn_threshold * f64::from(self.ecn_known);
+        let loss =
+            self.lost > 0 && f64::from(self.lost) > cfg.plb_loss_threshold * f64::from(total);
+        let delay = self.delay_n > 0
+            && delay_target_ns.is_some_and(|t| self.delay_sum / f64::from(self.delay_n) > t);
+        ecn || loss || delay
+    }
+}
+
+fn finite_or(x: f64, fallback: f64) -> f64 {
+    if x.is_finite() { x } else { fallback }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn us(x: u64) -> Timestamp {
+        Timestamp::from_micros(x)
+    }
+
+    /// A simple deterministic generator for the caller-side random numbers (64-bit LCG,
+    /// Knuth's MMIX constants; the high half is returned).
+    struct Lcg(u64);
+
+    impl Lcg {
+        fn next(&mut self) -> u32 {
+            self.0 = self
+                .0
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (self.0 >> 32) as u32
+        }
+    }
+
+    fn sample(path: u16, sent_at: Timestamp, delay_us: Option<u64>, ce: Option<bool>) -> AckSample {
+        let mut s = AckSample::new(sent_at, 1000);
+        s.path = path;
+        s.fabric_delay_ns = delay_us.map(|d| d * 1000);
+        s.ecn_ce = ce;
+        s
+    }
+
+    /// Feeds `rounds` of `per_path` ACKs to every path; `delay_us(path)` and `ce(path, k)` say
+    /// what each sees.
+    fn feed(
+        ps: &mut PathSet,
+        rounds: u64,
+        per_path: u64,
+        delay_us: impl Fn(u16) -> u64,
+        ce: impl Fn(u16, u64) -> bool,
+    ) {
+        let n = ps.len() as u16;
+        for r in 0..rounds {
+            for k in 0..per_path {
+                for p in 0..n {
+                    let t = us(1000 * (r + 1) + k);
+                    ps.on_sent(p, t);
+                    let s = sample(p, t, Some(delay_us(p)), Some(ce(p, r * per_path + k)));
+                    ps.on_ack(t.add_nanos(1), &s);
+                }
+            }
+        }
+    }
+
+    fn fair(ps: &PathSet) -> f64 {
+        1.0 / ps.len() as f64
+    }
+
+    #[test]
+    fn weight_moves_off_a_path_with_ten_times_the_delay() {
+        let mut ps = PathSet::new(8);
+        feed(
+            &mut ps,
+            10,
+            4,
+            |p| if p == 0 { 1000 } else { 100 },
+            |_, _| false,
+        );
+        let w = ps.weights().to_vec();
+        let f = fair(&ps);
+        assert!(w[0] < 0.25 * f, "{w:?}");
+        assert!(w[1..].iter().all(|&x| x > f), "{w:?}");
+        assert!((w.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn weight_moves_off_a_path_with_half_its_packets_marked() {
+        let mut ps = PathSet::new(8);
+        feed(&mut ps, 25, 4, |_| 100, |p, k| p == 2 && k % 2 == 0);
+        let w = ps.weights().to_vec();
+        assert!(w[2] < 0.5 * fair(&ps), "{w:?}");
+        assert!((ps.stats(2).unwrap().ecn_frac - 0.5).abs() < 0.1);
+    }
+
+    #[test]
+    fn weight_moves_off_a_lossy_path() {
+        let mut ps = PathSet::new(8);
+        for i in 0..400u64 {
+            for p in 0..8u16 {
+                let t = us(10 * i);
+                ps.on_sent(p, t);
+                if p == 5 && i % 10 == 0 {
+                    ps.on_loss(t.add_nanos(1), p, t);
+                } else {
+                    ps.on_ack(t.add_nanos(1), &sample(p, t, Some(100), None));
+                }
+            }
+        }
+        let w = ps.weights().to_vec();
+        assert!(w[5] < 0.5 * fair(&ps), "{w:?}");
+    }
+
+    #[test]
+    fn every_path_keeps_the_probe_floor() {
+        let mut ps = PathSet::new(8);
+        for i in 0..200u64 {
+            let t = us(10 * i);
+            for p in 0..4u16 {
+                ps.on_sent(p, t);
+                ps.on_loss(t.add_nanos(1), p, t);
+                ps.on_ack(t.add_nanos(2), &sample(p, t, Some(100_000), Some(true)));
+            }
+            for p in 4..8u16 {
+                ps.on_ack(t.add_nanos(2), &sample(p, t, Some(10), Some(false)));
+            }
+        }
+        let floor = 0.1 / 8.0;
+        let w = ps.weights().to_vec();
+        assert!(w.iter().all(|&x| x >= floor - 1e-12), "{w:?}");
+        assert!(w[..4].iter().all(|&x| x < 1.2 * floor), "{w:?}");
+    }
+
+    #[test]
+    fn pick_follows_the_weights() {
+        let mut ps = PathSet::new(8);
+        feed(
+            &mut ps,
+            20,
+            4,
+            |p| 100 + 150 * u64::from(p),
+            |p, k| p == 7 && k % 4 == 0,
+        );
+        let shares = ps.weights().to_vec();
+        let mut counts = [0u64; 8];
+        let mut rng = Lcg(42);
+        const PICKS: u64 = 100_000;
+        for _ in 0..PICKS {
+            counts[usize::from(ps.pick(rng.next()))] += 1;
+        }
+        // Chi-square with 7 degrees of freedom; 30 is far in the tail (p < 1e-4).
+        let chi2: f64 = counts
+            .iter()
+            .zip(&shares)
+            .map(|(&o, &s)| {
+                let e = s * PICKS as f64;
+                (o as f64 - e).powi(2) / e
+            })
+            .sum();
+        assert!(
+            chi2 < 30.0,
+            "chi2 {chi2}, counts {counts:?}, shares {shares:?}"
+        );
+        // And the weights really differ, so the test means something.
+        assert!(shares[0] > 2.0 * shares[7]);
+    }
+
+    #[test]
+    fn pick_is_deterministic_for_a_given_number() {
+        let mut a = PathSet::new(16);
+        let mut b = PathSet::new(16);
+        let mut rng = Lcg(7);
+        for _ in 0..1000 {
+            let r = rng.next();
+            assert_eq!(a.pick(r), b.pick(r));
+        }
+        assert_eq!(a.pick(0), 0);
+        assert_eq!(a.pick(u32::MAX), 15);
+    }
+
+    #[test]
+    fn pick_other_never_returns_the_avoided_path() {
+        let mut ps = PathSet::new(8);
+        feed(&mut ps, 5, 2, |p| 100 + 10 * u64::from(p), |_, _| false);
+        let mut rng = Lcg(1);
+        let mut seen = [false; 8];
+        for i in 0..20_000u32 {
+            let avoid = (i % 8) as u16;
+            let p = ps.pick_other(avoid, rng.next());
+            assert_ne!(p, avoid);
+            seen[usize::from(p)] = true;
+        }
+        assert!(seen.iter().all(|&s| s));
+        for avoid in 0..8 {
+            assert_ne!(ps.pick_other(avoid, 0), avoid);
+            assert_ne!(ps.pick_other(avoid, u32::MAX), avoid);
+        }
+    }
+
+    #[test]
+    fn pick_other_with_one_path_returns_it() {
+        let mut ps = PathSet::new(1);
+        assert_eq!(ps.pick_other(0, 12345), 0);
+        assert_eq!(ps.pick(u32::MAX), 0);
+    }
+
+    /// One round on `path`: a few packets sent at `t`, acknowledged just after, all marked or
+    /// all clean. The first ACK ends the previous round (its packet was sent after that round
+    /// began) and opens this one.
+    fn ecn_round(ps: &mut PathSet, path: u16, t: u64, marked: bool) {
+        for k in 0..4 {
+            ps.on_sent(path, us(t));
+            ps.on_ack(
+                us(t + 10 + k),
+                &sample(path, us(t), Some(100), Some(marked)),
+            );
+        }
+    }
+
+    #[test]
+    fn plb_flags_a_path_after_n_congested_rounds_and_not_before() {
+        let mut ps = PathSet::new(4);
+        ecn_round(&mut ps, 3, 0, true); // opens the first round
+        ecn_round(&mut ps, 3, 100, true); // ends congested round 1
+        ecn_round(&mut ps, 3, 200, true); // 2
+        assert_eq!(ps.take_repath(), None);
+        assert_eq!(ps.stats(3).unwrap().congested_rounds, 2);
+        ecn_round(&mut ps, 3, 300, true); // 3 = plb_rounds
+        assert_eq!(ps.take_repath(), Some(3));
+        assert_eq!(ps.take_repath(), None);
+        let st = ps.stats(3).unwrap();
+        assert_eq!((st.outcomes, st.ecn_frac, st.repaths), (0, 0.0, 1));
+    }
+
+    #[test]
+    fn plb_counts_only_consecutive_congested_rounds() {
+        let mut ps = PathSet::new(4);
+        for (i, marked) in [true, true, false, true, true, false]
+            .into_iter()
+            .enumerate()
+        {
+            ecn_round(&mut ps, 1, 100 * i as u64, marked);
+        }
+        // Five rounds ended (T, T, clean, T, T): the clean one reset the count.
+        assert_eq!(ps.stats(1).unwrap().congested_rounds, 2);
+        assert_eq!(ps.take_repath(), None);
+    }
+
+    #[test]
+    fn plb_flags_a_path_whose_delay_exceeds_the_target() {
+        let mut ps = PathSet::new(2);
+        ps.set_delay_target_ns(Some(200_000));
+        for r in 0..4u64 {
+            let t = us(1000 * r);
+            ps.on_sent(0, t);
+            ps.on_ack(t.add_nanos(1), &sample(0, t, Some(500), None));
+        }
+        assert_eq!(ps.take_repath(), Some(0));
+    }
+
+    #[test]
+    fn plb_flags_a_black_holed_path_through_its_losses() {
+        let mut ps = PathSet::new(2);
+        for r in 0..4u64 {
+            let t = us(1000 * r);
+            ps.on_sent(1, t);
+            ps.on_loss(t.add_nanos(500_000), 1, t);
+        }
+        assert_eq!(ps.take_repath(), Some(1));
+    }
+
+    #[test]
+    fn feedback_from_the_old_port_is_ignored_after_repath() {
+        let mut ps = PathSet::new(2);
+        ps.request_repath(0);
+        for i in 0..4 {
+            ps.on_sent(0, us(i));
+        }
+        assert_eq!(ps.take_repath(), Some(0));
+        assert_eq!(ps.stats(0).unwrap().in_flight, 4);
+        // ACKs for packets sent before the repath still leave the flight, but teach nothing.
+        ps.on_ack(us(100), &sample(0, us(2), Some(5000), Some(true)));
+        let st = ps.stats(0).unwrap();
+        assert_eq!((st.in_flight, st.outcomes, st.delay_ns), (3, 0, None));
+        ps.on_sent(0, us(101));
+        ps.on_ack(us(200), &sample(0, us(101), Some(100), Some(false)));
+        assert_eq!(ps.stats(0).unwrap().delay_ns, Some(100_000));
+    }
+
+    #[test]
+    fn one_bad_path_among_eight_leaves_the_connection_signal_near_the_good_delay() {
+        let mut ps = PathSet::new(8);
+        feed(
+            &mut ps,
+            10,
+            4,
+            |p| if p == 6 { 5000 } else { 95 + u64::from(p) },
+            |p, _| p == 6,
+        );
+        let s = ps.connection_signal();
+        let d = s.delay_ns.unwrap();
+        assert!((95_000..=102_000).contains(&d), "{d}");
+        assert_eq!(s.ecn_frac, 0.0);
+        assert!(ps.is_outlier(6));
+        assert!(!ps.is_outlier(0));
+        // The controller sees the median instead of the bad path's samples...
+        assert!(ps.cc_delay_ns(6, 5_000_000) <= 102_000);
+        // ...and good paths' samples untouched, even when they rise.
+        assert_eq!(ps.cc_delay_ns(0, 300_000), 300_000);
+    }
+
+    #[test]
+    fn shared_congestion_moves_the_connection_signal() {
+        let mut ps = PathSet::new(8);
+        feed(&mut ps, 10, 4, |_| 500, |_, _| true);
+        let s = ps.connection_signal();
+        assert_eq!(s.delay_ns, Some(500_000));
+        assert!(s.ecn_frac > 0.9);
+        assert!((0..8).all(|p| !ps.is_outlier(p)));
+        let w = ps.weights();
+        assert!(w.iter().all(|&x| (x - 0.125).abs() < 1e-9), "{w:?}");
+    }
+
+    #[test]
+    fn new_accepts_max_paths() {
+        let mut ps = PathSet::new(MAX_PATHS as u16);
+        assert_eq!(ps.len(), MAX_PATHS);
+        assert_eq!(ps.pick(u32::MAX), (MAX_PATHS - 1) as u16);
+    }
+
+    #[test]
+    #[should_panic(expected = "paths")]
+    fn new_rejects_more_than_max_paths() {
+        let _ = PathSet::new(MAX_PATHS as u16 + 1);
+    }
+
+    #[test]
+    #[should_panic(expected = "paths")]
+    fn new_rejects_zero_paths() {
+        let _ = PathSet::new(0);
+    }
+
+    #[test]
+    fn out_of_range_paths_are_ignored() {
+        let mut ps = PathSet::new(2);
+        ps.on_sent(9, us(0));
+        ps.on_ack(us(1), &sample(9, us(0), Some(1), Some(true)));
+        ps.on_loss(us(1), 9, us(0));
+        ps.request_repath(9);
+        assert_eq!(ps.take_repath(), None);
+        assert!(!ps.is_outlier(9));
+        assert_eq!(ps.stats(9), None);
+    }
+}

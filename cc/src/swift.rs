@@ -1,0 +1,689 @@
+//! Swift: delay-based AIMD with a scaled target delay.
+
+use braid_time::Timestamp;
+
+use crate::{AckSample, Controller, ControllerFactory};
+
+/// Configuration (and factory) for [`Swift`]; **the documented default controller** of Braid.
+///
+/// Windows are in packets of the connection's MTU and may be fractional. The defaults are the
+/// paper's for the shape of the control law (`ai`, `beta`, `max_mdf`, `fs_min_cwnd`,
+/// `fs_max_cwnd`) and Braid's own for the delays, because Braid measures delay in software
+/// (host stacks add tens of microseconds of jitter that NIC timestamps would not see) and runs
+/// on fabrics whose base delay it cannot know in advance:
+///
+/// | field | default | why |
+/// |---|---|---|
+/// | `base_target_ns` | 50 µs | headroom above the lowest measured delay (software jitter) |
+/// | `target_above_min_delay` | `true` | the base delay is measured, not configured |
+/// | `per_hop_ns` | 2 µs | queueing allowance per switch hop when hops are reported |
+/// | `assumed_hops` | 0 | hops are usually not reported: the base covers a typical path |
+/// | `fs_range_ns` | 100 µs | extra target for flows with tiny windows (incast) |
+/// | `fs_min_cwnd`, `fs_max_cwnd` | 0.1, 100 packets | paper |
+/// | `ai` | 1 packet per RTT | paper |
+/// | `beta` | 0.8 | paper |
+/// | `max_mdf` | 0.5 | paper |
+/// | `min_cwnd` | 0.01 packets | one packet per 100 RTTs at the floor |
+/// | `max_cwnd` | 1024 packets | above any SACK span the engine allows |
+/// | `init_cwnd` | 64 packets | Swift has no slow start; ~BDP of 10–25 Gb/s at ~50 µs |
+/// | `rtt_init_ns` | 100 µs | round trip assumed before the first sample |
+/// | `idle_restart_rtts` | 4 | idle longer than this restarts at `init_cwnd` at most |
+/// | `rto_reset_threshold` | 1 | every retransmit timeout resets the window to `min_cwnd` |
+/// | `min_delay_window_ns` | 10 s | a min-delay sample older than this is replaced |
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SwiftConfig {
+    /// Base target delay, ns. With `target_above_min_delay` it is headroom added to the lowest
+    /// delay this connection has measured; otherwise it is the absolute base (the paper's
+    /// `base_target`, for a fabric whose delays are known).
+    pub base_target_ns: u64,
+    /// Whether the target is relative to the measured minimum delay (see `base_target_ns`).
+    pub target_above_min_delay: bool,
+    /// Target added per switch hop, ns (the paper's `h`).
+    pub per_hop_ns: u64,
+    /// Hops assumed when ACK samples carry none.
+    pub assumed_hops: u8,
+    /// Largest extra target for small windows, ns (the paper's `fs_range`).
+    pub fs_range_ns: u64,
+    /// Window, packets, at and below which flow scaling adds all of `fs_range_ns`.
+    pub fs_min_cwnd: f64,
+    /// Window, packets, at and above which flow scaling adds nothing.
+    pub fs_max_cwnd: f64,
+    /// Additive increase, packets per round trip.
+    pub ai: f64,
+    /// Multiplicative decrease gain on the relative excess delay.
+    pub beta: f64,
+    /// Largest fraction one decrease removes.
+    pub max_mdf: f64,
+    /// Smallest window, packets (below one packet the controller paces).
+    pub min_cwnd: f64,
+    /// Largest window, packets.
+    pub max_cwnd: f64,
+    /// Window at start and the cap on restart after idle, packets.
+    pub init_cwnd: f64,
+    /// Round trip assumed before the first sample, ns.
+    pub rtt_init_ns: u64,
+    /// Idle periods of at least this many smoothed round trips restart the window.
+    pub idle_restart_rtts: u32,
+    /// Consecutive retransmit timeouts (without an ACK between) that reset the window to
+    /// `min_cwnd`; earlier ones decrease it by `max_mdf`, at most once per round trip.
+    pub rto_reset_threshold: u32,
+    /// Lifetime of the minimum-delay estimate, ns (a route change can raise the base delay).
+    pub min_delay_window_ns: u64,
+}
+
+impl Default for SwiftConfig {
+    fn default() -> Self {
+        SwiftConfig {
+            base_target_ns: 50_000,
+            target_above_min_delay: true,
+            per_hop_ns: 2_000,
+            assumed_hops: 0,
+            fs_range_ns: 100_000,
+            fs_min_cwnd: 0.1,
+            fs_max_cwnd: 100.0,
+            ai: 1.0,
+            beta: 0.8,
+            max_mdf: 0.5,
+            min_cwnd: 0.01,
+            max_cwnd: 1024.0,
+            init_cwnd: 64.0,
+            rtt_init_ns: 100_000,
+            idle_restart_rtts: 4,
+            rto_reset_threshold: 1,
+            min_delay_window_ns: 10_000_000_000,
+        }
+    }
+}
+
+impl ControllerFactory for SwiftConfig {
+    fn build(&self, mtu: u32) -> Box<dyn Controller> {
+        Box::new(Swift::new(*self, mtu))
+    }
+}
+
+/// Swift congestion control (Kumar et al., "Swift: Delay is Simple and Effective for
+/// Congestion Control in the Datacenter", SIGCOMM 2020), for one connection.
+///
+/// The window `cwnd` is kept in bytes as a real number; in packets, `w = cwnd / mtu`.
+///
+/// **Target delay** (§3.5 of the paper), with `hops` from the latest sample (else
+/// `assumed_hops`) and `min_delay` the lowest delay measured (only when
+/// `target_above_min_delay`):
+///
+/// ```text
+/// target = min_delay + base_target + per_hop × hops + fs(w)
+/// fs(w)  = clamp(α / √w + β, 0, fs_range)
+/// α      = fs_range / (1/√fs_min_cwnd − 1/√fs_max_cwnd),   β = −α / √fs_max_cwnd
+/// ```
+///
+/// so a flow with a tiny window tolerates up to `fs_range` more queueing than a big one, which
+/// lets many small flows (incast) share a queue fairly.
+///
+/// **Per acknowledged packet** of `acked` bytes, with `delay` its fabric delay (or the latest
+/// one measured, when the sample carries none):
+///
+/// ```text
+/// if delay < target:   cwnd += ai × mtu × acked / cwnd      (w ≥ 1: +ai packets per RTT)
+///                      cwnd += ai × acked                   (w < 1)
+/// elif can_decrease:   cwnd ×= max(1 − beta × (delay − target) / delay, 1 − max_mdf)
+/// ```
+///
+/// **Loss** (per packet declared lost): `cwnd ×= 1 − max_mdf` if `can_decrease`.
+/// **Retransmit timeout**: `cwnd = min_cwnd` (after `rto_reset_threshold` consecutive ones;
+/// earlier ones count as a loss). `can_decrease` is `now − last_decrease ≥ srtt`: at most one
+/// decrease per smoothed round trip. ECN marks are ignored: Swift is delay-based.
+///
+/// The window is clamped to `[min_cwnd, max_cwnd]` packets. Below one packet,
+/// [`window`](Controller::window) reports one packet and [`pacing_rate`](Controller::pacing_rate)
+/// is `cwnd / srtt` (the paper's pacing delay `rtt / w` per packet). After
+/// [`on_idle`](Controller::on_idle) and `idle_restart_rtts` smoothed round trips without
+/// sending, the next send caps the window at `init_cwnd` (as TCP does, RFC 5681 §4.1) and
+/// forgets the stale delay sample.
+///
+/// Braid keeps one fabric window; the paper's second, endpoint window (receiver host delay) is
+/// left out because the engine's ACK carries only its holding time, which it already removes.
+#[derive(Debug, Clone)]
+pub struct Swift {
+    cfg: SwiftConfig,
+    mtu: f64,
+    /// Window, bytes.
+    cwnd: f64,
+    /// Flow-scaling coefficients α and β.
+    fs_alpha: f64,
+    fs_beta: f64,
+    srtt_ns: f64,
+    has_rtt: bool,
+    last_delay_ns: Option<u64>,
+    min_delay_ns: Option<u64>,
+    min_delay_at: Timestamp,
+    hops: Option<u8>,
+    last_decrease: Option<Timestamp>,
+    consecutive_rto: u32,
+    idle_since: Option<Timestamp>,
+}
+
+impl Swift {
+    /// A controller for packets of up to `mtu` bytes. Out-of-range settings are brought into
+    /// range (a window floor above zero, a ceiling above the floor, gains within `[0, 1]`).
+    pub fn new(cfg: SwiftConfig, mtu: u32) -> Self {
+        let mut cfg = cfg;
+        cfg.min_cwnd = finite_or(cfg.min_cwnd, 0.01).max(1e-6);
+        cfg.max_cwnd = finite_or(cfg.max_cwnd, 1024.0).max(cfg.min_cwnd);
+        cfg.init_cwnd = finite_or(cfg.init_cwnd, 64.0).clamp(cfg.min_cwnd, cfg.max_cwnd);
+        cfg.max_mdf = finite_or(cfg.max_mdf, 0.5).clamp(0.0, 1.0);
+        cfg.beta = finite_or(cfg.beta, 0.8).max(0.0);
+        cfg.ai = finite_or(cfg.ai, 1.0).max(0.0);
+        cfg.rtt_init_ns = cfg.rtt_init_ns.max(1);
+        let (fs_alpha, fs_beta) = flow_scaling_coefficients(&cfg);
+        let mtu = f64::from(mtu.max(1));
+        Swift {
+            cfg,
+            mtu,
+            cwnd: cfg.init_cwnd * mtu,
+            fs_alpha,
+            fs_beta,
+            srtt_ns: cfg.rtt_init_ns as f64,
+            has_rtt: false,
+            last_delay_ns: None,
+            min_delay_ns: None,
+            min_delay_at: Timestamp::ZERO,
+            hops: None,
+            last_decrease: None,
+            consecutive_rto: 0,
+            idle_since: None,
+        }
+    }
+
+    /// The window in packets (fractional).
+    pub fn cwnd_packets(&self) -> f64 {
+        self.cwnd / self.mtu
+    }
+
+    /// The smoothed round trip, ns (`rtt_init_ns` before the first sample).
+    pub fn srtt_ns(&self) -> u64 {
+        self.srtt_ns as u64
+    }
+
+    /// The lowest delay measured (within `min_delay_window_ns`), ns.
+    pub fn min_delay_ns(&self) -> Option<u64> {
+        self.min_delay_ns
+    }
+
+    /// The current target delay, ns, for the current window and the latest hop count.
+    pub fn target_ns(&self) -> u64 {
+        self.target_f64().round() as u64
+    }
+
+    /// The flow-scaling term of the target for a window of `cwnd_packets`, ns.
+    pub fn flow_scaling_ns(&self, cwnd_packets: f64) -> u64 {
+        self.flow_scaling(cwnd_packets).round() as u64
+    }
+
+    fn flow_scaling(&self, w: f64) -> f64 {
+        let range = self.cfg.fs_range_ns as f64;
+        if range <= 0.0 || self.fs_alpha <= 0.0 {
+            return 0.0;
+        }
+        (self.fs_alpha / w.max(1e-9).sqrt() + self.fs_beta).clamp(0.0, range)
+    }
+
+    fn target_f64(&self) -> f64 {
+        let base = self.cfg.base_target_ns as f64
+            + if self.cfg.target_above_min_delay {
+                self.min_delay_ns.unwrap_or(0) as f64
+            } else {
+                0.0
+            };
+        let hops = f64::from(self.hops.unwrap_or(self.cfg.assumed_hops));
+        base + hops * self.cfg.per_hop_ns as f64 + self.flow_scaling(self.cwnd_packets())
+    }
+
+    fn can_decrease(&self, now: Timestamp) -> bool {
+        self.last_decrease
+            .is_none_or(|t| now.nanos_since(t) as f64 >= self.srtt_ns)
+    }
+
+    fn decrease(&mut self, now: Timestamp, factor: f64) {
+        self.cwnd *= factor;
+        self.clamp();
+        self.last_decrease = Some(now);
+    }
+
+    fn clamp(&mut self) {
+        self.cwnd = self
+            .cwnd
+            .clamp(self.cfg.min_cwnd * self.mtu, self.cfg.max_cwnd * self.mtu);
+    }
+
+    fn sample_rtt(&mut self, rtt_ns: u64) {
+        let rtt = rtt_ns.max(1) as f64;
+        self.srtt_ns = if self.has_rtt {
+            0.875 * self.srtt_ns + 0.125 * rtt
+        } else {
+            rtt
+        };
+        self.has_rtt = true;
+    }
+
+    fn sample_delay(&mut self, now: Timestamp, delay_ns: u64) {
+        let expired = now.nanos_since(self.min_delay_at) > self.cfg.min_delay_window_ns;
+        if self.min_delay_ns.is_none_or(|m| delay_ns <= m || expired) {
+            self.min_delay_ns = Some(delay_ns);
+            self.min_delay_at = now;
+        }
+        self.last_delay_ns = Some(delay_ns);
+    }
+}
+
+impl Controller for Swift {
+    fn on_sent(&mut self, now: Timestamp, _bytes: u32, _psn: u32) {
+        if let Some(since) = self.idle_since.take() {
+            let idle_ns = now.nanos_since(since) as f64;
+            if idle_ns >= f64::from(self.cfg.idle_restart_rtts) * self.srtt_ns {
+                self.cwnd = self.cwnd.min(self.cfg.init_cwnd * self.mtu);
+                self.last_delay_ns = None;
+                self.last_decrease = None;
+            }
+        }
+    }
+
+    fn on_ack(&mut self, now: Timestamp, sent_at: Timestamp, bytes: u32, rtt_ns: Option<u64>) {
+        let mut s = AckSample::new(sent_at, bytes);
+        s.fabric_delay_ns = rtt_ns;
+        self.on_ack_with(now, &s);
+    }
+
+    fn on_ack_with(&mut self, now: Timestamp, s: &AckSample) {
+        self.consecutive_rto = 0;
+        if let Some(rtt) = s.rtt_ns.or(s.fabric_delay_ns) {
+            self.sample_rtt(rtt);
+        }
+        if let Some(d) = s.delay_ns() {
+            self.sample_delay(now, d);
+        }
+        if s.hops.is_some() {
+            self.hops = s.hops;
+        }
+        let acked = f64::from(s.bytes);
+        let target = self.target_f64();
+        match self.last_delay_ns {
+            Some(d) if d > 0 && d as f64 >= target => {
+                if self.can_decrease(now) {
+                    let d = d as f64;
+                    let factor =
+                        (1.0 - self.cfg.beta * (d - target) / d).max(1.0 - self.cfg.max_mdf);
+                    self.decrease(now, factor);
+                }
+            }
+            _ => {
+                if self.cwnd >= self.mtu {
+                    self.cwnd += self.cfg.ai * self.mtu * acked / self.cwnd;
+                } else {
+                    self.cwnd += self.cfg.ai * acked;
+                }
+                self.clamp();
+            }
+        }
+    }
+
+    fn on_congestion_event(
+        &mut self,
+        now: Timestamp,
+        _sent_at: Timestamp,
+        is_ecn: bool,
+        _lost_bytes: u32,
+    ) {
+        if !is_ecn && self.can_decrease(now) {
+            self.decrease(now, 1.0 - self.cfg.max_mdf);
+        }
+    }
+
+    fn on_retransmit_timeout(&mut self, now: Timestamp) {
+        self.consecutive_rto = self.consecutive_rto.saturating_add(1);
+        if self.consecutive_rto >= self.cfg.rto_reset_threshold {
+            self.cwnd = self.cfg.min_cwnd * self.mtu;
+            self.last_decrease = Some(now);
+        } else if self.can_decrease(now) {
+            self.decrease(now, 1.0 - self.cfg.max_mdf);
+        }
+    }
+
+    fn on_idle(&mut self, now: Timestamp) {
+        self.idle_since.get_or_insert(now);
+    }
+
+    fn window(&self) -> u64 {
+        self.cwnd.max(self.mtu) as u64
+    }
+
+    fn pacing_rate(&self) -> Option<u64> {
+        (self.cwnd < self.mtu).then(|| ((self.cwnd * 1e9 / self.srtt_ns) as u64).max(1))
+    }
+
+    fn target_delay_ns(&self) -> Option<u64> {
+        Some(self.target_ns())
+    }
+
+    fn name(&self) -> &'static str {
+        "swift"
+    }
+}
+
+fn finite_or(x: f64, fallback: f64) -> f64 {
+    if x.is_finite() { x } else { fallback }
+}
+
+fn flow_scaling_coefficients(cfg: &SwiftConfig) -> (f64, f64) {
+    let lo = finite_or(cfg.fs_min_cwnd, 0.1);
+    let hi = finite_or(cfg.fs_max_cwnd, 100.0);
+    if lo <= 0.0 || hi <= lo {
+        return (0.0, 0.0);
+    }
+    let alpha = cfg.fs_range_ns as f64 / (1.0 / lo.sqrt() - 1.0 / hi.sqrt());
+    (alpha, -alpha / hi.sqrt())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use core::fmt::Write as _;
+
+    const MTU: u32 = 1000;
+
+    fn us(x: u64) -> Timestamp {
+        Timestamp::from_micros(x)
+    }
+
+    /// A fixed-target configuration (absolute 100 µs, no flow scaling) so the numbers in the
+    /// assertions are easy to follow.
+    fn fixed_target() -> SwiftConfig {
+        SwiftConfig {
+            base_target_ns: 100_000,
+            target_above_min_delay: false,
+            fs_range_ns: 0,
+            init_cwnd: 20.0,
+            ..SwiftConfig::default()
+        }
+    }
+
+    fn ack(c: &mut Swift, now: Timestamp, delay_us: Option<u64>) {
+        let mut s = AckSample::new(now, MTU);
+        s.fabric_delay_ns = delay_us.map(|d| d * 1000);
+        c.on_ack_with(now, &s);
+    }
+
+    #[test]
+    fn delay_above_target_shrinks_window_in_proportion_to_the_excess() {
+        // Excess 25 µs over a 100 µs target at 125 µs: factor 1 − 0.8 × 25/125 = 0.84.
+        let mut a = Swift::new(fixed_target(), MTU);
+        ack(&mut a, us(0), Some(125));
+        assert!(
+            (a.cwnd_packets() - 20.0 * 0.84).abs() < 1e-9,
+            "{}",
+            a.cwnd_packets()
+        );
+        // Twice the excess (150 µs): 1 − 0.8 × 50/150 = 0.7333.
+        let mut b = Swift::new(fixed_target(), MTU);
+        ack(&mut b, us(0), Some(150));
+        assert!((b.cwnd_packets() - 20.0 * (1.0 - 0.8 * 50.0 / 150.0)).abs() < 1e-9);
+        // A huge excess is capped at max_mdf.
+        let mut c = Swift::new(fixed_target(), MTU);
+        ack(&mut c, us(0), Some(10_000));
+        assert!((c.cwnd_packets() - 10.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn delay_above_target_decreases_at_most_once_per_rtt() {
+        let mut c = Swift::new(fixed_target(), MTU);
+        // srtt becomes 200 µs; factor 1 − 0.8 × 100/200 = 0.6.
+        ack(&mut c, us(0), Some(200));
+        assert!((c.cwnd_packets() - 12.0).abs() < 1e-9);
+        for t in [10, 50, 100, 150, 199] {
+            ack(&mut c, us(t), Some(200));
+        }
+        assert!(
+            (c.cwnd_packets() - 12.0).abs() < 1e-9,
+            "no second cut within one RTT"
+        );
+        ack(&mut c, us(200), Some(200));
+        assert!(
+            (c.cwnd_packets() - 7.2).abs() < 1e-9,
+            "the next RTT may cut again"
+        );
+    }
+
+    #[test]
+    fn delay_below_target_grows_window_by_about_ai_per_rtt() {
+        let mut c = Swift::new(fixed_target(), MTU);
+        let mut t = 0;
+        for _rtt in 0..10 {
+            // One window's worth of ACKs per round trip.
+            let n = c.cwnd_packets().floor() as u64;
+            for _ in 0..n {
+                ack(&mut c, us(t), Some(50));
+                t += 50 / n.max(1);
+            }
+        }
+        // Ten RTTs of +1 packet each (a little less, since the window grows within a round).
+        let w = c.cwnd_packets();
+        assert!((29.0..=30.5).contains(&w), "{w}");
+    }
+
+    #[test]
+    fn loss_decreases_window_once_per_rtt() {
+        let mut c = Swift::new(fixed_target(), MTU);
+        ack(&mut c, us(0), Some(50)); // srtt 50 µs
+        let w0 = c.cwnd_packets();
+        c.on_congestion_event(us(10), us(0), false, MTU);
+        assert!((c.cwnd_packets() - w0 * 0.5).abs() < 1e-9);
+        c.on_congestion_event(us(20), us(0), false, MTU);
+        assert!(
+            (c.cwnd_packets() - w0 * 0.5).abs() < 1e-9,
+            "one cut per RTT"
+        );
+        c.on_congestion_event(us(60), us(1), false, MTU);
+        assert!((c.cwnd_packets() - w0 * 0.25).abs() < 1e-9);
+    }
+
+    #[test]
+    fn ecn_marks_do_not_move_swift() {
+        let mut c = Swift::new(fixed_target(), MTU);
+        c.on_congestion_event(us(0), us(0), true, 0);
+        assert!((c.cwnd_packets() - 20.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn retransmit_timeout_resets_window_to_min() {
+        let mut c = Swift::new(fixed_target(), MTU);
+        c.on_retransmit_timeout(us(1000));
+        assert!((c.cwnd_packets() - 0.01).abs() < 1e-12);
+        assert_eq!(c.window(), u64::from(MTU));
+        // The first ACK after it brings the window back above one packet (sub-packet AI).
+        ack(&mut c, us(1100), Some(50));
+        assert!(c.cwnd_packets() > 1.0);
+    }
+
+    #[test]
+    fn retransmit_timeouts_below_threshold_decrease_multiplicatively() {
+        let cfg = SwiftConfig {
+            rto_reset_threshold: 3,
+            ..fixed_target()
+        };
+        let mut c = Swift::new(cfg, MTU);
+        c.on_retransmit_timeout(us(0));
+        assert!((c.cwnd_packets() - 10.0).abs() < 1e-9);
+        c.on_retransmit_timeout(us(1000));
+        assert!((c.cwnd_packets() - 5.0).abs() < 1e-9);
+        c.on_retransmit_timeout(us(2000));
+        assert!((c.cwnd_packets() - 0.01).abs() < 1e-12);
+    }
+
+    #[test]
+    fn idle_restart_caps_window_at_initial() {
+        let mut c = Swift::new(fixed_target(), MTU);
+        let mut t = 0;
+        for _ in 0..400 {
+            ack(&mut c, us(t), Some(50));
+            t += 5;
+        }
+        assert!(c.cwnd_packets() > 30.0);
+        let grown = c.cwnd_packets();
+        // Idle shorter than idle_restart_rtts × srtt (4 × 50 µs): nothing changes.
+        c.on_idle(us(t));
+        c.on_sent(us(t + 150), MTU, 0);
+        assert_eq!(c.cwnd_packets(), grown);
+        // Idle longer: back to the initial window, and the stale delay is forgotten.
+        c.on_idle(us(t + 200));
+        c.on_idle(us(t + 300)); // repeated calls keep the start of the idle period
+        c.on_sent(us(t + 400), MTU, 1);
+        assert!((c.cwnd_packets() - 20.0).abs() < 1e-9);
+        assert_eq!(c.last_delay_ns, None);
+    }
+
+    #[test]
+    fn idle_restart_keeps_a_window_smaller_than_initial() {
+        let mut c = Swift::new(fixed_target(), MTU);
+        ack(&mut c, us(0), Some(1000)); // cut to 10 packets
+        c.on_idle(us(10));
+        c.on_sent(us(100_000), MTU, 0);
+        assert!((c.cwnd_packets() - 10.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn pacing_engages_below_one_packet() {
+        let mut c = Swift::new(fixed_target(), MTU);
+        assert_eq!(c.pacing_rate(), None);
+        ack(&mut c, us(0), Some(100_000)); // srtt 100 ms, cut by max_mdf
+        let mut t = 0;
+        while c.cwnd_packets() >= 1.0 {
+            t += 200_000;
+            ack(&mut c, us(t), Some(100_000));
+        }
+        let w = c.cwnd_packets();
+        assert!((0.5..1.0).contains(&w), "{w}");
+        // window() reports one packet; the pacing rate is cwnd / srtt.
+        assert_eq!(c.window(), u64::from(MTU));
+        let expect = w * f64::from(MTU) / 0.1; // bytes per second at srtt = 100 ms
+        let rate = c.pacing_rate().expect("paced below one packet") as f64;
+        assert!((rate - expect).abs() <= 1.0, "{rate} vs {expect}");
+    }
+
+    #[test]
+    fn window_stays_within_floor_and_ceiling() {
+        let cfg = SwiftConfig {
+            max_cwnd: 25.0,
+            ..fixed_target()
+        };
+        let mut c = Swift::new(cfg, MTU);
+        for i in 0..10_000 {
+            ack(&mut c, us(i), Some(10));
+        }
+        assert!((c.cwnd_packets() - 25.0).abs() < 1e-9);
+        for i in 0..200 {
+            c.on_congestion_event(us(20_000 + i * 1000), us(0), false, MTU);
+        }
+        assert!((c.cwnd_packets() - 0.01).abs() < 1e-12);
+    }
+
+    #[test]
+    fn target_grows_with_hops_and_for_small_windows() {
+        let cfg = SwiftConfig {
+            target_above_min_delay: false,
+            ..SwiftConfig::default()
+        };
+        let mut c = Swift::new(cfg, MTU);
+        // Flow scaling: full range at fs_min_cwnd and below, none at fs_max_cwnd and above.
+        assert_eq!(c.flow_scaling_ns(0.01), 100_000);
+        assert_eq!(c.flow_scaling_ns(0.1), 100_000);
+        assert_eq!(c.flow_scaling_ns(100.0), 0);
+        assert_eq!(c.flow_scaling_ns(1000.0), 0);
+        let mid = c.flow_scaling_ns(1.0);
+        assert!(mid > 0 && mid < 100_000);
+        // init_cwnd 64 packets: 50 µs base + fs(64).
+        assert_eq!(c.target_ns(), 50_000 + c.flow_scaling_ns(64.0));
+        let mut s = AckSample::new(us(0), MTU);
+        s.hops = Some(5);
+        s.fabric_delay_ns = Some(10_000);
+        c.on_ack_with(us(0), &s);
+        let w = c.cwnd_packets();
+        assert_eq!(c.target_ns(), 50_000 + 5 * 2_000 + c.flow_scaling_ns(w));
+    }
+
+    #[test]
+    fn target_follows_the_measured_min_delay_by_default() {
+        let mut c = Swift::new(SwiftConfig::default(), MTU);
+        ack(&mut c, us(0), Some(40));
+        ack(&mut c, us(10), Some(30));
+        ack(&mut c, us(20), Some(90));
+        assert_eq!(c.min_delay_ns(), Some(30_000));
+        let w = c.cwnd_packets();
+        assert_eq!(c.target_ns(), 30_000 + 50_000 + c.flow_scaling_ns(w));
+    }
+
+    #[test]
+    fn samples_without_delay_reuse_the_latest_delay() {
+        let mut c = Swift::new(fixed_target(), MTU);
+        ack(&mut c, us(0), Some(200)); // cut: 20 -> 12
+        ack(&mut c, us(300), None); // still above target: a second cut after one RTT
+        assert!((c.cwnd_packets() - 7.2).abs() < 1e-9);
+    }
+
+    #[test]
+    fn swift_is_the_default_controller() {
+        let c = SwiftConfig::default().build(1472);
+        assert_eq!(c.name(), "swift");
+        assert_eq!(c.window(), 64 * 1472);
+        assert_eq!(c.pacing_rate(), None);
+    }
+
+    /// Swift's window over 50 round trips of a delay step: 10 RTTs at a low delay, 20 at a
+    /// delay above the largest target (the window falls to the floor and pacing takes over),
+    /// then 20 at a moderate delay. Each round acknowledges one window's worth of packets;
+    /// below one packet the pacing credit decides whether a packet goes out in that round.
+    #[test]
+    fn trajectory_under_a_delay_step() {
+        let mtu = 1472;
+        let mut c = Swift::new(SwiftConfig::default(), mtu);
+        let mut table = String::from(
+            "rtt | t_us   | delay_us | target_us | cwnd_pkts | window_B | pacing_Bps\n",
+        );
+        let mut t_ns: u64 = 0;
+        let mut credit = 0.0;
+        for rtt in 0..50 {
+            let delay_us: u64 = match rtt {
+                0..10 => 25,
+                10..30 => 300,
+                _ => 40,
+            };
+            let w = c.cwnd_packets();
+            credit += w;
+            let n = credit.floor() as u64;
+            credit -= n as f64;
+            // ACKs spread over the round; each sample was sent one delay earlier, and each ACK
+            // clocks out the next packet.
+            let step = delay_us * 1000 / n.max(1);
+            for i in 0..n {
+                let now = Timestamp::from_nanos(t_ns + i * step);
+                let sent_at =
+                    Timestamp::from_nanos((t_ns + i * step).saturating_sub(delay_us * 1000));
+                let mut s = AckSample::new(sent_at, mtu);
+                s.rtt_ns = Some(delay_us * 1000);
+                s.fabric_delay_ns = Some(delay_us * 1000);
+                c.on_ack_with(now, &s);
+                c.on_sent(now, mtu, 0);
+            }
+            t_ns += delay_us * 1000;
+            writeln!(
+                table,
+                "{rtt:>3} | {:>6} | {delay_us:>8} | {:>9} | {:>9.3} | {:>8} | {:>10}",
+                t_ns / 1000,
+                c.target_ns() / 1000,
+                c.cwnd_packets(),
+                c.window(),
+                c.pacing_rate().map_or("-".to_string(), |r| r.to_string()),
+            )
+            .unwrap();
+        }
+        insta::assert_snapshot!(table);
+    }
+}
