@@ -26,6 +26,8 @@ const BATCH: usize = 64;
 /// retransmit timeout armed by a post fires at most this late; the floor of the timeout is
 /// 500 µs by default, so the slack stays within the same order.
 const TIMER_SLACK: Duration = Duration::from_millis(1);
+/// Receive batches the progress thread takes before it runs timers.
+const MAX_RX_BATCHES_BEFORE_TIMERS: usize = 16;
 /// Longest the progress thread sleeps while the device has no QP.
 const IDLE_WAIT: Duration = Duration::from_millis(50);
 
@@ -282,6 +284,30 @@ impl Inner {
         r
     }
 
+    /// Receives one batch and hands it to the engine. The engine lock is taken at the first
+    /// datagram, not while waiting, and each payload goes from the datapath's buffer straight
+    /// into its memory region.
+    fn receive(&self, rx: &mut RecvBatch, timeout: Option<Duration>) -> usize {
+        let mut core = None;
+        let mut now = Timestamp::ZERO;
+        let r = self.datapath.recv_with(rx, timeout, &mut |meta, bytes| {
+            let core = core.get_or_insert_with(|| {
+                now = self.now();
+                self.lock()
+            });
+            core.ep
+                .handle_datagram(now, meta.src, meta.ecn as u8, bytes);
+        });
+        match r {
+            Ok(n) => n,
+            Err(_) => {
+                // A failing datapath must not turn this loop into a busy spin.
+                std::thread::sleep(TIMER_SLACK);
+                0
+            }
+        }
+    }
+
     fn progress(self: Arc<Inner>) {
         let mut rx = RecvBatch::new(BATCH, self.datapath.max_payload());
         let mut tx = TxBatch::new(self.datapath.max_payload());
@@ -298,19 +324,20 @@ impl Inner {
                     None => cap,
                 }
             };
+            // Drain what is queued (up to a bound) before running timers: a time-based loss
+            // decision taken while acknowledgements still wait in the socket is wrong.
+            // Transmissions produced meanwhile (ACKs, responses) are flushed between batches.
+            let mut timeout = Some(wait);
+            for round in 0..MAX_RX_BATCHES_BEFORE_TIMERS {
+                let n = self.receive(&mut rx, timeout);
+                timeout = Some(Duration::ZERO);
+                if n < BATCH || round + 1 == MAX_RX_BATCHES_BEFORE_TIMERS {
+                    break;
+                }
+                self.flush(&mut tx);
+            }
             {
-                // The engine lock is taken at the first datagram, not while waiting, and each
-                // payload goes from the datapath's buffer straight into its memory region.
-                let mut core = None;
-                let mut now = Timestamp::ZERO;
-                let _ = self.datapath.recv_with(&mut rx, Some(wait), &mut |meta, bytes| {
-                    let core = core.get_or_insert_with(|| {
-                        now = self.now();
-                        self.lock()
-                    });
-                    core.ep.handle_datagram(now, meta.src, meta.ecn as u8, bytes);
-                });
-                let mut core = core.unwrap_or_else(|| self.lock());
+                let mut core = self.lock();
                 let now = self.now();
                 if core.ep.poll_timeout().is_some_and(|t| t <= now) {
                     core.ep.handle_timeout(now);

@@ -42,6 +42,8 @@ const REO_WND_MIN_NS: u64 = 20_000;
 const REO_MULT_MAX: u32 = 64;
 /// Packets acknowledged without a spurious loss before the reordering window shrinks a step.
 const REO_DECAY_ACKS: u32 = 4096;
+/// Packets a retransmit timeout sends again as a probe.
+const RTO_PROBE_PACKETS: usize = 2;
 /// Largest RTO backoff exponent.
 const MAX_BACKOFF_SHIFT: u32 = 10;
 
@@ -396,6 +398,8 @@ struct Qp {
     // Receiving the peer's packets.
     rx: RecvTracker,
     ack_pending: bool,
+    /// A duplicate arrived since the last ACK was sent (reported with `FLAG_DUPLICATE`).
+    dup_since_ack: bool,
     echo: Option<(u32, u64, Timestamp)>,
     ce_count: u32,
     naks: VecDeque<wire::Nak>,
@@ -627,6 +631,7 @@ impl Endpoint {
             retransmits: 0,
             rx: RecvTracker::new(0),
             ack_pending: false,
+            dup_since_ack: false,
             echo: None,
             ce_count: 0,
             naks: VecDeque::new(),
@@ -875,7 +880,7 @@ impl Endpoint {
         }
         let h = pkt.header;
         match pkt.body {
-            Body::Ack(a) => qp.on_ack(now, &a, &mut self.sh),
+            Body::Ack(a) => qp.on_ack(now, &a, h.flags, &mut self.sh),
             Body::Nak(n) => qp.on_nak(now, &n, &mut self.sh),
             Body::Request(r) => qp.on_request(now, &h, &r, pkt.payload, ecn, &mut self.sh),
             Body::ReadResponse(r) => {
@@ -1092,7 +1097,13 @@ impl Qp {
                 sack: self.rx.sack(),
             };
             let path = self.next_path(sh);
-            let h = self.header(wire::Kind::Ack, 0, path, now, 0)?;
+            let flags = if self.dup_since_ack {
+                wire::FLAG_DUPLICATE
+            } else {
+                0
+            };
+            self.dup_since_ack = false;
+            let h = self.header(wire::Kind::Ack, 0, path, now, flags)?;
             let len = wire::emit(buf, &h, &Body::Ack(ack), 0, |_| {}).ok()?;
             return Some(out(len, path, 0));
         }
@@ -1262,6 +1273,7 @@ impl Qp {
             Class::Duplicate => {
                 sh.stats.rx_duplicates += 1;
                 self.ack_pending = true;
+                self.dup_since_ack = true;
                 false
             }
             Class::OutOfWindow => {
@@ -1562,7 +1574,9 @@ impl Qp {
     }
 
     /// Bookkeeping for one packet newly acknowledged.
-    fn packet_acked(&mut self, i: usize, now: Timestamp) {
+    /// `echo_ts_ns` is the send time of the newest packet the peer accepted, from the ACK
+    /// (`u64::MAX` when unknown, as for a NAK).
+    fn packet_acked(&mut self, i: usize, now: Timestamp, echo_ts_ns: u64) {
         let p = &mut self.sent[i];
         if p.acked {
             return;
@@ -1572,10 +1586,14 @@ impl Qp {
             self.in_flight_bytes = self.in_flight_bytes.saturating_sub(u64::from(p.wire_len));
             self.in_flight_pkts = self.in_flight_pkts.saturating_sub(1);
         }
-        // An acknowledgement sooner than any round trip after a retransmission is for the
-        // earlier copy: the loss was spurious, and the retransmission time says nothing about
-        // what was delivered (RACK ignores such samples).
-        let ambiguous = p.retransmitted && now.nanos_since(p.send_ts) < self.rtt.min_ns;
+        // Was the retransmission what arrived, or an earlier copy? The peer echoes the send
+        // time of the newest packet it accepted, and it never accepts a duplicate: an echo
+        // older than the retransmission, or an acknowledgement sooner than any round trip
+        // after it, means an earlier copy arrived (the loss was spurious, as Eifel detects for
+        // TCP). The retransmission time then says nothing about what was delivered, so it must
+        // not advance the RACK time, or everything sent before it would look lost.
+        let ambiguous = p.retransmitted
+            && (echo_ts_ns < p.send_ts.as_nanos() || now.nanos_since(p.send_ts) < self.rtt.min_ns);
         let spurious = p.lost || ambiguous;
         p.lost = false;
         if !ambiguous && p.send_ts >= self.rack_ts {
@@ -1584,11 +1602,7 @@ impl Qp {
         }
         let (send_ts, wire_len) = (p.send_ts, p.wire_len);
         if spurious {
-            self.acks_since_spurious = 0;
-            if now >= self.reo_bumped_at.add_nanos(self.rtt.srtt_ns) {
-                self.reo_mult = (self.reo_mult * 2).min(REO_MULT_MAX);
-                self.reo_bumped_at = now;
-            }
+            self.widen_reorder_window(now);
         } else {
             self.acks_since_spurious += 1;
             if self.acks_since_spurious >= REO_DECAY_ACKS {
@@ -1605,9 +1619,12 @@ impl Qp {
         }
     }
 
-    fn on_ack(&mut self, now: Timestamp, a: &wire::Ack, sh: &mut Shared) {
+    fn on_ack(&mut self, now: Timestamp, a: &wire::Ack, flags: u8, sh: &mut Shared) {
         if self.state != QpState::Connected {
             return;
+        }
+        if flags & wire::FLAG_DUPLICATE != 0 {
+            self.widen_reorder_window(now);
         }
         // The cumulative point must lie within what was sent. One behind `snd_una` is an
         // older ACK overtaken by a newer one (normal with spraying): its SACK bits still count.
@@ -1641,7 +1658,7 @@ impl Qp {
         let mut newest = None;
         for i in 0..(adv as usize).min(self.sent.len()) {
             if !self.sent[i].acked {
-                self.packet_acked(i, now);
+                self.packet_acked(i, now, a.echo_ts_ns);
                 newest = Some(i);
             }
         }
@@ -1651,7 +1668,7 @@ impl Qp {
                 && let Some(i) = self.sent_index(psn)
                 && !self.sent[i].acked
             {
-                self.packet_acked(i, now);
+                self.packet_acked(i, now, a.echo_ts_ns);
                 newest = Some(i);
             }
         }
@@ -1680,9 +1697,15 @@ impl Qp {
     /// the tail of a burst without waiting for the retransmit timeout). With spraying,
     /// reordering is normal, so counting duplicate ACKs would be wrong.
     fn detect_losses(&mut self, now: Timestamp, sh: &mut Shared) {
-        let reo = self.reorder_window_ns();
+        let reo = self.reorder_window_ns(&sh.cfg);
         let rack = self.rack_ts.as_nanos();
-        let wait = self.rack_rtt_ns + reo;
+        // Datagrams stamped together leave and land over tens of microseconds (one stamp per
+        // batch, then a batched send and a batched receive), so the reorder timer waits at
+        // least a smoothed RTT plus four deviations, not only the last packet's RTT.
+        let wait = self
+            .rack_rtt_ns
+            .max(self.rtt.srtt_ns + 4 * self.rtt.rttvar_ns)
+            + reo;
         let mut next: Option<u64> = None;
         for i in 0..self.sent.len() {
             let p = &mut self.sent[i];
@@ -1705,11 +1728,22 @@ impl Qp {
         self.reorder_deadline = next.map(Timestamp::from_nanos);
     }
 
+    /// A loss proved spurious (the peer saw a duplicate, or an acknowledgement came for the
+    /// copy before a retransmission): doubles the reordering window, at most once per RTT.
+    fn widen_reorder_window(&mut self, now: Timestamp) {
+        self.acks_since_spurious = 0;
+        if now >= self.reo_bumped_at.add_nanos(self.rtt.srtt_ns) {
+            self.reo_mult = (self.reo_mult * 2).min(REO_MULT_MAX);
+            self.reo_bumped_at = now;
+        }
+    }
+
     /// How much later than a delivered packet an undelivered one may still arrive: a quarter
     /// of the minimum RTT, scaled up while losses keep proving spurious, and never more than
-    /// the RTT's smoothed value plus four deviations.
-    fn reorder_window_ns(&self) -> u64 {
-        let cap = (self.rtt.srtt_ns + 4 * self.rtt.rttvar_ns).max(REO_WND_MIN_NS);
+    /// the larger of the RTT's smoothed value plus four deviations and the RTO floor (a
+    /// software stack on busy cores reorders by scheduling delays, not only by paths).
+    fn reorder_window_ns(&self, cfg: &EndpointConfig) -> u64 {
+        let cap = (self.rtt.srtt_ns + 4 * self.rtt.rttvar_ns).max(cfg.rto_min_ns);
         (self.rtt.min_ns / 4 * u64::from(self.reo_mult))
             .max(REO_WND_MIN_NS)
             .min(cap)
@@ -1736,7 +1770,7 @@ impl Qp {
             SentWhat::Req { msn, .. } if msn == n.msn => msn,
             SentWhat::ReadResp { .. } | SentWhat::AtomicResp { .. } => {
                 // The requester gave up on this response: stop sending it.
-                self.packet_acked(i, now);
+                self.packet_acked(i, now, u64::MAX);
                 return;
             }
             _ => {
@@ -1830,12 +1864,21 @@ impl Qp {
             self.enter_error(sh);
             return;
         }
+        // Probe with the oldest outstanding packets only (as RACK-TLP does): if the tail was
+        // really lost, their acknowledgement lets time-based detection declare the rest; if
+        // the timeout was spurious (a stalled receiver), it costs a duplicate or two instead
+        // of the whole window.
         let rto = self.rto_ns(&sh.cfg);
+        let mut probes = 0;
         for i in 0..self.sent.len() {
+            if probes == RTO_PROBE_PACKETS {
+                break;
+            }
             let p = &mut self.sent[i];
             if p.acked || p.lost || p.send_ts.add_nanos(rto) > now {
                 continue;
             }
+            probes += 1;
             p.lost = true;
             let (psn, path, len, ts) = (p.psn, p.path, p.wire_len, p.send_ts);
             self.in_flight_bytes = self.in_flight_bytes.saturating_sub(u64::from(len));

@@ -260,6 +260,10 @@ impl Syndrome {
 
 /// Common header flag: this packet is a retransmission.
 pub const FLAG_RETRANSMIT: u8 = 0x01;
+/// Common header flag, in ACKs: a duplicate data packet arrived since the previous ACK (a
+/// retransmission that was not needed, or network duplication), like TCP's D-SACK. The
+/// sender widens its reordering window on it.
+pub const FLAG_DUPLICATE: u8 = 0x02;
 
 /// The common header.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
@@ -677,6 +681,9 @@ impl fmt::Display for Packet<'_> {
         write!(f, "qp {}->{} path {} ", h.src_qpn, h.dst_qpn, h.path)?;
         if h.flags & FLAG_RETRANSMIT != 0 {
             f.write_str("rtx ")?;
+        }
+        if h.flags & FLAG_DUPLICATE != 0 {
+            f.write_str("dup ")?;
         }
         match &self.body {
             Body::Request(r) => write!(
