@@ -355,6 +355,12 @@ impl PathSet {
         &self.shares
     }
 
+    /// The traffic shares as last computed, without refreshing them (for statistics from
+    /// `&self`; [`weights`](PathSet::weights) gives the up-to-date values).
+    pub fn last_weights(&self) -> &[f64] {
+        &self.shares
+    }
+
     /// Chooses a path with probability equal to its share, from a random number the caller
     /// drew (uniform over `u32`). The same state and number give the same path.
     pub fn pick(&mut self, rng_u32: u32) -> u16 {

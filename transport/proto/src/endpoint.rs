@@ -22,7 +22,8 @@ use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use braid_cc::Controller;
+use braid_cc::paths::PathSet;
+use braid_cc::{AckSample, Controller, Pacer};
 use braid_time::Timestamp;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
@@ -67,7 +68,7 @@ pub struct Transmit {
 }
 
 /// Counters and state of one QP.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct QpStats {
     /// Current state.
     pub state: QpState,
@@ -77,8 +78,18 @@ pub struct QpStats {
     pub min_rtt_ns: u64,
     /// Current retransmit timeout, ns.
     pub rto_ns: u64,
+    /// Congestion controller in use.
+    pub cc: &'static str,
     /// Congestion window, bytes.
     pub cwnd_bytes: u64,
+    /// Pacing rate, bytes per second, when the controller paces.
+    pub pacing_rate: Option<u64>,
+    /// CE marks the peer reported for this QP's packets.
+    pub ce_marks: u64,
+    /// Paths moved to a fresh source port (PLB re-pathing).
+    pub repaths: u64,
+    /// Spraying weight of each logical path (sums to 1).
+    pub path_weights: Vec<f64>,
     /// Bytes in flight.
     pub in_flight_bytes: u64,
     /// Data packets sent (first transmissions).
@@ -146,15 +157,6 @@ impl Shared {
                 return v;
             }
         }
-    }
-
-    fn other_path(&mut self, old: u8) -> u8 {
-        let n = u32::from(self.cfg.paths);
-        if n <= 1 {
-            return 0;
-        }
-        let step = 1 + self.rng.next_u32() % (n - 1);
-        ((u32::from(old) + step) % n) as u8
     }
 }
 
@@ -327,6 +329,37 @@ enum RespJob {
     },
 }
 
+/// What one ACK frame says beyond which packets arrived: the measurement for the packet it
+/// echoes, and whether new CE marks were reported.
+#[derive(Copy, Clone, Debug)]
+struct AckFeedback {
+    /// Send time of the newest packet the peer accepted (`u64::MAX` when unknown).
+    echo_ts_ns: u64,
+    echo_psn: u32,
+    /// Logical path of the echoed packet.
+    echo_path: u8,
+    /// Full round trip and fabric delay (holding time removed) of the echoed packet.
+    rtt_ns: Option<u64>,
+    fabric_ns: Option<u64>,
+    /// The ACK reported CE marks not seen before.
+    ce: bool,
+    /// The delay sample was already handed to the controller for this frame.
+    delay_given: bool,
+}
+
+impl AckFeedback {
+    /// No measurement (a NAK acknowledging a response, for instance).
+    const NONE: AckFeedback = AckFeedback {
+        echo_ts_ns: u64::MAX,
+        echo_psn: 0,
+        echo_path: 0,
+        rtt_ns: None,
+        fabric_ns: None,
+        ce: false,
+        delay_given: false,
+    };
+}
+
 #[derive(Debug, Default)]
 struct Rtt {
     srtt_ns: u64,
@@ -390,7 +423,17 @@ struct Qp {
     reo_bumped_at: Timestamp,
     acks_since_spurious: u32,
     cc: Box<dyn Controller>,
-    path_cursor: u16,
+    /// Per-path health, spraying weights and re-pathing (indexed by logical path).
+    paths: PathSet,
+    /// Logical path → device path (source port). Re-pathing moves a logical path to a
+    /// fresh port.
+    port_map: Vec<u16>,
+    repaths: u64,
+    /// CE marks the peer reported for our packets.
+    ce_marks: u64,
+    pacer: Pacer,
+    /// New packets are waiting only for the pacer (its next send time is a deadline).
+    paced_out: bool,
     peer_ce_seen: u32,
     last_echo: (u32, u64),
     packets_sent: u64,
@@ -624,7 +667,12 @@ impl Endpoint {
             reo_bumped_at: Timestamp::ZERO,
             acks_since_spurious: 0,
             cc,
-            path_cursor: (self.sh.rng.next_u32() % u32::from(self.sh.cfg.paths)) as u16,
+            paths: PathSet::new(self.sh.cfg.paths),
+            port_map: (0..self.sh.cfg.paths).collect(),
+            repaths: 0,
+            ce_marks: 0,
+            pacer: Pacer::new(),
+            paced_out: false,
             peer_ce_seen: 0,
             last_echo: (0, 0),
             packets_sent: 0,
@@ -696,7 +744,12 @@ impl Endpoint {
             srtt_ns: q.rtt.srtt_ns,
             min_rtt_ns: q.rtt.min_ns,
             rto_ns: q.rto_ns(&self.sh.cfg),
+            cc: q.cc.name(),
             cwnd_bytes: q.cc.window(),
+            pacing_rate: q.cc.pacing_rate(),
+            ce_marks: q.ce_marks,
+            repaths: q.repaths,
+            path_weights: q.paths.last_weights().to_vec(),
             in_flight_bytes: q.in_flight_bytes,
             packets_sent: q.packets_sent,
             retransmits: q.retransmits,
@@ -951,8 +1004,10 @@ impl Qp {
             .held
             .iter()
             .filter_map(|&psn| self.sent_index(psn).map(|i| self.sent[i].hold_until));
+        let paced = self.paced_out.then(|| self.pacer.next_send_time());
         held.chain(self.rto_deadline)
             .chain(self.reorder_deadline)
+            .chain(paced)
             .min()
     }
 
@@ -986,10 +1041,20 @@ impl Qp {
         })
     }
 
-    fn next_path(&mut self, sh: &Shared) -> u8 {
-        let p = self.path_cursor;
-        self.path_cursor = (p + 1) % sh.cfg.paths;
-        p as u8
+    /// A path for a new packet, drawn by the paths' weights.
+    fn next_path(&mut self, sh: &mut Shared) -> u8 {
+        self.paths.pick(sh.rng.next_u32()) as u8
+    }
+
+    /// The datagram description for `len` bytes on logical path `path`.
+    fn transmit(&self, peer: &QpInfo, len: usize, path: u8, ecn: u8) -> Transmit {
+        let port = self.port_map.get(usize::from(path)).copied().unwrap_or(0);
+        Transmit {
+            dest: peer.addr,
+            path: port,
+            ecn,
+            len,
+        }
     }
 
     /// Emits the packet described by `what` with sequence number `psn`.
@@ -1070,17 +1135,12 @@ impl Qp {
         sh: &mut Shared,
     ) -> Option<Transmit> {
         let peer = self.peer?;
-        let out = |len: usize, path: u8, ecn: u8| Transmit {
-            dest: peer.addr,
-            path: u16::from(path),
-            ecn,
-            len,
-        };
         if let Some(nak) = self.naks.pop_front() {
-            let h = self.header(wire::Kind::Nak, 0, self.path_cursor as u8, now, 0)?;
+            let path = self.next_path(sh);
+            let h = self.header(wire::Kind::Nak, 0, path, now, 0)?;
             let len = wire::emit(buf, &h, &Body::Nak(nak), 0, |_| {}).ok()?;
             sh.stats.naks_sent += 1;
-            return Some(out(len, h.path, 0));
+            return Some(self.transmit(&peer, len, path, 0));
         }
         if self.state != QpState::Connected {
             return None;
@@ -1105,7 +1165,7 @@ impl Qp {
             self.dup_since_ack = false;
             let h = self.header(wire::Kind::Ack, 0, path, now, flags)?;
             let len = wire::emit(buf, &h, &Body::Ack(ack), 0, |_| {}).ok()?;
-            return Some(out(len, path, 0));
+            return Some(self.transmit(&peer, len, path, 0));
         }
         // Retransmissions first: they are not limited by the window.
         while let Some(psn) = self.rtx.pop_front() {
@@ -1123,7 +1183,10 @@ impl Qp {
                 self.sent[i].lost = false;
                 continue;
             }
-            let path = sh.other_path(self.sent[i].path);
+            let path = self
+                .paths
+                .pick_other(u16::from(self.sent[i].path), sh.rng.next_u32())
+                as u8;
             let Some(len) = self.emit(
                 &self.sent[i].what,
                 psn,
@@ -1147,13 +1210,15 @@ impl Qp {
             let ps = &mut sh.paths[usize::from(path)];
             ps.packets += 1;
             ps.retransmits += 1;
+            self.paths.on_sent(u16::from(path), now);
             self.cc.on_sent(now, len as u32, psn);
             if self.rto_deadline.is_none() {
                 self.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));
             }
-            return Some(out(len, path, ECN_ECT0));
+            return Some(self.transmit(&peer, len, path, ECN_ECT0));
         }
-        // New packets, within the window and the SACK span.
+        // New packets, within the SACK span, the window and the pacing rate.
+        self.paced_out = false;
         let span = self.next_psn.wrapping_sub(self.snd_una);
         if span >= wire::SACK_BITS {
             return None;
@@ -1161,6 +1226,13 @@ impl Qp {
         if self.in_flight_bytes > 0
             && self.in_flight_bytes + sh.cfg.max_datagram as u64 > self.cc.window()
         {
+            return None;
+        }
+        if !self.has_new_work() {
+            return None;
+        }
+        if !self.pacer.can_send(now) {
+            self.paced_out = true;
             return None;
         }
         let what = self.next_new_packet(sh)?;
@@ -1183,11 +1255,18 @@ impl Qp {
         self.in_flight_pkts += 1;
         self.packets_sent += 1;
         sh.paths[usize::from(path)].packets += 1;
+        self.paths.on_sent(u16::from(path), now);
         self.cc.on_sent(now, len as u32, psn);
+        self.pacer.on_sent(now, len as u32, self.cc.pacing_rate());
         if self.rto_deadline.is_none() {
             self.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));
         }
-        Some(out(len, path, ECN_ECT0))
+        Some(self.transmit(&peer, len, path, ECN_ECT0))
+    }
+
+    /// Whether responses or requests still have packets to emit for the first time.
+    fn has_new_work(&self) -> bool {
+        !self.resp.is_empty() || self.pack_idx < self.sq.len()
     }
 
     /// Takes the next packet's worth of new work: responses first, then requests.
@@ -1576,7 +1655,8 @@ impl Qp {
     /// Bookkeeping for one packet newly acknowledged.
     /// `echo_ts_ns` is the send time of the newest packet the peer accepted, from the ACK
     /// (`u64::MAX` when unknown, as for a NAK).
-    fn packet_acked(&mut self, i: usize, now: Timestamp, echo_ts_ns: u64) {
+    fn packet_acked(&mut self, i: usize, now: Timestamp, fb: &mut AckFeedback) {
+        let echo_ts_ns = fb.echo_ts_ns;
         let p = &mut self.sent[i];
         if p.acked {
             return;
@@ -1601,6 +1681,7 @@ impl Qp {
             self.rack_rtt_ns = now.nanos_since(p.send_ts);
         }
         let (send_ts, wire_len) = (p.send_ts, p.wire_len);
+        let (psn, path) = (p.psn, u16::from(p.path));
         if spurious {
             self.widen_reorder_window(now);
         } else {
@@ -1610,7 +1691,27 @@ impl Qp {
                 self.reo_mult = (self.reo_mult / 2).max(1);
             }
         }
-        self.cc.on_ack(now, send_ts, wire_len, None);
+        // Path scoring hears about every packet; the echoed one carries the measurements.
+        let mut sample = AckSample::new(send_ts, wire_len);
+        sample.path = path;
+        if psn == fb.echo_psn && fb.rtt_ns.is_some() {
+            sample.rtt_ns = fb.rtt_ns;
+            sample.fabric_delay_ns = fb.fabric_ns;
+            sample.ecn_ce = Some(fb.ce);
+        }
+        self.paths.on_ack(now, &sample);
+        // The controller gets the frame's delay once, seen through the connection-wide
+        // signal: one slow path alone does not shrink the window.
+        let mut sample = AckSample::new(send_ts, wire_len);
+        sample.path = path;
+        if !fb.delay_given
+            && let (Some(rtt), Some(fabric)) = (fb.rtt_ns, fb.fabric_ns)
+        {
+            sample.rtt_ns = Some(rtt);
+            sample.fabric_delay_ns = Some(self.paths.cc_delay_ns(u16::from(fb.echo_path), fabric));
+            fb.delay_given = true;
+        }
+        self.cc.on_ack_with(now, &sample);
         if let SentWhat::Req { msn, .. } = self.sent[i].what
             && let Some(w) = self.wqe_index(msn)
         {
@@ -1635,17 +1736,31 @@ impl Qp {
             sh.stats.rx_bad_response += 1;
             return;
         }
+        let mut fb = AckFeedback {
+            echo_ts_ns: a.echo_ts_ns,
+            echo_psn: a.echo_psn,
+            ..AckFeedback::NONE
+        };
+        // ECN echo: new CE marks since the last ACK (a wrapping counter).
+        let ce = a.ce_count.wrapping_sub(self.peer_ce_seen);
+        if ce != 0 && ce < 1 << 31 {
+            self.peer_ce_seen = a.ce_count;
+            self.ce_marks += u64::from(ce);
+            fb.ce = true;
+        }
         // RTT from the echoed timestamp, minus the receiver's holding time.
         if (a.echo_psn, a.echo_ts_ns) != self.last_echo
             && a.echo_ts_ns != 0
             && a.echo_ts_ns <= now.as_nanos()
         {
             self.last_echo = (a.echo_psn, a.echo_ts_ns);
-            let rtt = (now.as_nanos() - a.echo_ts_ns)
-                .saturating_sub(u64::from(a.hold_ns))
-                .max(1);
+            let full = (now.as_nanos() - a.echo_ts_ns).max(1);
+            let rtt = full.saturating_sub(u64::from(a.hold_ns)).max(1);
             self.rtt.sample(rtt);
+            fb.rtt_ns = Some(full);
+            fb.fabric_ns = Some(rtt);
             if let Some(i) = self.sent_index(a.echo_psn) {
+                fb.echo_path = self.sent[i].path;
                 let ps = &mut sh.paths[usize::from(self.sent[i].path)];
                 ps.srtt_ns = if ps.rtt_samples == 0 {
                     rtt
@@ -1658,7 +1773,7 @@ impl Qp {
         let mut newest = None;
         for i in 0..(adv as usize).min(self.sent.len()) {
             if !self.sent[i].acked {
-                self.packet_acked(i, now, a.echo_ts_ns);
+                self.packet_acked(i, now, &mut fb);
                 newest = Some(i);
             }
         }
@@ -1668,27 +1783,35 @@ impl Qp {
                 && let Some(i) = self.sent_index(psn)
                 && !self.sent[i].acked
             {
-                self.packet_acked(i, now, a.echo_ts_ns);
+                self.packet_acked(i, now, &mut fb);
                 newest = Some(i);
             }
         }
-        // ECN echo.
-        let ce = a.ce_count.wrapping_sub(self.peer_ce_seen);
-        if ce != 0 && ce < 1 << 31 {
-            self.peer_ce_seen = a.ce_count;
+        if fb.ce && !self.paths.is_outlier(u16::from(fb.echo_path)) {
             self.cc.on_congestion_event(now, now, true, 0);
+        }
+        self.paths.set_delay_target_ns(self.cc.target_delay_ns());
+        while let Some(path) = self.paths.take_repath() {
+            // PLB: the path kept looking congested; move it to another source port.
+            let ports = u32::from(sh.cfg.paths);
+            if let Some(port) = self.port_map.get_mut(usize::from(path)) {
+                *port = (sh.rng.next_u32() % ports) as u16;
+            }
+            self.repaths += 1;
         }
         while self.sent.front().is_some_and(|p| p.acked) {
             self.sent.pop_front();
             self.snd_una = self.snd_una.wrapping_add(1);
         }
-        if let Some(newest) = newest {
-            let _ = newest;
+        if newest.is_some() {
             self.made_progress();
             self.detect_losses(now, sh);
             self.rearm_rto(now, sh);
         }
         self.complete_sq(sh);
+        if self.in_flight_pkts == 0 && !self.has_new_work() {
+            self.cc.on_idle(now);
+        }
     }
 
     /// Time-based loss detection (RACK): a packet sent a reordering window before the newest
@@ -1723,7 +1846,10 @@ impl Qp {
             self.in_flight_pkts = self.in_flight_pkts.saturating_sub(1);
             self.rtx.push_back(psn);
             sh.paths[usize::from(path)].lost += 1;
-            self.cc.on_congestion_event(now, ts, false, len);
+            self.paths.on_loss(now, u16::from(path), ts);
+            if !self.paths.is_outlier(u16::from(path)) {
+                self.cc.on_congestion_event(now, ts, false, len);
+            }
         }
         self.reorder_deadline = next.map(Timestamp::from_nanos);
     }
@@ -1770,7 +1896,8 @@ impl Qp {
             SentWhat::Req { msn, .. } if msn == n.msn => msn,
             SentWhat::ReadResp { .. } | SentWhat::AtomicResp { .. } => {
                 // The requester gave up on this response: stop sending it.
-                self.packet_acked(i, now, u64::MAX);
+                let mut none = AckFeedback::NONE;
+                self.packet_acked(i, now, &mut none);
                 return;
             }
             _ => {
@@ -1868,6 +1995,7 @@ impl Qp {
         // really lost, their acknowledgement lets time-based detection declare the rest; if
         // the timeout was spurious (a stalled receiver), it costs a duplicate or two instead
         // of the whole window.
+        self.cc.on_retransmit_timeout(now);
         let rto = self.rto_ns(&sh.cfg);
         let mut probes = 0;
         for i in 0..self.sent.len() {
@@ -1878,6 +2006,10 @@ impl Qp {
             if p.acked || p.lost || p.send_ts.add_nanos(rto) > now {
                 continue;
             }
+            if probes == 0 {
+                // A timeout suggests this path swallows packets: re-path it.
+                self.paths.request_repath(u16::from(p.path));
+            }
             probes += 1;
             p.lost = true;
             let (psn, path, len, ts) = (p.psn, p.path, p.wire_len, p.send_ts);
@@ -1885,7 +2017,10 @@ impl Qp {
             self.in_flight_pkts = self.in_flight_pkts.saturating_sub(1);
             self.rtx.push_back(psn);
             sh.paths[usize::from(path)].lost += 1;
-            self.cc.on_congestion_event(now, ts, false, len);
+            self.paths.on_loss(now, u16::from(path), ts);
+            if !self.paths.is_outlier(u16::from(path)) {
+                self.cc.on_congestion_event(now, ts, false, len);
+            }
         }
         self.backoff = (self.backoff + 1).min(MAX_BACKOFF_SHIFT);
         self.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));

@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use braid_cc::{ControllerFactory, FixedWindowConfig};
+use braid_cc::{ControllerFactory, SwiftConfig};
 
 /// Most paths a connection sprays over (path index is one byte on the wire).
 pub const MAX_PATHS: u16 = 256;
@@ -43,7 +43,8 @@ pub struct EndpointConfig {
     pub max_send_wr: usize,
     /// Receive queue depth per QP (at most [`MAX_RECV_WR`]).
     pub max_recv_wr: usize,
-    /// Congestion controller factory.
+    /// Congestion controller factory. The default is Swift (delay-based, `braid_cc::Swift`)
+    /// with `SwiftConfig::software_host()` settings.
     pub cc: Arc<dyn ControllerFactory>,
 }
 
@@ -61,7 +62,7 @@ impl Default for EndpointConfig {
             rnr_timer_ns: 200_000,
             max_send_wr: 4096,
             max_recv_wr: 4096,
-            cc: Arc::new(FixedWindowConfig::default()),
+            cc: Arc::new(SwiftConfig::software_host()),
         }
     }
 }
