@@ -39,7 +39,7 @@ const SEND_CHUNK: usize = 64;
 const RECV_CHUNK: usize = 64;
 
 /// How long one `send` call waits in total for room in a full socket buffer.
-const SEND_BLOCK_NS_MAX: u64 = 10_000_000;
+pub(crate) const SEND_BLOCK_NS_MAX: u64 = 10_000_000;
 
 /// Bytes of control-message space per received datagram (one TOS or TCLASS message).
 const RECV_CONTROL_BYTES: usize = 64;
@@ -347,7 +347,7 @@ impl Datapath for UdpDatapath {
 }
 
 /// Creates one nonblocking UDP socket bound to `addr`; `rx` enables ECN reception.
-fn open_socket(addr: SocketAddr, rx: bool) -> io::Result<Socket> {
+pub(crate) fn open_socket(addr: SocketAddr, rx: bool) -> io::Result<Socket> {
     let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
     socket.set_nonblocking(true)?;
     grow_buffer(&socket, libc::SO_SNDBUF, libc::SO_SNDBUFFORCE);
@@ -411,7 +411,7 @@ fn current_buffer(fd: RawFd, opt: libc::c_int) -> usize {
 
 /// `ppoll` on `fds` for up to `timeout` (forever if `None`); returns the number of ready
 /// descriptors.
-fn poll(fds: &mut [libc::pollfd], timeout: Option<Duration>) -> io::Result<usize> {
+pub(crate) fn poll(fds: &mut [libc::pollfd], timeout: Option<Duration>) -> io::Result<usize> {
     let ts = timeout.map(|t| libc::timespec {
         tv_sec: libc::time_t::try_from(t.as_secs()).unwrap_or(libc::time_t::MAX),
         tv_nsec: t.subsec_nanos() as libc::c_long,
@@ -438,7 +438,7 @@ fn poll(fds: &mut [libc::pollfd], timeout: Option<Duration>) -> io::Result<usize
 
 /// Errors that concern one datagram (its destination, size or a transient local shortage)
 /// rather than the socket: the datagram is skipped, as if lost on the wire.
-fn is_per_datagram_error(code: i32) -> bool {
+pub(crate) fn is_per_datagram_error(code: i32) -> bool {
     matches!(
         code,
         libc::ECONNREFUSED
@@ -458,7 +458,7 @@ fn is_per_datagram_error(code: i32) -> bool {
 
 /// Whether a destination goes out as IPv4 (TOS) or IPv6 (traffic class).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
-enum Family {
+pub(crate) enum Family {
     V4,
     V6,
 }
@@ -466,7 +466,7 @@ enum Family {
 /// Writes `dest` into `out` in the form a socket of the given family accepts: IPv4
 /// addresses become v4-mapped on IPv6 sockets, v4-mapped ones become plain on IPv4 sockets.
 /// `None` if an IPv4 socket cannot reach `dest`.
-fn encode_addr(
+pub(crate) fn encode_addr(
     dest: SocketAddr,
     ipv6_socket: bool,
     out: &mut libc::sockaddr_storage,
@@ -529,7 +529,10 @@ fn encode_addr(
 
 /// Reads the address the kernel wrote into `addr` (`len` bytes). IPv4-mapped IPv6 sources
 /// come back as plain IPv4.
-fn decode_addr(addr: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<SocketAddr> {
+pub(crate) fn decode_addr(
+    addr: &libc::sockaddr_storage,
+    len: libc::socklen_t,
+) -> Option<SocketAddr> {
     let len = len as usize;
     match i32::from(addr.ss_family) {
         libc::AF_INET if len >= mem::size_of::<libc::sockaddr_in>() => {
@@ -562,7 +565,7 @@ fn decode_addr(addr: &libc::sockaddr_storage, len: libc::socklen_t) -> Option<So
 /// Control-message space, aligned for `cmsghdr`.
 #[derive(Copy, Clone)]
 #[repr(C, align(8))]
-struct Control<const N: usize>([u8; N]);
+pub(crate) struct Control<const N: usize>(pub(crate) [u8; N]);
 
 /// The arrays one `sendmmsg` call points into. Lives on the stack of one `send` call, so
 /// concurrent senders share nothing.
@@ -691,7 +694,7 @@ impl RecvScratch {
 }
 
 /// The ECN codepoint from the TOS/TCLASS control message of a received datagram.
-fn read_ecn(hdr: &libc::msghdr) -> Ecn {
+pub(crate) fn read_ecn(hdr: &libc::msghdr) -> Ecn {
     let mut ecn = Ecn::NotEct;
     if hdr.msg_control.is_null() || hdr.msg_flags & libc::MSG_CTRUNC != 0 {
         return ecn;
