@@ -14,6 +14,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use braid_datapath::udp::{UdpConfig, UdpDatapath};
+use braid_datapath::uring::UringDatapath;
+use braid_datapath::xdp::{XdpConfig, XdpDatapath};
 use braid_datapath::{Datapath, Ecn, RecvBatch};
 use braid_proto::{
     Access, Completion, CqId, Endpoint, EndpointConfig, EndpointStats, MrKeys, PathStats, PdId,
@@ -32,12 +34,38 @@ const MAX_RX_BATCHES_BEFORE_TIMERS: usize = 16;
 const IDLE_WAIT: Duration = Duration::from_millis(50);
 
 /// Which datapath a device uses.
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum DatapathKind {
     /// Plain UDP sockets with sendmmsg/recvmmsg: needs no privileges, works anywhere.
     #[default]
     Udp,
+    /// UDP sockets driven through io_uring (multishot receive, batched sends).
+    Uring,
+    /// AF_XDP on the interface that owns the local address: needs root (CAP_NET_ADMIN and
+    /// CAP_BPF) and an IPv4 address on a real or veth interface.
+    Xdp,
+    /// AF_XDP if it can be set up, else io_uring, else plain UDP sockets; the device says
+    /// which it got and why ([`Device::datapath_report`]).
+    Auto,
+}
+
+impl DatapathKind {
+    /// The name used on command lines and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            DatapathKind::Udp => "udp",
+            DatapathKind::Uring => "uring",
+            DatapathKind::Xdp => "xdp",
+            DatapathKind::Auto => "auto",
+        }
+    }
+}
+
+impl std::fmt::Display for DatapathKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 impl std::str::FromStr for DatapathKind {
@@ -45,7 +73,10 @@ impl std::str::FromStr for DatapathKind {
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
             "udp" => Ok(DatapathKind::Udp),
-            other => Err(format!("unknown datapath {other:?} (this build has: udp)")),
+            "uring" | "io_uring" | "io-uring" => Ok(DatapathKind::Uring),
+            "xdp" | "af_xdp" | "af-xdp" => Ok(DatapathKind::Xdp),
+            "auto" => Ok(DatapathKind::Auto),
+            other => Err(format!("unknown datapath {other:?} (one of: udp, uring, xdp, auto)")),
         }
     }
 }
@@ -62,6 +93,8 @@ pub struct DeviceConfig {
     pub engine: EndpointConfig,
     /// Use `engine.seed` as is (for reproducible key and PSN choice in tests).
     pub deterministic_seed: bool,
+    /// Network interface for AF_XDP; `None` picks the one that owns `local`'s address.
+    pub interface: Option<String>,
 }
 
 impl DeviceConfig {
@@ -72,7 +105,20 @@ impl DeviceConfig {
             datapath: DatapathKind::Udp,
             engine: EndpointConfig::default(),
             deterministic_seed: false,
+            interface: None,
         }
+    }
+
+    /// Sets the datapath backend.
+    pub fn datapath(mut self, kind: DatapathKind) -> Self {
+        self.datapath = kind;
+        self
+    }
+
+    /// Sets the network interface AF_XDP attaches to.
+    pub fn interface(mut self, name: impl Into<String>) -> Self {
+        self.interface = Some(name.into());
+        self
     }
 
     /// Sets the number of paths (UDP source ports) to spray over, 1 to 256.
@@ -94,18 +140,27 @@ impl DeviceConfig {
 pub enum OpenError {
     /// The configuration is invalid (e.g. 0 or more than 256 paths).
     InvalidConfig(&'static str),
-    /// The datapath could not be set up (bind failed, no permission, ...).
-    Datapath(io::Error),
+    /// The chosen datapath could not be set up: bind failed, missing privileges (AF_XDP needs
+    /// CAP_NET_ADMIN and CAP_BPF), or missing kernel support (io_uring, AF_XDP).
+    Datapath {
+        /// The datapath that failed.
+        kind: DatapathKind,
+        /// Why.
+        source: io::Error,
+    },
     /// The progress thread could not be started.
     Thread(io::Error),
+    /// The OS random generator, which seeds keys and initial PSNs, failed.
+    Entropy(io::Error),
 }
 
 impl std::fmt::Display for OpenError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             OpenError::InvalidConfig(why) => write!(f, "invalid device configuration: {why}"),
-            OpenError::Datapath(e) => write!(f, "datapath setup failed: {e}"),
+            OpenError::Datapath { kind, source } => write!(f, "{kind} datapath setup failed: {source}"),
             OpenError::Thread(e) => write!(f, "could not start the progress thread: {e}"),
+            OpenError::Entropy(e) => write!(f, "no OS randomness for keys and PSNs: {e}"),
         }
     }
 }
@@ -113,7 +168,9 @@ impl std::fmt::Display for OpenError {
 impl std::error::Error for OpenError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            OpenError::Datapath(e) | OpenError::Thread(e) => Some(e),
+            OpenError::Datapath { source: e, .. } | OpenError::Thread(e) | OpenError::Entropy(e) => {
+                Some(e)
+            }
             OpenError::InvalidConfig(_) => None,
         }
     }
@@ -159,6 +216,8 @@ struct Inner {
     /// order look like reordering and trigger spurious retransmissions.
     tx_order: Mutex<()>,
     tx_pool: Mutex<Vec<TxBatch>>,
+    /// Which datapath was chosen and why (for `auto`, what failed before it).
+    report: String,
 }
 
 /// Owns the progress thread: dropping the last handle stops it.
@@ -348,6 +407,59 @@ impl Inner {
     }
 }
 
+/// Binds the datapath `cfg` asks for; `auto` tries AF_XDP, then io_uring, then plain UDP
+/// sockets. Returns it with a one-line report of the choice.
+fn open_datapath(
+    cfg: &DeviceConfig,
+    paths: u16,
+    max_datagram: usize,
+) -> Result<(Box<dyn Datapath>, String), OpenError> {
+    let udp_config = || {
+        let mut u = UdpConfig::new(cfg.local, paths);
+        u.max_payload = max_datagram;
+        u
+    };
+    let open = |kind: DatapathKind| -> io::Result<Box<dyn Datapath>> {
+        Ok(match kind {
+            DatapathKind::Udp | DatapathKind::Auto => Box::new(UdpDatapath::bind(udp_config())?),
+            DatapathKind::Uring => Box::new(UringDatapath::bind(udp_config())?),
+            DatapathKind::Xdp => {
+                let mut local = cfg.local;
+                if local.port() == 0 {
+                    // AF_XDP steers one fixed port: pick a free one the way the kernel would.
+                    local.set_port(std::net::UdpSocket::bind(local)?.local_addr()?.port());
+                }
+                let mut x = XdpConfig::new(local, paths);
+                x.interface = cfg.interface.clone();
+                Box::new(XdpDatapath::bind(x)?)
+            }
+        })
+    };
+    if cfg.datapath != DatapathKind::Auto {
+        let d = open(cfg.datapath).map_err(|source| OpenError::Datapath { kind: cfg.datapath, source })?;
+        let report = format!("{} (as configured)", cfg.datapath);
+        return Ok((d, report));
+    }
+    let mut failed = Vec::new();
+    for kind in [DatapathKind::Xdp, DatapathKind::Uring, DatapathKind::Udp] {
+        match open(kind) {
+            Ok(d) => {
+                let report = if failed.is_empty() {
+                    format!("{kind} (auto: first choice)")
+                } else {
+                    format!("{kind} (auto; {})", failed.join("; "))
+                };
+                log::info!("braid device on {}: datapath {report}", cfg.local);
+                return Ok((d, report));
+            }
+            Err(e) => failed.push(format!("{kind} unavailable: {e}")),
+        }
+    }
+    // Plain UDP sockets failed too: report that error.
+    let source = open(DatapathKind::Udp).err().unwrap_or_else(|| io::Error::other(failed.join("; ")));
+    Err(OpenError::Datapath { kind: DatapathKind::Udp, source })
+}
+
 /// An open device: an endpoint bound to a local address over a datapath.
 #[derive(Clone)]
 pub struct Device {
@@ -369,20 +481,14 @@ impl Device {
         if cfg.engine.paths == 0 || cfg.engine.paths > braid_proto::MAX_PATHS {
             return Err(OpenError::InvalidConfig("paths must be 1 to 256"));
         }
-        let mut engine = cfg.engine;
+        let mut engine = cfg.engine.clone();
         if !cfg.deterministic_seed {
             let mut seed = [0u8; 8];
             getrandom::getrandom(&mut seed)
-                .map_err(|e| OpenError::Datapath(io::Error::other(e)))?;
+                .map_err(|e| OpenError::Entropy(io::Error::other(e)))?;
             engine.seed = u64::from_le_bytes(seed);
         }
-        let datapath: Box<dyn Datapath> = match cfg.datapath {
-            DatapathKind::Udp => {
-                let mut u = UdpConfig::new(cfg.local, engine.paths);
-                u.max_payload = engine.max_datagram;
-                Box::new(UdpDatapath::bind(u).map_err(OpenError::Datapath)?)
-            }
-        };
+        let (datapath, report) = open_datapath(&cfg, engine.paths, engine.max_datagram)?;
         engine.max_datagram = engine.max_datagram.min(datapath.max_payload());
         let ep = Endpoint::new(engine, datapath.local_addr());
         let inner = Arc::new(Inner {
@@ -394,6 +500,7 @@ impl Device {
             epoch: Instant::now(),
             stop: AtomicBool::new(false),
             tx_order: Mutex::new(()),
+            report,
             tx_pool: Mutex::new(Vec::new()),
         });
         let worker = inner.clone();
@@ -418,9 +525,14 @@ impl Device {
         self.inner().datapath.local_addr()
     }
 
-    /// The datapath in use (`"udp"`, ...).
+    /// The datapath in use (`"udp"`, `"uring"`, `"xdp"`).
     pub fn datapath_kind(&self) -> &'static str {
         self.inner().datapath.kind()
+    }
+
+    /// Which datapath was chosen and why: for `auto`, why the faster ones were not used.
+    pub fn datapath_report(&self) -> &str {
+        &self.inner().report
     }
 
     /// Payload bytes per full packet.

@@ -56,7 +56,8 @@ struct Engine {
     /// Largest datagram (UDP payload), bytes; 1472 fits a 1500-byte MTU.
     #[arg(long, default_value_t = 1472)]
     max_datagram: usize,
-    /// Datapath: udp.
+    /// Datapath: udp, uring (io_uring), xdp (AF_XDP, needs root and a real or veth
+    /// interface), or auto (xdp, else uring, else udp).
     #[arg(long, default_value = "udp", value_parser = parse_datapath)]
     datapath: DatapathKind,
 }
@@ -111,7 +112,8 @@ struct ServerArgs {
 
 #[derive(Args)]
 struct DatapathOnly {
-    /// Datapath: udp.
+    /// Datapath: udp, uring (io_uring), xdp (AF_XDP, needs root and a real or veth
+    /// interface), or auto (xdp, else uring, else udp).
     #[arg(long, default_value = "udp", value_parser = parse_datapath)]
     datapath: DatapathKind,
 }
@@ -333,7 +335,7 @@ fn demo(a: &DemoArgs) -> Result<bool, String> {
             "braid-perf demo: client {} -> server {}, datapath {}, {} paths, {} B datagrams ({} B payload per packet), {} B messages, window {}",
             cli.local_addr(),
             srv.local_addr(),
-            cli.datapath_kind(),
+            cli.datapath_report(),
             a.engine.paths,
             a.engine.max_datagram,
             cli.chunk_size(),
@@ -768,7 +770,7 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
             dev.local_addr(),
             server_addr,
             peer_qp.addr,
-            dev.datapath_kind(),
+            dev.datapath_report(),
             a.engine.paths,
             a.engine.max_datagram,
             dev.chunk_size()

@@ -1,1 +1,0 @@
-//! AF_XDP datapath (being written).
