@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 pub mod bpf;
+pub mod fabric;
 pub mod sim;
 pub mod udp;
 pub mod uring;

@@ -60,6 +60,10 @@ struct Engine {
     /// interface), or auto (xdp, else uring, else udp).
     #[arg(long, default_value = "udp", value_parser = parse_datapath)]
     datapath: DatapathKind,
+    /// The device's progress thread spins on the datapath instead of sleeping (lower latency,
+    /// one core busy).
+    #[arg(long)]
+    progress_busy_poll: bool,
 }
 
 #[derive(Args)]
@@ -116,6 +120,10 @@ struct DatapathOnly {
     /// interface), or auto (xdp, else uring, else udp).
     #[arg(long, default_value = "udp", value_parser = parse_datapath)]
     datapath: DatapathKind,
+    /// The device's progress thread spins on the datapath instead of sleeping (lower latency,
+    /// one core busy).
+    #[arg(long)]
+    progress_busy_poll: bool,
 }
 
 #[derive(Copy, Clone, PartialEq, Eq, ValueEnum)]
@@ -248,6 +256,7 @@ fn open_device(engine: &Engine, local: SocketAddr) -> Result<Device, String> {
         .paths(engine.paths)
         .max_datagram(engine.max_datagram);
     cfg.datapath = engine.datapath;
+    cfg.busy_poll = engine.progress_busy_poll;
     Device::open(cfg).map_err(|e| format!("opening a Braid device on {local}: {e}"))
 }
 
@@ -517,6 +526,7 @@ fn serve_one(a: &ServerArgs, stream: TcpStream) -> Result<String, String> {
         paths: hello.paths,
         max_datagram: hello.max_datagram,
         datapath: a.engine_dp.datapath,
+        progress_busy_poll: a.engine_dp.progress_busy_poll,
     };
     let dev = match open_device(&engine, SocketAddr::new(ip, a.udp_port)) {
         Ok(d) => d,

@@ -276,6 +276,9 @@ struct RecvWqe {
     placed: u64,
     imm: Option<u32>,
     done: bool,
+    /// Why this receive failed (it completes with this status, in posting order, when the QP
+    /// goes to the error state).
+    error: Option<WcStatus>,
 }
 
 #[derive(Debug)]
@@ -901,6 +904,7 @@ impl Endpoint {
             placed: 0,
             imm: None,
             done: false,
+            error: None,
         });
         Ok(())
     }
@@ -1445,18 +1449,10 @@ impl Qp {
             Op::Send | Op::SendImm => {
                 let i = recv_idx.unwrap_or(0);
                 if u64::from(r.msg_len) > self.rq[i].cap {
-                    let w = self.rq.remove(i).map(|w| w.wr_id).unwrap_or(0);
-                    // Complete every earlier receive in order, then this one with the error.
-                    let c = Completion {
-                        wr_id: w,
-                        status: WcStatus::LocalLengthError,
-                        opcode: WcOpcode::Recv,
-                        byte_len: r.msg_len,
-                        imm: None,
-                        qpn: self.qpn,
-                    };
-                    self.complete_rq(sh);
-                    sh.complete(self.recv_cq, c);
+                    // The QP fails; receives complete in posting order: this one with the
+                    // length error, the ones around it as flushed.
+                    self.rq[i].msg = Some((r.op, r.msg_len));
+                    self.rq[i].error = Some(WcStatus::LocalLengthError);
                     self.enter_error(sh);
                     return Err(Some(Syndrome::InvalidRequest));
                 }
@@ -2060,17 +2056,13 @@ impl Qp {
         self.sq_base_msn = self.next_msn;
         self.pack_idx = 0;
         for w in self.rq.drain(..) {
-            sh.complete(
-                self.recv_cq,
-                Completion {
-                    wr_id: w.wr_id,
-                    status: WcStatus::Flushed,
-                    opcode: WcOpcode::Recv,
-                    byte_len: 0,
-                    imm: None,
-                    qpn: self.qpn,
-                },
-            );
+            let (status, byte_len) = match (w.error, w.msg) {
+                (Some(e), Some((_, len))) => (e, len),
+                (Some(e), None) => (e, 0),
+                (None, _) => (WcStatus::Flushed, 0),
+            };
+            let c = Completion { wr_id: w.wr_id, status, opcode: WcOpcode::Recv, byte_len, imm: None, qpn: self.qpn };
+            sh.complete(self.recv_cq, c);
         }
         self.resp.clear();
         self.sent.clear();

@@ -1,0 +1,589 @@
+//! `braid-fabric`: the fabric-scale simulation report.
+//!
+//! Runs real Braid engines on a simulated leaf-spine fabric (see `braid_bench::fabric`) for
+//! each workload and mode asked for, prints a markdown table (effective bandwidth, message
+//! completion times, retransmits, drops, ECN marks, switch queue occupancy, uplink balance)
+//! and the simulator's speed, and writes `README.md`, `report.json` and SVG plots (delivered
+//! throughput over time, per-uplink load, switch queue over time) into `--out`.
+//!
+//! ```text
+//! cargo run --release -p braid-bench --bin braid-fabric -- --workload all
+//! cargo run --release -p braid-bench --bin braid-fabric -- --workload incast --senders 32 --trim
+//! ```
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use braid::datapath::fabric::LeafSpine;
+use braid_bench::fabric::{self, EngineKnobs, Mode, Report, Scenario, Workload};
+use clap::Parser;
+use plotters::prelude::*;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "braid-fabric",
+    version,
+    about = "Braid on a simulated leaf-spine fabric: ECMP vs spraying vs spraying with congestion control"
+)]
+struct Cli {
+    /// Hosts under each leaf switch.
+    #[arg(long, default_value_t = 8)]
+    hosts_per_leaf: usize,
+    /// Leaf switches.
+    #[arg(long, default_value_t = 8)]
+    leaves: usize,
+    /// Spine switches.
+    #[arg(long, default_value_t = 8)]
+    spines: usize,
+    /// Leaf-spine link rate, Gbit/s.
+    #[arg(long, default_value_t = 100.0)]
+    gbps: f64,
+    /// Host link rate, Gbit/s (default: --gbps).
+    #[arg(long)]
+    host_gbps: Option<f64>,
+    /// Oversubscription (host-facing over spine-facing capacity); sets the leaf-spine rate.
+    #[arg(long)]
+    oversubscription: Option<f64>,
+    /// Propagation delay per link, ns.
+    #[arg(long, default_value_t = 1_000)]
+    prop_delay_ns: u64,
+    /// Output queue limit per switch port, KiB.
+    #[arg(long, default_value_t = 512)]
+    queue_kib: usize,
+    /// ECN marking threshold, KB (0: no marking).
+    #[arg(long, default_value_t = 100)]
+    ecn_kb: usize,
+    /// Trim packets at full queues instead of dropping them.
+    #[arg(long)]
+    trim: bool,
+    /// Workload: permutation, incast, all-to-all, ring-allreduce, or all.
+    #[arg(long, default_value = "permutation")]
+    workload: String,
+    /// Bytes per host (permutation), per sender (incast), per pair (all-to-all) or of the
+    /// vector (ring all-reduce); suffixes K, M, G are powers of 1024. Default per workload.
+    #[arg(long, value_parser = parse_size)]
+    bytes: Option<u64>,
+    /// Message size of the streaming workloads (default per workload).
+    #[arg(long, value_parser = parse_size)]
+    msg: Option<u64>,
+    /// Messages kept posted per flow.
+    #[arg(long, default_value_t = 2)]
+    outstanding: u32,
+    /// Slices per ring all-reduce step (pipelined WRITEs).
+    #[arg(long, default_value_t = 4)]
+    slices: u32,
+    /// Incast senders (default: half the hosts).
+    #[arg(long)]
+    senders: Option<usize>,
+    /// Modes, comma-separated: ecmp (a), spray (b), spray-cc (c), ecmp-fixed, ecmp-dcqcn.
+    #[arg(long, default_value = "ecmp,spray,spray-cc")]
+    modes: String,
+    /// Paths per connection when spraying (at most 256, the engine's limit).
+    #[arg(long, default_value_t = 256)]
+    paths: u16,
+    /// Window of the fixed-window modes, packets.
+    #[arg(long, default_value_t = 64)]
+    fixed_window: u32,
+    /// Largest datagram (UDP payload), bytes.
+    #[arg(long, default_value_t = 4096)]
+    max_datagram: usize,
+    /// Retransmit timeout floor, µs.
+    #[arg(long, default_value_t = 100)]
+    rto_min_us: u64,
+    /// How often a host picks up received datagrams, ns (0: each at once, one ACK per
+    /// datagram).
+    #[arg(long, default_value_t = 0)]
+    rx_batch_ns: u64,
+    /// Override Swift's base target delay (above the minimum), µs.
+    #[arg(long)]
+    swift_target_us: Option<u64>,
+    /// Override Swift's initial window, packets.
+    #[arg(long)]
+    swift_init_cwnd: Option<f64>,
+    /// Override Swift's additive increase, packets per round trip.
+    #[arg(long)]
+    swift_ai: Option<f64>,
+    /// Override Swift's largest multiplicative decrease (0..1).
+    #[arg(long)]
+    swift_max_mdf: Option<f64>,
+    /// Override Swift's flow-scaling range, µs.
+    #[arg(long)]
+    swift_fs_us: Option<u64>,
+    /// Seed of everything.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Time series bucket, µs.
+    #[arg(long, default_value_t = 10)]
+    bucket_us: u64,
+    /// Where to write README.md, report.json and the SVG plots.
+    #[arg(long, default_value = "bench/results/fabric")]
+    out: PathBuf,
+    /// Print the table only; write nothing.
+    #[arg(long)]
+    no_write: bool,
+    /// Also measure the fabric model alone (no engines), packets per wall second.
+    #[arg(long)]
+    speed: bool,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let (num, mult) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    num.parse::<u64>()
+        .map(|n| n * mult)
+        .map_err(|e| format!("bad size {s:?}: {e}"))
+}
+
+impl Cli {
+    fn fabric(&self) -> LeafSpine {
+        LeafSpine {
+            hosts_per_leaf: self.hosts_per_leaf,
+            leaves: self.leaves,
+            spines: self.spines,
+            link_gbps: self.gbps,
+            host_link_gbps: self.host_gbps.unwrap_or(self.gbps),
+            oversubscription: self.oversubscription,
+            prop_delay_ns: self.prop_delay_ns,
+            queue_bytes: self.queue_kib << 10,
+            ecn_threshold_bytes: (self.ecn_kb > 0).then_some(self.ecn_kb * 1000),
+            trim: self.trim,
+            ..LeafSpine::default()
+        }
+    }
+
+    fn workload(&self, name: &str, hosts: usize) -> Option<Workload> {
+        let msg = |d: u64| self.msg.unwrap_or(d).min(u64::from(u32::MAX)) as u32;
+        Some(match name {
+            "permutation" => Workload::Permutation {
+                bytes_per_host: self.bytes.unwrap_or(32 << 20),
+                msg_bytes: msg(1 << 20),
+                outstanding: self.outstanding,
+            },
+            "incast" => Workload::Incast {
+                senders: self.senders.unwrap_or(hosts / 2),
+                bytes_per_sender: self.bytes.unwrap_or(1 << 20),
+                msg_bytes: msg(256 << 10),
+                outstanding: self.outstanding,
+            },
+            "all-to-all" => Workload::AllToAll {
+                bytes_per_pair: self.bytes.unwrap_or(128 << 10),
+                msg_bytes: msg(64 << 10),
+                outstanding: self.outstanding,
+            },
+            "ring-allreduce" => Workload::RingAllReduce {
+                vector_bytes: self.bytes.unwrap_or(8 << 20),
+                slices: self.slices,
+            },
+            _ => return None,
+        })
+    }
+
+    fn modes(&self) -> Result<Vec<Mode>, String> {
+        self.modes
+            .split(',')
+            .map(|m| {
+                let mut mode = Mode::by_name(m.trim(), self.paths, self.fixed_window)
+                    .ok_or_else(|| format!("unknown mode {m:?}"))?;
+                if let fabric::Cc::Swift(s) = &mut mode.cc {
+                    if let Some(t) = self.swift_target_us {
+                        s.base_target_ns = t * 1000;
+                    }
+                    if let Some(w) = self.swift_init_cwnd {
+                        s.init_cwnd = w;
+                    }
+                    if let Some(ai) = self.swift_ai {
+                        s.ai = ai;
+                    }
+                    if let Some(m) = self.swift_max_mdf {
+                        s.max_mdf = m;
+                    }
+                    if let Some(fs) = self.swift_fs_us {
+                        s.fs_range_ns = fs * 1000;
+                    }
+                }
+                Ok(mode)
+            })
+            .collect()
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let ls = cli.fabric();
+    let workloads: Vec<&str> = if cli.workload == "all" {
+        vec!["permutation", "incast", "all-to-all", "ring-allreduce"]
+    } else {
+        vec![cli.workload.as_str()]
+    };
+    let modes = match cli.modes() {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("braid-fabric: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let engine = EngineKnobs {
+        max_datagram: cli.max_datagram,
+        rto_min_ns: cli.rto_min_us * 1000,
+        rx_batch_ns: cli.rx_batch_ns,
+        ..EngineKnobs::default()
+    };
+    println!(
+        "fabric: {} hosts = {} leaves x {} hosts, {} spines; host links {} Gbit/s, leaf-spine {:.1} Gbit/s (oversubscription {:.2}); {} ns per link; {} KiB queues, ECN above {}; trimming {}",
+        ls.hosts(),
+        ls.leaves,
+        ls.hosts_per_leaf,
+        ls.spines,
+        ls.host_link_gbps,
+        ls.spine_link_bps() as f64 / 1e9,
+        ls.oversubscription_ratio(),
+        ls.prop_delay_ns,
+        cli.queue_kib,
+        ls.ecn_threshold_bytes
+            .map_or("never".to_string(), |k| format!("{} KB", k / 1000)),
+        if ls.trim { "on" } else { "off" },
+    );
+    let mut reports: Vec<Report> = Vec::new();
+    for w in &workloads {
+        let Some(workload) = cli.workload(w, ls.hosts()) else {
+            eprintln!("braid-fabric: unknown workload {w:?}");
+            return ExitCode::FAILURE;
+        };
+        println!("\n{workload:?}\n\n{}", Report::table_header());
+        for mode in &modes {
+            let mut s = Scenario::new(ls.clone(), workload.clone(), mode.clone(), cli.seed);
+            s.engine = engine.clone();
+            s.series_interval_ns = cli.bucket_us.max(1) * 1000;
+            let r = fabric::run(&s);
+            println!("{}", r.row());
+            reports.push(r);
+        }
+    }
+    println!("\n{}", speed_table(&reports));
+    let raw = cli.speed.then(|| {
+        let (pkts, hops, wall) = fabric::raw_fabric_speed(&ls, 20_000, cli.max_datagram, cli.seed);
+        let line = format!(
+            "fabric model alone (no engines): {pkts} datagrams, {hops} hops in {wall:.2} CPU s: {:.2} M datagrams/s, {:.2} M hops/s",
+            pkts as f64 / wall / 1e6,
+            hops as f64 / wall / 1e6
+        );
+        println!("{line}");
+        line
+    });
+    if cli.no_write {
+        return ExitCode::SUCCESS;
+    }
+    if let Err(e) = write_results(&cli, &ls, &workloads, &reports, raw.as_deref()) {
+        eprintln!("braid-fabric: writing {}: {e}", cli.out.display());
+        return ExitCode::FAILURE;
+    }
+    println!("wrote {}", cli.out.display());
+    ExitCode::SUCCESS
+}
+
+fn speed_table(reports: &[Report]) -> String {
+    let mut s = String::from(
+        "| workload | mode | sim time | datagrams | hops | wall | CPU | datagrams/CPU s | hops/CPU s |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for r in reports {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.1} µs | {} | {} | {:.2} s | {:.2} s | {:.2} M | {:.2} M |",
+            r.workload,
+            r.mode,
+            r.finish_ns as f64 / 1000.0,
+            r.datagrams,
+            r.hops,
+            r.wall_s,
+            r.cpu_s,
+            r.datagrams_per_s / 1e6,
+            r.hops_per_s / 1e6
+        );
+    }
+    s
+}
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn write_results(
+    cli: &Cli,
+    ls: &LeafSpine,
+    workloads: &[&str],
+    reports: &[Report],
+    raw: Option<&str>,
+) -> Res<()> {
+    std::fs::create_dir_all(&cli.out)?;
+    std::fs::write(
+        cli.out.join("report.json"),
+        serde_json::to_string_pretty(reports)?,
+    )?;
+    let mut md = String::new();
+    let _ = writeln!(md, "# Fabric simulation\n");
+    let _ = writeln!(
+        md,
+        "Real Braid engines (the unmodified sans-IO `Endpoint`) on a simulated leaf-spine fabric \
+         (`braid_datapath::fabric`), on virtual time, deterministic from the seed. Written by \
+         `braid-fabric` (`bench/src/bin/braid-fabric.rs`); regenerate with\n\n```\ncargo run --release -p braid-bench --bin braid-fabric -- {}\n```\n",
+        std::env::args().skip(1).collect::<Vec<_>>().join(" ")
+    );
+    let _ = writeln!(
+        md,
+        "**Fabric**: {} hosts ({} leaves × {}), {} spines, host links {} Gbit/s, leaf–spine links \
+         {:.1} Gbit/s (oversubscription {:.2}), {} ns per link, {} KiB output queues, ECN \
+         marking above {}, trimming {}. Frames carry {} bytes of Ethernet/IP/UDP overhead \
+         (preamble and gap included).\n",
+        ls.hosts(),
+        ls.leaves,
+        ls.hosts_per_leaf,
+        ls.spines,
+        ls.host_link_gbps,
+        ls.spine_link_bps() as f64 / 1e9,
+        ls.oversubscription_ratio(),
+        ls.prop_delay_ns,
+        ls.queue_bytes >> 10,
+        ls.ecn_threshold_bytes
+            .map_or("never".to_string(), |k| format!("{} KB", k / 1000)),
+        if ls.trim { "on" } else { "off" },
+        ls.fabric.frame_overhead_bytes,
+    );
+    let _ = writeln!(
+        md,
+        "**Engine**: {}-byte datagrams, retransmit timeout floor {} µs, seed {}. Modes: \
+         **ecmp** (a) one path per connection, Swift; **spray** (b) {} paths, fixed window of {} \
+         packets, no congestion control; **spray-cc** (c) {} paths, Swift (`fabric_swift()`: \
+         target {} µs above the minimum delay) with per-path weights and PLB re-pathing.\n",
+        cli.max_datagram,
+        cli.rto_min_us,
+        cli.seed,
+        cli.paths,
+        cli.fixed_window,
+        cli.paths,
+        cli.swift_target_us
+            .unwrap_or(fabric::fabric_swift().base_target_ns / 1000),
+    );
+    let _ = writeln!(
+        md,
+        "*Eff. BW* (the job's effective bandwidth) = ideal completion time / measured \
+         completion time of the last message, where the \
+         ideal is the payload each host link and each leaf's uplinks must carry at raw line rate \
+         (headers and ACKs count against the transport). *Flow eff. BW* = the mean over \
+         flows of the same ideal over the time the flow's last message completed (capped at \
+         100%): how long the average flow took, rather than the last. *MCT* = message completion time, from \
+         posting to the send completion. Queue figures are switch output ports only: the most \
+         bytes ever queued (and, in parentheses, the most in the second half of the run, once \
+         the first windows have drained), and the mean queued ahead of arriving packets. *Uplink max/mean* = \
+         per leaf, the busiest uplink's bytes over the mean of that leaf's uplinks (worst leaf).\n"
+    );
+    let payload = cli.max_datagram.saturating_sub(64) as f64;
+    let data = (cli.max_datagram + ls.fabric.frame_overhead_bytes as usize) as f64;
+    let ack = (84 + ls.fabric.frame_overhead_bytes) as f64;
+    let _ = writeln!(
+        md,
+        "*Ceiling*: a {}-byte datagram carries {} payload bytes in a {}-byte frame, and each \
+         is acknowledged by a {}-byte ACK frame. A host link that carries only data can thus \
+         deliver at most {:.1}% of its rate as payload; one that also carries the ACKs of \
+         the flow its host receives (permutation, all-to-all, ring), {:.1}%.\n",
+        cli.max_datagram,
+        payload,
+        data,
+        ack,
+        payload / data * 100.0,
+        payload / (data + ack) * 100.0
+    );
+    for w in workloads {
+        let rs: Vec<&Report> = reports.iter().filter(|r| r.workload == *w).collect();
+        if rs.is_empty() {
+            continue;
+        }
+        let _ = writeln!(md, "## {w}\n\n{}", Report::table_header());
+        for r in &rs {
+            let _ = writeln!(md, "{}", r.row());
+        }
+        let base = w.replace(' ', "-");
+        plot_throughput(&cli.out.join(format!("{base}-throughput.svg")), w, &rs)?;
+        plot_uplinks(&cli.out.join(format!("{base}-uplinks.svg")), w, &rs)?;
+        plot_queue(&cli.out.join(format!("{base}-queue.svg")), w, &rs)?;
+        let _ = writeln!(
+            md,
+            "\n![{w}: throughput]({base}-throughput.svg)\n![{w}: uplink load]({base}-uplinks.svg)\n![{w}: switch queue]({base}-queue.svg)\n"
+        );
+    }
+    let find = |w: &str, m: &str| reports.iter().find(|r| r.workload == w && r.mode == m);
+    if let (Some(e), Some(c)) = (find("permutation", "ecmp"), find("permutation", "spray-cc")) {
+        let verdict = |x: f64, ok: bool, goal: f64| {
+            if ok {
+                "met".to_string()
+            } else {
+                format!("missed by {:.1} points", (x - goal).abs())
+            }
+        };
+        let line = |metric: &str, c: f64, e: f64| {
+            format!(
+                "- {metric}: spray-cc **{c:.1}%** ({}), ecmp **{e:.1}%** ({})",
+                verdict(c, c >= 90.0, 90.0),
+                verdict(e, e <= 70.0, 70.0)
+            )
+        };
+        let _ = writeln!(
+            md,
+            "## Target\n\nPermutation: spraying with the default controller ≥ 90% where \
+             single-path ECMP ≤ 70%.\n\n{}\n{}\n",
+            line(
+                "job (ideal / last completion)",
+                c.effective_bw * 100.0,
+                e.effective_bw * 100.0
+            ),
+            line(
+                "mean flow (ideal / each flow's completion)",
+                c.flow_effective_bw * 100.0,
+                e.flow_effective_bw * 100.0
+            ),
+        );
+    }
+    let _ = writeln!(
+        md,
+        "## Simulator speed (one core)\n\n{}",
+        speed_table(reports)
+    );
+    if let Some(raw) = raw {
+        let _ = writeln!(md, "{raw}\n");
+    }
+    std::fs::write(cli.out.join("README.md"), md)?;
+    Ok(())
+}
+
+const COLORS: [RGBColor; 5] = [
+    RGBColor(214, 39, 40),
+    RGBColor(255, 127, 14),
+    RGBColor(31, 119, 180),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+];
+
+/// A line chart of `series` (name, points), `x` and `y` labelled.
+fn line_chart(
+    path: &Path,
+    caption: &str,
+    x_desc: &str,
+    y_desc: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+) -> Res<()> {
+    let x_max = series
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|q| q.0))
+        .fold(1e-9, f64::max);
+    let y_max = series
+        .iter()
+        .flat_map(|(_, p)| p.iter().map(|q| q.1))
+        .fold(1e-9, f64::max)
+        * 1.1;
+    let root = SVGBackend::new(path, (900, 480)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(caption, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(42)
+        .y_label_area_size(64)
+        .build_cartesian_2d(0f64..x_max, 0f64..y_max)?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .light_line_style(WHITE.mix(0.0))
+        .draw()?;
+    for (i, (name, points)) in series.iter().enumerate() {
+        let color = COLORS[i % COLORS.len()];
+        chart
+            .draw_series(LineSeries::new(
+                points.iter().copied(),
+                color.stroke_width(2),
+            ))?
+            .label(name.as_str())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
+fn plot_throughput(path: &Path, w: &str, rs: &[&Report]) -> Res<()> {
+    let series: Vec<(String, Vec<(f64, f64)>)> = rs
+        .iter()
+        .map(|r| {
+            let p = &r.plots;
+            let per = p.receivers.max(1) as f64;
+            let pts = p
+                .delivered_gbps
+                .iter()
+                .enumerate()
+                .map(|(i, g)| ((i as f64 + 0.5) * p.interval_ns as f64 / 1000.0, g / per))
+                .collect();
+            (r.mode.clone(), pts)
+        })
+        .collect();
+    line_chart(
+        path,
+        &format!("{w}: throughput delivered per receiving host"),
+        "time (µs)",
+        "Gbit/s per receiver (data + ACKs, wire)",
+        &series,
+    )
+}
+
+fn plot_uplinks(path: &Path, w: &str, rs: &[&Report]) -> Res<()> {
+    let series: Vec<(String, Vec<(f64, f64)>)> = rs
+        .iter()
+        .map(|r| {
+            let mut loads = r.plots.uplink_gbps.clone();
+            loads.sort_by(|a, b| b.total_cmp(a));
+            let pts = loads
+                .iter()
+                .enumerate()
+                .map(|(i, g)| (i as f64, *g))
+                .collect();
+            (r.mode.clone(), pts)
+        })
+        .collect();
+    line_chart(
+        path,
+        &format!("{w}: load of each leaf-to-spine link, busiest first"),
+        "uplink rank",
+        "mean Gbit/s over the run",
+        &series,
+    )
+}
+
+fn plot_queue(path: &Path, w: &str, rs: &[&Report]) -> Res<()> {
+    let series: Vec<(String, Vec<(f64, f64)>)> = rs
+        .iter()
+        .map(|r| {
+            let p = &r.plots;
+            let pts = p
+                .max_queue_bytes
+                .iter()
+                .enumerate()
+                .map(|(i, q)| ((i as f64 + 0.5) * p.interval_ns as f64 / 1000.0, q / 1000.0))
+                .collect();
+            (r.mode.clone(), pts)
+        })
+        .collect();
+    line_chart(
+        path,
+        &format!("{w}: largest switch queue"),
+        "time (µs)",
+        "KB",
+        &series,
+    )
+}

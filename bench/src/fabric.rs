@@ -1,0 +1,1477 @@
+//! Fabric-scale simulation: real Braid engines ([`Endpoint`]) on a simulated leaf-spine fabric
+//! ([`braid_datapath::fabric`]), on virtual time, under the traffic of a collective or a
+//! storage cluster.
+//!
+//! What it does not do: it does not change the engine (every endpoint is the unmodified
+//! sans-IO [`Endpoint`], driven as its module documentation prescribes), read a clock inside
+//! the simulation (wall time is measured only to report the simulator's speed), or use threads.
+//! The same [`Scenario`] gives the same [`Report`] (except its wall-time fields) on every run.
+//!
+//! # How a run goes
+//!
+//! [`Sim`] is built like `braid::testing::Cluster`, but on a [`Fabric`]: one endpoint per
+//! host, one connected QP pair per flow, one source and one destination region per host
+//! (every message of a host reads the same source bytes and lands at the same offset of its
+//! peer's region: the contents do not matter here, only the packets). Each step jumps to the
+//! earliest event, a packet reaching a host or a host's wake-up time (an engine timer or its
+//! NIC draining), delivers, runs due timers, and then *services* every host that had input:
+//! `poll_transmit` while its NIC has room, `poll_completion` (the workload reacts, possibly
+//! posting more work), and `poll_timeout` for its next wake-up.
+//!
+//! A host hands each datagram to its engine as it arrives, so the engine acknowledges about
+//! every data packet; [`EngineKnobs::rx_batch_ns`] models a progress loop that picks up
+//! received datagrams in batches instead (one ACK per batch).
+//!
+//! The NIC is modelled as a real one behaves: the engine is asked for a datagram only when
+//! the NIC queue holds less than two full frames, so the engine's packets leave at line rate
+//! and wait in the fabric's switch queues, not in an unbounded host queue. The send timestamp
+//! the engine puts in each packet is therefore at most two frames older than its first bit on
+//! the wire.
+//!
+//! # Workloads ([`Workload`])
+//!
+//! - **permutation**: every host WRITEs the same number of bytes to one other host, a random
+//!   derangement (no host sends to itself, every host receives from exactly one);
+//! - **incast**: `senders` hosts (spread over the leaves) WRITE to host 0;
+//! - **all-to-all**: every host WRITEs the same number of bytes to every other host;
+//! - **ring all-reduce**: each host WRITEs (with immediate) chunks of `V / N` bytes to its
+//!   successor in `2 (N − 1)` steps, each step cut into `slices` WRITEs; slice `k` of step
+//!   `s + 1` leaves as soon as slice `k` of step `s` from the predecessor has landed (the
+//!   receive completion of its immediate), as a pipelined ring all-reduce does. The ring
+//!   visits the leaves in turn, so every hop crosses the spines.
+//!
+//! Streams (the first three) keep `outstanding` messages posted per flow, and post the next
+//! when one completes, so a message's completion time is measured from its posting to its
+//! send completion (the acknowledgement of its last byte).
+//!
+//! # Modes ([`Mode`])
+//!
+//! - **(a) `ecmp`**: one path per connection (`EndpointConfig::paths = 1`), as RoCE does:
+//!   each connection's packets all leave from one UDP source port, so ECMP pins the flow to
+//!   one route. It runs the *same* controller as (c) ([`fabric_swift`]), so (a) and (c)
+//!   differ only in load balancing. `ecmp-fixed` and `ecmp-dcqcn` are the variants with no
+//!   congestion control and with DCQCN (RoCE's usual ECN-driven rate control).
+//! - **(b) `spray`**: `paths` paths per connection (`braid-fabric` uses 256, the engine's
+//!   most), a fixed window and no congestion control.
+//! - **(c) `spray-cc`**: `paths` paths per connection with Swift ([`fabric_swift`]) and the
+//!   engine's path management (per-path weights and PLB re-pathing, always on).
+//!
+//! # What is measured ([`Report`])
+//!
+//! *Effective bandwidth* (of the job) is the ideal completion time over the time the last
+//! message completed; the *flow effective bandwidth* is the mean over flows of the same ideal
+//! over the time the flow's last message completed (capped at 1; flows of unequal size scale
+//! the ideal by their bytes). The ideal is a
+//! lower bound that any transport and routing must respect: the payload bytes that must cross
+//! each host link and each leaf's spine-facing links, over their raw line rate (so Ethernet,
+//! IP, UDP and Braid headers and ACKs all count against the transport). For the ring it is
+//! `2 (N − 1) / N × V` over the host link rate. Queue occupancy is that of switch output ports
+//! only (host NICs excluded).
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use braid::datapath::fabric::{Delivery, Fabric, HostId, LeafSpine, NodeKind, PortId};
+use braid::datapath::{Ecn, Transmit};
+use braid::proto::cc::{ControllerFactory, DcqcnConfig, FixedWindowConfig, SwiftConfig};
+use braid::proto::{
+    Access, Completion, CqId, Endpoint, EndpointConfig, MrKeys, PdId, RecvWr, Region, RemoteAddr,
+    SendOp, SendWr, Sge, Timestamp, WcOpcode, WcStatus,
+};
+use serde::Serialize;
+
+use crate::stats::quantile;
+
+/// Datagrams shorter than this (ACKs, NAKs) are copied into the fabric rather than handed
+/// over in the engine's full-size buffer.
+const SMALL_DATAGRAM: usize = 512;
+
+/// Tag of receive work request ids (the low bits are the flow index).
+const RECV_TAG: u64 = 1 << 63;
+
+/// Swift as Braid runs it on a simulated 100 Gbit/s fabric: the defaults
+/// ([`SwiftConfig::default`]) except the delay allowances, scaled to a fabric whose base
+/// round trip is about 10 µs and whose 512 KiB queues hold about 40 µs at line rate, and the
+/// reaction to retransmit timeouts.
+///
+/// | field | value | default | why |
+/// |---|---|---|---|
+/// | `base_target_ns` | 15 µs | 50 µs | above the minimum delay: ~190 KB of queue at 100 Gbit/s; 50 µs is more than a 512 KiB queue holds |
+/// | `fs_range_ns` | 20 µs | 100 µs | flow scaling for incast: tiny windows tolerate up to 20 µs more, still within the queue |
+/// | `init_cwnd` | 32 packets | 64 | about the bandwidth-delay product (4 KiB packets, ~10 µs); 64 overfills the fabric at start |
+/// | `rtt_init_ns` | 20 µs | 100 µs | the fabric's round trip, before the first sample |
+/// | `rto_reset_threshold` | 3 | 1 | in an incast the first timeouts come from the initial burst; resetting the window to 0.01 packet on each starves a sender for milliseconds (as `SwiftConfig::software_host` also chooses) |
+///
+/// The control law (additive increase of one packet per round trip, `beta` 0.8, `max_mdf`
+/// 0.5, pacing below one packet) is Swift's default.
+pub fn fabric_swift() -> SwiftConfig {
+    SwiftConfig {
+        base_target_ns: 15_000,
+        fs_range_ns: 20_000,
+        init_cwnd: 32.0,
+        rtt_init_ns: 20_000,
+        rto_reset_threshold: 3,
+        ..SwiftConfig::default()
+    }
+}
+
+/// The congestion controller of a mode.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Cc {
+    /// A fixed window of this many full packets: no congestion control.
+    Fixed(u32),
+    /// Swift with these settings.
+    Swift(SwiftConfig),
+    /// DCQCN with these settings.
+    Dcqcn(DcqcnConfig),
+}
+
+impl Cc {
+    fn factory(&self) -> Arc<dyn ControllerFactory> {
+        match *self {
+            Cc::Fixed(packets) => Arc::new(FixedWindowConfig { packets }),
+            Cc::Swift(s) => Arc::new(s),
+            Cc::Dcqcn(d) => Arc::new(d),
+        }
+    }
+}
+
+/// How connections use the fabric: paths per connection and congestion control.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Mode {
+    /// Short name for tables and file names.
+    pub name: String,
+    /// Paths (source ports) per connection.
+    pub paths: u16,
+    /// The controller.
+    pub cc: Cc,
+}
+
+impl Mode {
+    /// (a) One path per connection (plain ECMP, as RoCE), with the same controller as (c).
+    pub fn ecmp() -> Mode {
+        Mode {
+            name: "ecmp".into(),
+            paths: 1,
+            cc: Cc::Swift(fabric_swift()),
+        }
+    }
+
+    /// (a') One path per connection and a fixed window of `packets`.
+    pub fn ecmp_fixed(packets: u32) -> Mode {
+        Mode {
+            name: "ecmp-fixed".into(),
+            paths: 1,
+            cc: Cc::Fixed(packets),
+        }
+    }
+
+    /// (a'') One path per connection with DCQCN at 100 Gbit/s (RoCE's usual pairing).
+    pub fn ecmp_dcqcn() -> Mode {
+        Mode {
+            name: "ecmp-dcqcn".into(),
+            paths: 1,
+            cc: Cc::Dcqcn(DcqcnConfig::default()),
+        }
+    }
+
+    /// (b) Spraying over `paths` paths with a fixed window of `packets`: no congestion
+    /// control.
+    pub fn spray(paths: u16, packets: u32) -> Mode {
+        Mode {
+            name: "spray".into(),
+            paths,
+            cc: Cc::Fixed(packets),
+        }
+    }
+
+    /// (c) Spraying over `paths` paths with Swift ([`fabric_swift`]) and path management.
+    pub fn spray_cc(paths: u16) -> Mode {
+        Mode {
+            name: "spray-cc".into(),
+            paths,
+            cc: Cc::Swift(fabric_swift()),
+        }
+    }
+
+    /// The mode called `name` (`ecmp`, `ecmp-fixed`, `ecmp-dcqcn`, `spray`, `spray-cc`).
+    pub fn by_name(name: &str, paths: u16, fixed_window_packets: u32) -> Option<Mode> {
+        Some(match name {
+            "ecmp" | "a" => Mode::ecmp(),
+            "ecmp-fixed" => Mode::ecmp_fixed(fixed_window_packets),
+            "ecmp-dcqcn" => Mode::ecmp_dcqcn(),
+            "spray" | "b" => Mode::spray(paths, fixed_window_packets),
+            "spray-cc" | "c" => Mode::spray_cc(paths),
+            _ => return None,
+        })
+    }
+}
+
+/// The traffic of a run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Workload {
+    /// Every host WRITEs `bytes_per_host` to one other host (a random derangement).
+    Permutation {
+        /// Bytes each host sends.
+        bytes_per_host: u64,
+        /// Message size.
+        msg_bytes: u32,
+        /// Messages kept posted per flow.
+        outstanding: u32,
+    },
+    /// `senders` hosts WRITE `bytes_per_sender` each to host 0.
+    Incast {
+        /// Number of senders (at most hosts − 1).
+        senders: usize,
+        /// Bytes each sender sends.
+        bytes_per_sender: u64,
+        /// Message size.
+        msg_bytes: u32,
+        /// Messages kept posted per flow.
+        outstanding: u32,
+    },
+    /// Every host WRITEs `bytes_per_pair` to every other host.
+    AllToAll {
+        /// Bytes per ordered pair.
+        bytes_per_pair: u64,
+        /// Message size.
+        msg_bytes: u32,
+        /// Messages kept posted per flow.
+        outstanding: u32,
+    },
+    /// A ring all-reduce of a `vector_bytes` vector: `2 (N − 1)` steps of `vector_bytes / N`,
+    /// each step cut into `slices` WRITEs that pipeline independently.
+    RingAllReduce {
+        /// Size of the reduced vector, bytes.
+        vector_bytes: u64,
+        /// WRITEs per step (slice `k` of step `s + 1` leaves once slice `k` of step `s` has
+        /// landed, as NCCL pipelines a ring).
+        slices: u32,
+    },
+}
+
+impl Workload {
+    /// Short name for tables and file names.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Workload::Permutation { .. } => "permutation",
+            Workload::Incast { .. } => "incast",
+            Workload::AllToAll { .. } => "all-to-all",
+            Workload::RingAllReduce { .. } => "ring-allreduce",
+        }
+    }
+}
+
+/// Engine settings for the simulation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineKnobs {
+    /// Largest datagram (UDP payload). Default 4096, RoCE's usual MTU.
+    pub max_datagram: usize,
+    /// Retransmit timeout floor, ns. Default 100 µs: the engine's 500 µs default is meant for
+    /// software hosts; a µs fabric needs less, but not less than a full queue's delay.
+    pub rto_min_ns: u64,
+    /// Retransmit timeout before any sample, ns. Default 200 µs.
+    pub rto_initial_ns: u64,
+    /// Consecutive timeouts before a QP fails. Default 15.
+    pub retry_limit: u32,
+    /// How often a host's progress loop picks up received datagrams, ns: datagrams that
+    /// arrive within one interval are handed to the engine together (as a batched receive
+    /// does), so one ACK covers them. 0 hands each datagram over as it arrives.
+    pub rx_batch_ns: u64,
+}
+
+impl Default for EngineKnobs {
+    fn default() -> Self {
+        EngineKnobs {
+            max_datagram: 4096,
+            rto_min_ns: 100_000,
+            rto_initial_ns: 200_000,
+            retry_limit: 15,
+            rx_batch_ns: 0,
+        }
+    }
+}
+
+/// One simulated run.
+#[derive(Debug, Clone)]
+pub struct Scenario {
+    /// The fabric.
+    pub fabric: LeafSpine,
+    /// The traffic.
+    pub workload: Workload,
+    /// Paths and congestion control.
+    pub mode: Mode,
+    /// Seed of everything (fabric, engines, workload).
+    pub seed: u64,
+    /// Engine settings.
+    pub engine: EngineKnobs,
+    /// Bucket width of the time series, ns.
+    pub series_interval_ns: u64,
+    /// Virtual time after which the run gives up, ns.
+    pub max_sim_ns: u64,
+}
+
+impl Scenario {
+    /// A scenario with default engine settings, 10 µs series buckets and a 1 s time limit.
+    pub fn new(fabric: LeafSpine, workload: Workload, mode: Mode, seed: u64) -> Self {
+        Scenario {
+            fabric,
+            workload,
+            mode,
+            seed,
+            engine: EngineKnobs::default(),
+            series_interval_ns: 10_000,
+            max_sim_ns: 1_000_000_000,
+        }
+    }
+
+    /// The engine configuration every host gets (its seed is mixed per host).
+    pub fn endpoint_config(&self) -> EndpointConfig {
+        EndpointConfig {
+            seed: self.seed,
+            max_datagram: self.engine.max_datagram,
+            paths: self.mode.paths,
+            rto_initial_ns: self.engine.rto_initial_ns,
+            rto_min_ns: self.engine.rto_min_ns,
+            retry_limit: self.engine.retry_limit,
+            cc: self.mode.cc.factory(),
+            ..EndpointConfig::default()
+        }
+    }
+}
+
+/// What a run measured.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Report {
+    /// Workload name.
+    pub workload: String,
+    /// Mode name.
+    pub mode: String,
+    /// Hosts in the fabric.
+    pub hosts: usize,
+    /// The seed.
+    pub seed: u64,
+    /// Whether every message completed before the time limit.
+    pub finished: bool,
+    /// Messages completed successfully.
+    pub messages: u64,
+    /// Messages that completed with an error.
+    pub failed: u64,
+    /// Payload bytes of the messages completed successfully.
+    pub payload_bytes: u64,
+    /// When the last message completed, ns of virtual time.
+    pub finish_ns: u64,
+    /// The lower bound on the completion time (see the module docs), ns.
+    pub ideal_ns: u64,
+    /// `ideal_ns / finish_ns`: the job's effective bandwidth (everything must finish).
+    pub effective_bw: f64,
+    /// Mean over flows of the job's ideal time (scaled by the flow's bytes over the largest
+    /// flow's) over the time the flow's last message completed, each capped at 1: the
+    /// average flow's effective bandwidth.
+    pub flow_effective_bw: f64,
+    /// Payload goodput per sending host, Gbit/s.
+    pub goodput_gbps_per_sender: f64,
+    /// Message completion time, median, ns.
+    pub mct_p50_ns: u64,
+    /// Message completion time, 99th percentile, ns.
+    pub mct_p99_ns: u64,
+    /// Message completion time, largest, ns.
+    pub mct_max_ns: u64,
+    /// Data packets retransmitted (all hosts).
+    pub retransmits: u64,
+    /// Retransmit timeouts fired (all hosts).
+    pub rto_fired: u64,
+    /// Paths moved to another source port by PLB (all senders).
+    pub repaths: u64,
+    /// Packets dropped at switch and NIC queues.
+    pub drops: u64,
+    /// Packets trimmed.
+    pub trimmed: u64,
+    /// Packets marked CE.
+    pub ecn_marks: u64,
+    /// Most bytes queued at any switch port.
+    pub max_queue_bytes: usize,
+    /// Most bytes queued at any switch port in the second half of the run (the steady state,
+    /// once the initial burst of every sender's first window has drained), from the time
+    /// series.
+    pub steady_max_queue_bytes: usize,
+    /// Mean bytes queued ahead of a packet at switch ports, as arriving packets saw it.
+    pub mean_queue_bytes: f64,
+    /// Load balance of the leaf-to-spine links: per leaf, its busiest uplink's bytes over the
+    /// mean of its uplinks; the worst leaf's ratio (1.0: perfectly balanced).
+    pub uplink_imbalance: f64,
+    /// Datagrams the engines sent into the fabric.
+    pub datagrams: u64,
+    /// Packet hops simulated (one per queue a packet entered).
+    pub hops: u64,
+    /// Wall time of the run, seconds (not deterministic).
+    pub wall_s: f64,
+    /// CPU time the run used on its one thread, seconds (the wall time where the OS does
+    /// not report it; not deterministic). On a shared machine this, not the wall time, is
+    /// the simulator's speed.
+    pub cpu_s: f64,
+    /// Datagrams per CPU second (not deterministic).
+    pub datagrams_per_s: f64,
+    /// Packet hops per CPU second (not deterministic).
+    pub hops_per_s: f64,
+    /// Time series for plots.
+    #[serde(skip)]
+    pub plots: Plots,
+}
+
+/// Time series and per-link loads of a run, for plotting.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Plots {
+    /// Bucket width, ns.
+    pub interval_ns: u64,
+    /// Wire throughput delivered to hosts (data and ACKs), Gbit/s, per bucket.
+    pub delivered_gbps: Vec<f64>,
+    /// Largest switch queue, bytes, per bucket.
+    pub max_queue_bytes: Vec<f64>,
+    /// Mean rate of each leaf-to-spine link over the run, Gbit/s, in port order (leaf-major).
+    pub uplink_gbps: Vec<f64>,
+    /// Hosts that receive data in this workload.
+    pub receivers: usize,
+}
+
+impl Report {
+    /// The header and separator of [`Report::row`]'s markdown table.
+    pub fn table_header() -> String {
+        "| workload | mode | eff. BW | flow eff. BW | goodput/sender | MCT p50 | MCT p99 | retx | RTOs | drops | trims | ECN marks | max queue (2nd half) | mean queue | uplink max/mean | repaths | done |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"
+            .to_string()
+    }
+
+    /// One markdown table row: every deterministic figure of the run.
+    pub fn row(&self) -> String {
+        format!(
+            "| {} | {} | {:.1}% | {:.1}% | {:.1} Gb/s | {} | {} | {} | {} | {} | {} | {} | {:.0} KB ({:.0} KB) | {:.1} KB | {:.2} | {} | {} |",
+            self.workload,
+            self.mode,
+            self.effective_bw * 100.0,
+            self.flow_effective_bw * 100.0,
+            self.goodput_gbps_per_sender,
+            us(self.mct_p50_ns),
+            us(self.mct_p99_ns),
+            self.retransmits,
+            self.rto_fired,
+            self.drops,
+            self.trimmed,
+            self.ecn_marks,
+            self.max_queue_bytes as f64 / 1000.0,
+            self.steady_max_queue_bytes as f64 / 1000.0,
+            self.mean_queue_bytes / 1000.0,
+            self.uplink_imbalance,
+            self.repaths,
+            if self.finished {
+                "yes".to_string()
+            } else {
+                format!("no ({} failed)", self.failed)
+            },
+        )
+    }
+}
+
+fn us(ns: u64) -> String {
+    format!("{:.1} µs", ns as f64 / 1000.0)
+}
+
+/// Runs `scenario` to completion (or its time limit) and reports.
+pub fn run(scenario: &Scenario) -> Report {
+    let wall = Instant::now();
+    let cpu = thread_cpu_seconds();
+    let mut sim = Sim::new(scenario);
+    sim.run();
+    let wall_s = wall.elapsed().as_secs_f64();
+    let cpu_s = match (cpu, thread_cpu_seconds()) {
+        (Some(a), Some(b)) if b > a => b - a,
+        _ => wall_s,
+    };
+    sim.report(wall_s, cpu_s)
+}
+
+/// CPU time of the calling thread so far, seconds, from `/proc/thread-self/stat` (user plus
+/// system time, in clock ticks of 10 ms); `None` where that file does not exist.
+pub fn thread_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
+    // Fields after the command name (which may hold spaces) start at field 3 (state).
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let utime: u64 = f.get(11)?.parse().ok()?;
+    let stime: u64 = f.get(12)?.parse().ok()?;
+    Some((utime + stime) as f64 / 100.0)
+}
+
+/// One host: its engine and its resources.
+#[derive(Debug)]
+struct Host {
+    ep: Endpoint,
+    id: HostId,
+    pd: PdId,
+    cq: CqId,
+    src: MrKeys,
+    dst: MrKeys,
+    /// The wake-up pushed on the heap that is still valid, ns.
+    wake: Option<u64>,
+    dirty: bool,
+    /// Datagrams received and not yet handed to the engine (with `rx_batch_ns`), and when
+    /// the progress loop picks them up.
+    rx: Vec<Delivery>,
+    rx_due: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FlowKind {
+    /// Keep `outstanding` messages posted until `total` bytes are posted.
+    Stream,
+    /// A ring all-reduce link: steps posted as the predecessor's chunks land.
+    Ring,
+}
+
+#[derive(Debug)]
+struct Flow {
+    kind: FlowKind,
+    from: usize,
+    to: usize,
+    /// QP on `from` (the sender) and on `to`.
+    qp_from: u32,
+    qp_to: u32,
+    remote: RemoteAddr,
+    total: u64,
+    msg_bytes: u32,
+    outstanding_max: u32,
+    posted: u64,
+    outstanding: u32,
+    failed: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Msg {
+    flow: u32,
+    bytes: u32,
+    posted_at: u64,
+    done_at: Option<u64>,
+    ok: bool,
+}
+
+/// Real engines on a simulated fabric; see the [module docs](self).
+#[derive(Debug)]
+pub struct Sim {
+    /// The fabric.
+    pub fabric: Fabric,
+    /// Virtual time now.
+    pub now: Timestamp,
+    scenario: Scenario,
+    hosts: Vec<Host>,
+    flows: Vec<Flow>,
+    msgs: Vec<Msg>,
+    /// Steps and slices per step of the ring all-reduce (0 otherwise).
+    ring_steps: u32,
+    ring_slices: u32,
+    /// The ring flow each host sends on.
+    ring_flow_of: Vec<usize>,
+    /// Messages expected in total, and receive completions expected (ring).
+    expected_msgs: u64,
+    expected_recvs: u64,
+    recvs_done: u64,
+    msgs_done: u64,
+    wakes: BinaryHeap<Reverse<(u64, u32)>>,
+    dirty: Vec<u32>,
+    completions: Vec<Completion>,
+    max_datagram: usize,
+    /// A full-size buffer for the next `poll_transmit`.
+    spare: Vec<u8>,
+    nic_limit: usize,
+    /// Wake-ups pushed one nanosecond ahead because an engine reported a deadline in the past
+    /// (should stay 0).
+    late_deadlines: u64,
+    last_completion_ns: u64,
+}
+
+impl Sim {
+    /// Builds the fabric, the endpoints, the connections and the regions of `scenario`.
+    pub fn new(scenario: &Scenario) -> Sim {
+        let ls = &scenario.fabric;
+        let mut fabric = ls.build(scenario.seed);
+        fabric.enable_series(scenario.series_interval_ns);
+        let n = ls.hosts();
+        let cfg = scenario.endpoint_config();
+        let plan = plan(&scenario.workload, n, ls.hosts_per_leaf, scenario.seed);
+        let region_len = plan.flows.iter().map(|f| f.3).max().unwrap_or(0).max(8) as usize;
+        let mut hosts: Vec<Host> = (0..n)
+            .map(|i| {
+                let mut c = cfg.clone();
+                c.seed = scenario
+                    .seed
+                    .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+                    .wrapping_add(i as u64);
+                let mut ep = Endpoint::new(c, ls.host_addr(i));
+                let pd = ep.alloc_pd();
+                let cq = ep.create_cq();
+                let src = ep
+                    .register(pd, Region::new(region_len), Access::LOCAL_WRITE)
+                    .expect("fresh PD");
+                let dst = ep
+                    .register(
+                        pd,
+                        Region::new(region_len),
+                        Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+                    )
+                    .expect("fresh PD");
+                Host {
+                    ep,
+                    id: HostId(i as u32),
+                    pd,
+                    cq,
+                    src,
+                    dst,
+                    wake: None,
+                    dirty: false,
+                    rx: Vec::new(),
+                    rx_due: None,
+                }
+            })
+            .collect();
+        let mut flows = Vec::with_capacity(plan.flows.len());
+        for &(from, to, total, msg_bytes, outstanding) in &plan.flows {
+            let qa = {
+                let h = &mut hosts[from];
+                h.ep.create_qp(h.pd, h.cq, h.cq).expect("known PD and CQ")
+            };
+            let qb = {
+                let h = &mut hosts[to];
+                h.ep.create_qp(h.pd, h.cq, h.cq).expect("known PD and CQ")
+            };
+            hosts[from].ep.connect(qa.qpn, qb).expect("fresh QP");
+            hosts[to].ep.connect(qb.qpn, qa).expect("fresh QP");
+            flows.push(Flow {
+                kind: if plan.ring_steps > 0 {
+                    FlowKind::Ring
+                } else {
+                    FlowKind::Stream
+                },
+                from,
+                to,
+                qp_from: qa.qpn,
+                qp_to: qb.qpn,
+                remote: RemoteAddr {
+                    rkey: hosts[to].dst.rkey,
+                    offset: 0,
+                },
+                total,
+                msg_bytes,
+                outstanding_max: outstanding.max(1),
+                posted: 0,
+                outstanding: 0,
+                failed: false,
+            });
+        }
+        let expected_msgs = flows
+            .iter()
+            .map(|f| f.total.div_ceil(u64::from(f.msg_bytes.max(1))))
+            .sum();
+        let expected_recvs = if plan.ring_steps > 0 {
+            flows.len() as u64 * u64::from(plan.ring_steps) * u64::from(plan.ring_slices)
+        } else {
+            0
+        };
+        let frame = scenario.engine.max_datagram + ls.fabric.frame_overhead_bytes as usize;
+        Sim {
+            fabric,
+            now: Timestamp::ZERO,
+            scenario: scenario.clone(),
+            hosts,
+            flows,
+            msgs: Vec::with_capacity(expected_msgs as usize),
+            ring_steps: plan.ring_steps,
+            ring_slices: plan.ring_slices,
+            ring_flow_of: {
+                let mut v = vec![usize::MAX; n];
+                for (i, f) in plan.flows.iter().enumerate() {
+                    v[f.0] = i;
+                }
+                v
+            },
+            expected_msgs,
+            expected_recvs,
+            recvs_done: 0,
+            msgs_done: 0,
+            wakes: BinaryHeap::new(),
+            dirty: Vec::with_capacity(n),
+            completions: Vec::new(),
+            max_datagram: scenario.engine.max_datagram.max(2048),
+            spare: Vec::new(),
+            nic_limit: 2 * frame,
+            late_deadlines: 0,
+            last_completion_ns: 0,
+        }
+    }
+
+    /// Whether every message (and, for the ring, every step) has completed or failed.
+    pub fn done(&self) -> bool {
+        self.msgs_done >= self.expected_msgs && self.recvs_done >= self.expected_recvs
+    }
+
+    /// Posts the initial work and runs until [`Sim::done`], the time limit, or nothing is
+    /// pending.
+    pub fn run(&mut self) {
+        self.start();
+        let limit = self.scenario.max_sim_ns;
+        while !self.done() {
+            let fab = self.fabric.next_event().map(Timestamp::as_nanos);
+            let wake = self.wakes.peek().map(|Reverse((t, _))| *t);
+            let next = match (fab, wake) {
+                (Some(a), Some(b)) => a.min(b),
+                (a, b) => match a.or(b) {
+                    Some(t) => t,
+                    None => break,
+                },
+            };
+            if next > limit {
+                break;
+            }
+            self.now = Timestamp::from_nanos(next.max(self.now.as_nanos()));
+            self.step();
+        }
+    }
+
+    fn start(&mut self) {
+        for f in 0..self.flows.len() {
+            let flow = &self.flows[f];
+            if flow.kind == FlowKind::Ring {
+                // Every step's WRITE with immediate consumes a receive at the peer.
+                let (to, qp_to) = (flow.to, flow.qp_to);
+                for _ in 0..self.ring_steps * self.ring_slices {
+                    let wr = RecvWr {
+                        wr_id: RECV_TAG | f as u64,
+                        sges: Vec::new(),
+                    };
+                    self.hosts[to]
+                        .ep
+                        .post_recv(qp_to, wr)
+                        .expect("receive queue room");
+                }
+                for slice in 0..self.ring_slices {
+                    self.post_ring_step(f, 0, slice);
+                }
+            } else {
+                self.post_stream(f);
+            }
+        }
+        for h in 0..self.hosts.len() {
+            self.mark(h);
+        }
+        self.service_dirty();
+    }
+
+    fn mark(&mut self, h: usize) {
+        if !self.hosts[h].dirty {
+            self.hosts[h].dirty = true;
+            self.dirty.push(h as u32);
+        }
+    }
+
+    /// Delivers everything due now, runs due wake-ups, and services the hosts that had input.
+    fn step(&mut self) {
+        let now = self.now;
+        let batch = self.scenario.engine.rx_batch_ns;
+        while let Some(d) = self.fabric.poll_deliver(now) {
+            let h = d.host.0 as usize;
+            if batch == 0 {
+                self.hosts[h]
+                    .ep
+                    .handle_datagram(now, d.meta.src, d.meta.ecn as u8, &d.bytes);
+                self.fabric.recycle(d.bytes);
+                self.mark(h);
+                continue;
+            }
+            let host = &mut self.hosts[h];
+            host.rx.push(d);
+            if host.rx_due.is_none() {
+                let due = now.as_nanos() + batch;
+                host.rx_due = Some(due);
+                if host.wake.is_none_or(|w| w > due) {
+                    host.wake = Some(due);
+                    self.wakes.push(Reverse((due, h as u32)));
+                }
+            }
+        }
+        while let Some(&Reverse((t, h))) = self.wakes.peek() {
+            if t > now.as_nanos() {
+                break;
+            }
+            self.wakes.pop();
+            let h = h as usize;
+            if self.hosts[h].wake == Some(t) {
+                self.hosts[h].wake = None;
+                self.mark(h);
+            }
+        }
+        self.service_dirty();
+    }
+
+    fn service_dirty(&mut self) {
+        let mut i = 0;
+        while i < self.dirty.len() {
+            let h = self.dirty[i] as usize;
+            self.hosts[h].dirty = false;
+            self.service(h);
+            i += 1;
+        }
+        self.dirty.clear();
+    }
+
+    /// Runs host `h`'s engine: due timers, transmissions while its NIC has room, completions
+    /// (and the work they trigger), then its next wake-up.
+    fn service(&mut self, h: usize) {
+        let now = self.now;
+        let host = &mut self.hosts[h];
+        if host.rx_due.is_some_and(|d| d <= now.as_nanos()) {
+            host.rx_due = None;
+            for d in host.rx.drain(..) {
+                host.ep
+                    .handle_datagram(now, d.meta.src, d.meta.ecn as u8, &d.bytes);
+                self.fabric.recycle(d.bytes);
+            }
+        }
+        if self.hosts[h].ep.poll_timeout().is_some_and(|t| t <= now) {
+            self.hosts[h].ep.handle_timeout(now);
+        }
+        let mut nic_full;
+        loop {
+            nic_full = false;
+            let host = &mut self.hosts[h];
+            loop {
+                if self.fabric.nic_backlog_bytes(host.id, now) >= self.nic_limit {
+                    nic_full = true;
+                    break;
+                }
+                // The engine writes a data packet straight into the buffer the fabric carries
+                // (no copy); ACK-sized datagrams are copied out so the big buffer is reused.
+                if self.spare.len() < self.max_datagram {
+                    self.spare = self.fabric.buffer(self.max_datagram);
+                }
+                let Some(t) = host.ep.poll_transmit(now, &mut self.spare) else {
+                    break;
+                };
+                let ecn = Ecn::from_tos(t.ecn);
+                if t.len < SMALL_DATAGRAM {
+                    let tx = Transmit {
+                        dest: t.dest,
+                        path: t.path,
+                        ecn,
+                        contents: &self.spare[..t.len],
+                    };
+                    self.fabric.send(now, host.id, &tx);
+                } else {
+                    let mut buf = std::mem::take(&mut self.spare);
+                    buf.truncate(t.len);
+                    self.fabric.send_buf(now, host.id, t.dest, t.path, ecn, buf);
+                }
+            }
+            self.completions.clear();
+            while let Some((_, c)) = host.ep.poll_completion() {
+                self.completions.push(c);
+            }
+            if self.completions.is_empty() {
+                break;
+            }
+            let mut posted = false;
+            for i in 0..self.completions.len() {
+                let c = self.completions[i];
+                posted |= self.on_completion(h, c);
+            }
+            if !posted {
+                break;
+            }
+        }
+        let host = &self.hosts[h];
+        let t_now = now.as_nanos();
+        let timer = host.ep.poll_timeout().map(Timestamp::as_nanos);
+        let wake = if nic_full {
+            let ready = self
+                .fabric
+                .nic_drained_at(host.id, now, self.nic_limit)
+                .as_nanos()
+                .max(t_now + 1);
+            // A deadline already past is a pacing time the full NIC overtook: the NIC wake-up
+            // covers it.
+            Some(timer.filter(|&t| t > t_now).map_or(ready, |t| t.min(ready)))
+        } else {
+            timer.map(|t| {
+                if t <= t_now {
+                    self.late_deadlines += 1;
+                    t_now + 1
+                } else {
+                    t
+                }
+            })
+        };
+        let host = &mut self.hosts[h];
+        let wake = match (wake, host.rx_due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if wake != host.wake {
+            host.wake = wake;
+            if let Some(w) = wake {
+                self.wakes.push(Reverse((w, h as u32)));
+            }
+        }
+    }
+
+    /// Reacts to completion `c` on host `h`. Returns whether work was posted.
+    fn on_completion(&mut self, h: usize, c: Completion) -> bool {
+        let now = self.now.as_nanos();
+        if c.wr_id & RECV_TAG != 0 {
+            // A ring step landed on `h`: send the next one on.
+            self.recvs_done += 1;
+            self.last_completion_ns = now;
+            if c.status != WcStatus::Success || c.opcode != WcOpcode::RecvRdmaWithImm {
+                return false;
+            }
+            let imm = c.imm.unwrap_or(u32::MAX);
+            let (step, slice) = (imm / self.ring_slices, imm % self.ring_slices);
+            let f = self.ring_flow_of[h];
+            if step.saturating_add(1) < self.ring_steps && f != usize::MAX {
+                self.post_ring_step(f, step + 1, slice);
+                return true;
+            }
+            return false;
+        }
+        let Some(m) = self.msgs.get_mut(c.wr_id as usize) else {
+            return false;
+        };
+        if m.done_at.is_some() {
+            return false;
+        }
+        m.done_at = Some(now);
+        m.ok = c.status == WcStatus::Success;
+        self.msgs_done += 1;
+        self.last_completion_ns = now;
+        let f = m.flow as usize;
+        let flow = &mut self.flows[f];
+        flow.outstanding = flow.outstanding.saturating_sub(1);
+        if c.status != WcStatus::Success && !flow.failed {
+            // The QP is in error: its remaining messages will never be sent.
+            flow.failed = true;
+            let unposted = (flow.total - flow.posted).div_ceil(u64::from(flow.msg_bytes.max(1)));
+            self.expected_msgs -= unposted;
+            return false;
+        }
+        flow.kind == FlowKind::Stream && self.post_stream(f)
+    }
+
+    /// Posts messages on stream flow `f` up to its outstanding limit. Returns whether any
+    /// was posted.
+    fn post_stream(&mut self, f: usize) -> bool {
+        let mut posted = false;
+        loop {
+            let flow = &self.flows[f];
+            if flow.failed || flow.outstanding >= flow.outstanding_max || flow.posted >= flow.total
+            {
+                return posted;
+            }
+            let len = (flow.total - flow.posted).min(u64::from(flow.msg_bytes)) as u32;
+            self.post_write(f, len, None);
+            posted = true;
+        }
+    }
+
+    fn post_ring_step(&mut self, f: usize, step: u32, slice: u32) {
+        let len = self.flows[f].msg_bytes;
+        if !self.flows[f].failed {
+            self.post_write(f, len, Some(step * self.ring_slices + slice));
+        }
+    }
+
+    fn post_write(&mut self, f: usize, len: u32, imm: Option<u32>) {
+        let now = self.now.as_nanos();
+        let flow = &mut self.flows[f];
+        let host = &mut self.hosts[flow.from];
+        let wr_id = self.msgs.len() as u64;
+        let op = match imm {
+            Some(i) => SendOp::WriteImm(flow.remote, i),
+            None => SendOp::Write(flow.remote),
+        };
+        let wr = SendWr {
+            wr_id,
+            op,
+            sges: vec![Sge {
+                lkey: host.src.lkey,
+                offset: 0,
+                len,
+            }],
+            signaled: true,
+        };
+        host.ep
+            .post_send(flow.qp_from, wr)
+            .expect("send queue room and a valid region");
+        flow.posted += u64::from(len);
+        flow.outstanding += 1;
+        self.msgs.push(Msg {
+            flow: f as u32,
+            bytes: len,
+            posted_at: now,
+            done_at: None,
+            ok: false,
+        });
+    }
+
+    /// The lower bound on the completion time, ns (see the module docs).
+    fn ideal_ns(&self) -> u64 {
+        let ls = &self.scenario.fabric;
+        let host_bps = ls.host_link_gbps * 1e9;
+        let up_bps = ls.spine_link_bps() as f64 * ls.spines as f64;
+        if self.ring_steps > 0 {
+            let bytes = self.flows.first().map_or(0, |f| f.total) as f64;
+            return (bytes * 8.0 / host_bps * 1e9).ceil() as u64;
+        }
+        let n = ls.hosts();
+        let mut sent = vec![0f64; n];
+        let mut recv = vec![0f64; n];
+        let mut leaf_out = vec![0f64; ls.leaves];
+        let mut leaf_in = vec![0f64; ls.leaves];
+        for f in &self.flows {
+            let b = f.total as f64;
+            sent[f.from] += b;
+            recv[f.to] += b;
+            let (lf, lt) = (ls.leaf_of(f.from), ls.leaf_of(f.to));
+            if lf != lt {
+                leaf_out[lf] += b;
+                leaf_in[lt] += b;
+            }
+        }
+        let host = sent.iter().chain(&recv).fold(0f64, |a, &b| a.max(b)) / host_bps;
+        let leaf = leaf_out.iter().chain(&leaf_in).fold(0f64, |a, &b| a.max(b)) / up_bps;
+        (host.max(leaf) * 8.0 * 1e9).ceil() as u64
+    }
+
+    /// Mean over flows of `min(1, ideal / completion of the flow's last message)`, the ideal
+    /// being the job's lower bound scaled by the flow's share of the largest flow's bytes.
+    fn flow_effective_bw(&self) -> f64 {
+        let mut last = vec![0u64; self.flows.len()];
+        for m in &self.msgs {
+            let f = m.flow as usize;
+            last[f] = last[f].max(m.done_at.unwrap_or(0));
+        }
+        let ideal = self.ideal_ns() as f64;
+        let biggest = self.flows.iter().map(|f| f.total).max().unwrap_or(1).max(1) as f64;
+        let sum: f64 = self
+            .flows
+            .iter()
+            .zip(&last)
+            .filter(|(_, t)| **t > 0)
+            .map(|(f, &t)| (ideal * f.total as f64 / biggest / t as f64).min(1.0))
+            .sum();
+        sum / self.flows.len().max(1) as f64
+    }
+
+    /// Collects the report; `wall_s` and `cpu_s` are the wall and CPU time the run took.
+    pub fn report(&self, wall_s: f64, cpu_s: f64) -> Report {
+        let mut mct: Vec<u64> = self
+            .msgs
+            .iter()
+            .filter_map(|m| Some(m.done_at? - m.posted_at))
+            .collect();
+        mct.sort_unstable();
+        let ok: Vec<&Msg> = self.msgs.iter().filter(|m| m.ok).collect();
+        let payload_bytes: u64 = ok.iter().map(|m| u64::from(m.bytes)).sum();
+        let failed = self
+            .msgs
+            .iter()
+            .filter(|m| m.done_at.is_some() && !m.ok)
+            .count() as u64;
+        let finish_ns = self.last_completion_ns.max(1);
+        let ideal_ns = self.ideal_ns();
+        let finished = self.done() && failed == 0 && !self.flows.iter().any(|f| f.failed);
+        let mut senders: Vec<usize> = self.flows.iter().map(|f| f.from).collect();
+        senders.sort_unstable();
+        senders.dedup();
+        let goodput = payload_bytes as f64 * 8.0 / finish_ns as f64 / senders.len().max(1) as f64;
+
+        let (mut retransmits, mut rto_fired, mut repaths) = (0, 0, 0);
+        for h in &self.hosts {
+            retransmits += h.ep.stats().retransmits;
+            rto_fired += h.ep.stats().rto_fired;
+        }
+        for f in &self.flows {
+            if let Some(s) = self.hosts[f.from].ep.qp_stats(f.qp_from) {
+                repaths += s.repaths;
+            }
+        }
+        let fs = self.fabric.stats();
+        let switch_ports: Vec<PortId> = self
+            .fabric
+            .ports()
+            .filter(|p| {
+                matches!(
+                    self.fabric.node_kind(self.fabric.port_ends(*p).0),
+                    NodeKind::Switch { .. }
+                )
+            })
+            .collect();
+        let mut max_queue_bytes = 0;
+        let (mut seen, mut pkts) = (0u64, 0u64);
+        for p in &switch_ports {
+            let s = self.fabric.port_stats(*p);
+            max_queue_bytes = max_queue_bytes.max(s.max_queue_bytes);
+            seen += s.queue_seen_sum;
+            pkts += s.packets - s.trimmed;
+        }
+        let mean_queue_bytes = if pkts == 0 {
+            0.0
+        } else {
+            seen as f64 / pkts as f64
+        };
+        let uplinks = self.fabric.tier_ports(0, 1);
+        // Per leaf: its busiest uplink over the mean of its uplinks; the worst leaf counts.
+        let mut per_leaf: Vec<(f64, f64, u32)> = vec![(0.0, 0.0, 0); self.scenario.fabric.leaves];
+        for p in &uplinks {
+            let leaf = match self.fabric.node_kind(self.fabric.port_ends(*p).0) {
+                NodeKind::Switch { index, .. } => index as usize,
+                NodeKind::Host(_) => continue,
+            };
+            let b = self.fabric.port_stats(*p).bytes as f64;
+            if let Some(l) = per_leaf.get_mut(leaf) {
+                l.0 = l.0.max(b);
+                l.1 += b;
+                l.2 += 1;
+            }
+        }
+        let uplink_imbalance = per_leaf
+            .iter()
+            .filter(|l| l.1 > 0.0)
+            .map(|l| l.0 / (l.1 / f64::from(l.2)))
+            .fold(0.0, f64::max);
+
+        let plots = self.plots(&switch_ports, &uplinks, finish_ns);
+        Report {
+            workload: self.scenario.workload.name().to_string(),
+            mode: self.scenario.mode.name.clone(),
+            hosts: self.hosts.len(),
+            seed: self.scenario.seed,
+            finished,
+            messages: ok.len() as u64,
+            failed,
+            payload_bytes,
+            finish_ns,
+            ideal_ns,
+            effective_bw: ideal_ns as f64 / finish_ns as f64,
+            flow_effective_bw: self.flow_effective_bw(),
+            goodput_gbps_per_sender: goodput,
+            mct_p50_ns: quantile(&mct, 0.5),
+            mct_p99_ns: quantile(&mct, 0.99),
+            mct_max_ns: mct.last().copied().unwrap_or(0),
+            retransmits,
+            rto_fired,
+            repaths,
+            drops: fs.drops,
+            trimmed: fs.trimmed,
+            ecn_marks: fs.ecn_marks,
+            max_queue_bytes,
+            steady_max_queue_bytes: plots
+                .max_queue_bytes
+                .iter()
+                .skip(plots.max_queue_bytes.len() / 2)
+                .fold(0.0, |a: f64, &b| a.max(b)) as usize,
+            mean_queue_bytes,
+            uplink_imbalance,
+            datagrams: fs.sent,
+            hops: fs.hops,
+            wall_s,
+            cpu_s,
+            datagrams_per_s: fs.sent as f64 / cpu_s.max(1e-9),
+            hops_per_s: fs.hops as f64 / cpu_s.max(1e-9),
+            plots,
+        }
+    }
+
+    fn plots(&self, switch_ports: &[PortId], uplinks: &[PortId], finish_ns: u64) -> Plots {
+        let Some(series) = self.fabric.series() else {
+            return Plots::default();
+        };
+        let interval = series.interval_ns;
+        let buckets = (finish_ns.div_ceil(interval) as usize).min(series.len());
+        let mut delivered = vec![0u64; buckets];
+        for p in self.fabric.host_facing_ports() {
+            for (i, b) in series.port(p).iter().take(buckets).enumerate() {
+                delivered[i] += b.bytes;
+            }
+        }
+        let mut queue = vec![0u32; buckets];
+        for p in switch_ports {
+            for (i, b) in series.port(*p).iter().take(buckets).enumerate() {
+                queue[i] = queue[i].max(b.max_queue_bytes);
+            }
+        }
+        let secs = finish_ns as f64 / 1e9;
+        let mut receivers: Vec<usize> = self.flows.iter().map(|f| f.to).collect();
+        receivers.sort_unstable();
+        receivers.dedup();
+        Plots {
+            receivers: receivers.len(),
+            interval_ns: interval,
+            delivered_gbps: delivered
+                .iter()
+                .map(|&b| b as f64 * 8.0 / interval as f64)
+                .collect(),
+            max_queue_bytes: queue.iter().map(|&q| f64::from(q)).collect(),
+            uplink_gbps: uplinks
+                .iter()
+                .map(|p| self.fabric.port_stats(*p).bytes as f64 * 8.0 / secs / 1e9)
+                .collect(),
+        }
+    }
+
+    /// Wake-ups that had to be pushed past an engine deadline already due (a sign of an
+    /// engine that keeps reporting past deadlines; 0 in a healthy run).
+    pub fn late_deadlines(&self) -> u64 {
+        self.late_deadlines
+    }
+}
+
+/// Flows of a workload: `(from, to, total bytes, message bytes, outstanding)`, and the ring
+/// steps (0 unless ring all-reduce).
+struct Plan {
+    flows: Vec<(usize, usize, u64, u32, u32)>,
+    ring_steps: u32,
+    ring_slices: u32,
+}
+
+fn plan(w: &Workload, n: usize, hosts_per_leaf: usize, seed: u64) -> Plan {
+    let mut flows = Vec::new();
+    let (mut ring_steps, mut ring_slices) = (0, 0);
+    match *w {
+        Workload::Permutation {
+            bytes_per_host,
+            msg_bytes,
+            outstanding,
+        } => {
+            for (from, to) in derangement(n, seed).into_iter().enumerate() {
+                flows.push((from, to, bytes_per_host, msg_bytes, outstanding));
+            }
+        }
+        Workload::Incast {
+            senders,
+            bytes_per_sender,
+            msg_bytes,
+            outstanding,
+        } => {
+            for from in incast_senders(n, hosts_per_leaf, senders) {
+                flows.push((from, 0, bytes_per_sender, msg_bytes, outstanding));
+            }
+        }
+        Workload::AllToAll {
+            bytes_per_pair,
+            msg_bytes,
+            outstanding,
+        } => {
+            for from in 0..n {
+                for k in 1..n {
+                    // Each host starts with a different peer, as collective libraries do.
+                    let to = (from + k) % n;
+                    flows.push((from, to, bytes_per_pair, msg_bytes, outstanding));
+                }
+            }
+        }
+        Workload::RingAllReduce {
+            vector_bytes,
+            slices,
+        } => {
+            let chunk = vector_bytes / n.max(1) as u64;
+            ring_slices = slices.max(1);
+            let slice = u32::try_from(chunk / u64::from(ring_slices))
+                .unwrap_or(u32::MAX)
+                .max(1);
+            ring_steps = 2 * (n as u32).saturating_sub(1);
+            // The ring visits the leaves in turn (host 0 of every leaf, then host 1, ...), so
+            // every hop crosses the spines, as a ring laid out without regard to racks does.
+            let order = ring_order(n, hosts_per_leaf);
+            for k in 0..n {
+                let total = u64::from(slice) * u64::from(ring_slices) * u64::from(ring_steps);
+                flows.push((order[k], order[(k + 1) % n], total, slice, ring_slices));
+            }
+        }
+    }
+    Plan {
+        flows,
+        ring_steps,
+        ring_slices,
+    }
+}
+
+/// Hosts in ring order: slot 0 of every leaf, then slot 1, and so on.
+fn ring_order(n: usize, hosts_per_leaf: usize) -> Vec<usize> {
+    let hpl = hosts_per_leaf.max(1);
+    let leaves = n.div_ceil(hpl);
+    let mut order = Vec::with_capacity(n);
+    for slot in 0..hpl {
+        for l in 0..leaves {
+            let h = l * hpl + slot;
+            if h < n {
+                order.push(h);
+            }
+        }
+    }
+    order
+}
+
+/// `senders` hosts other than host 0, taken round-robin over the leaves (host 1 of leaf 0
+/// last), so an incast crosses the spines.
+fn incast_senders(n: usize, hosts_per_leaf: usize, senders: usize) -> Vec<usize> {
+    let hpl = hosts_per_leaf.max(1);
+    let leaves = n.div_ceil(hpl);
+    let mut order = Vec::with_capacity(n);
+    for slot in 0..hpl {
+        for l in 1..=leaves {
+            let h = (l % leaves) * hpl + slot;
+            if h != 0 && h < n {
+                order.push(h);
+            }
+        }
+    }
+    order.truncate(senders.min(n.saturating_sub(1)));
+    order
+}
+
+/// A random permutation of `0..n` with no fixed point (seeded Fisher-Yates, retried).
+fn derangement(n: usize, seed: u64) -> Vec<usize> {
+    let mut state = seed ^ 0x0DE2_A46E_0000_0001;
+    loop {
+        let mut p: Vec<usize> = (0..n).collect();
+        for i in (1..n).rev() {
+            let j = (splitmix64(&mut state) % (i as u64 + 1)) as usize;
+            p.swap(i, j);
+        }
+        if n < 2 || p.iter().enumerate().all(|(i, &x)| i != x) {
+            return p;
+        }
+    }
+}
+
+fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The fabric alone, without engines: every host sends `packets_per_host` datagrams of
+/// `payload` bytes at line rate to another host (a random derangement), round-robin over 16
+/// paths. Returns `(datagrams, hops, CPU seconds)`: the model's own speed.
+pub fn raw_fabric_speed(
+    ls: &LeafSpine,
+    packets_per_host: u64,
+    payload: usize,
+    seed: u64,
+) -> (u64, u64, f64) {
+    let wall = Instant::now();
+    let cpu = thread_cpu_seconds();
+    let mut fabric = ls.build(seed);
+    let n = ls.hosts();
+    let perm = derangement(n, seed);
+    let frame = (payload + ls.fabric.frame_overhead_bytes as usize) as u64;
+    let gap = (frame * 8 * 1_000_000_000).div_ceil(gbps_bps(ls.host_link_gbps).max(1));
+    let mut sent = vec![0u64; n];
+    let mut sends: BinaryHeap<Reverse<(u64, usize)>> = (0..n).map(|h| Reverse((0, h))).collect();
+    loop {
+        let ts = sends.peek().map(|Reverse((t, _))| *t);
+        let tf = fabric.next_event().map(Timestamp::as_nanos);
+        let now = match (ts, tf) {
+            (Some(a), Some(b)) => a.min(b),
+            (a, b) => match a.or(b) {
+                Some(t) => t,
+                None => break,
+            },
+        };
+        while let Some(d) = fabric.poll_deliver(Timestamp::from_nanos(now)) {
+            fabric.recycle(d.bytes);
+        }
+        while let Some(&Reverse((t, h))) = sends.peek() {
+            if t > now {
+                break;
+            }
+            sends.pop();
+            let buf = fabric.buffer(payload);
+            let path = (sent[h] % 16) as u16;
+            let (at, dest) = (Timestamp::from_nanos(now), ls.host_addr(perm[h]));
+            fabric.send_buf(at, HostId(h as u32), dest, path, Ecn::Ect0, buf);
+            sent[h] += 1;
+            if sent[h] < packets_per_host {
+                sends.push(Reverse((now + gap, h)));
+            }
+        }
+    }
+    let s = fabric.stats();
+    let wall_s = wall.elapsed().as_secs_f64();
+    let secs = match (cpu, thread_cpu_seconds()) {
+        (Some(a), Some(b)) if b > a => b - a,
+        _ => wall_s,
+    };
+    (s.sent, s.hops, secs)
+}
+
+fn gbps_bps(gbps: f64) -> u64 {
+    (gbps * 1e9).round().max(0.0) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> LeafSpine {
+        LeafSpine {
+            hosts_per_leaf: 2,
+            leaves: 2,
+            spines: 2,
+            ..LeafSpine::default()
+        }
+    }
+
+    #[test]
+    fn derangements_have_no_fixed_point_and_replay() {
+        for n in 2..40 {
+            let p = derangement(n, n as u64);
+            assert!(p.iter().enumerate().all(|(i, &x)| i != x));
+            let mut s = p.clone();
+            s.sort_unstable();
+            assert_eq!(s, (0..n).collect::<Vec<_>>());
+            assert_eq!(p, derangement(n, n as u64));
+        }
+    }
+
+    #[test]
+    fn incast_senders_spread_over_leaves() {
+        assert_eq!(incast_senders(8, 2, 3), vec![2, 4, 6]);
+        assert_eq!(incast_senders(8, 2, 100).len(), 7);
+    }
+
+    #[test]
+    fn a_small_permutation_completes_in_every_mode() {
+        for mode in [Mode::ecmp(), Mode::spray(8, 32), Mode::spray_cc(8)] {
+            let w = Workload::Permutation {
+                bytes_per_host: 256 << 10,
+                msg_bytes: 64 << 10,
+                outstanding: 2,
+            };
+            let r = run(&Scenario::new(tiny(), w, mode.clone(), 1));
+            assert!(r.finished, "{mode:?}: {r:?}");
+            assert_eq!(r.messages, 4 * 4);
+            assert!(r.effective_bw > 0.3 && r.effective_bw <= 1.0, "{r:?}");
+        }
+    }
+
+    #[test]
+    fn a_ring_allreduce_completes() {
+        let w = Workload::RingAllReduce {
+            vector_bytes: 1 << 20,
+            slices: 2,
+        };
+        let r = run(&Scenario::new(tiny(), w, Mode::spray_cc(8), 2));
+        assert!(r.finished, "{r:?}");
+        assert_eq!(r.messages, 4 * 6 * 2);
+    }
+}
