@@ -571,11 +571,13 @@ fn per_65536(p: f64) -> i32 {
 }
 
 /// A fault-injecting XDP program for test networks, with a counter map
-/// ([`netem_counter`]) as its first map.
+/// ([`netem_counter`]) as its first map and a control map as its second: a nonzero value at
+/// index 0 black-holes the path at once, without re-attaching ([`set_netem_blackhole`]).
 ///
 /// ```text
 /// if not IPv4/UDP (or too short)          -> pass
 /// count SEEN
+/// if control[0] != 0                      -> count DROPPED; drop
 /// if blackhole or prandom16 < loss        -> count DROPPED; drop
 /// if ip.tos & 3 in {1, 2} and prandom16 < ce:
 ///     ip.tos |= 3; fix ip.csum incrementally (RFC 1624); count MARKED
@@ -587,7 +589,12 @@ pub fn netem(cfg: NetemConfig) -> Result<Program, LoadError> {
         error,
         log: String::new(),
     })?;
+    let control = Map::counters(1).map_err(|error| LoadError {
+        error,
+        log: String::new(),
+    })?;
     let cfd = counters.fd();
+    let ctl = control.fd();
     let loss = if cfg.blackhole {
         65536
     } else {
@@ -622,6 +629,21 @@ pub fn netem(cfg: NetemConfig) -> Result<Program, LoadError> {
     ];
     let to_pass = [4usize, 6, 8, 10];
     p.extend(count(netem_counter::SEEN as i32));
+    // The run-time black hole switch.
+    let switch_drop: Vec<Insn> = {
+        let mut d = count(netem_counter::DROPPED as i32);
+        d.extend([mov_imm(0, XDP_DROP), exit()]);
+        d
+    };
+    p.extend([st_imm(Size::W, 10, -4, 0), mov_reg(2, 10), add_imm(2, -4)]);
+    p.extend(ld_map_fd(1, ctl));
+    p.extend([
+        call(HELPER_MAP_LOOKUP),
+        jeq_imm(0, 0, 2 + switch_drop.len() as i16),
+        ldx(Size::Dw, 1, 0, 0),
+        jeq_imm(1, 0, switch_drop.len() as i16),
+    ]);
+    p.extend(switch_drop);
     // Loss.
     let mut loss_branch = vec![];
     if loss > 0 {
@@ -686,7 +708,17 @@ pub fn netem(cfg: NetemConfig) -> Result<Program, LoadError> {
         p[i].off = (pass - i - 1) as i16;
     }
     p.extend([mov_imm(0, XDP_PASS), exit()]);
-    Program::load_xdp(&p, "braid_netem", vec![counters])
+    Program::load_xdp(&p, "braid_netem", vec![counters, control])
+}
+
+/// Turns the run-time black hole of a [`netem`] program on or off (takes effect at the next
+/// packet).
+pub fn set_netem_blackhole(prog: &Program, on: bool) -> io::Result<()> {
+    let control = prog
+        .maps()
+        .get(1)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "not a netem program"))?;
+    control.update(&0u32.to_ne_bytes(), &u64::from(on).to_ne_bytes())
 }
 
 #[cfg(test)]
@@ -787,6 +819,18 @@ mod tests {
             drop(link);
             tx.send_to(b"y", dest).expect("send");
             assert_eq!(rx.recv_from(&mut buf).expect("delivered after detach").0, 1);
+            // The run-time switch black-holes a harmless program without re-attaching it.
+            let prog = netem(NetemConfig::default()).expect("load");
+            let _link = attach_xdp(&prog, lo, XdpMode::Generic).expect("attach");
+            tx.send_to(b"z", dest).expect("send");
+            assert_eq!(rx.recv_from(&mut buf).expect("passes").0, 1);
+            set_netem_blackhole(&prog, true).expect("switch on");
+            tx.send_to(b"z", dest).expect("send");
+            assert!(rx.recv_from(&mut buf).is_err(), "the switch let a packet through");
+            assert_eq!(prog.maps()[0].counter(netem_counter::DROPPED).expect("read"), 1);
+            set_netem_blackhole(&prog, false).expect("switch off");
+            tx.send_to(b"y", dest).expect("send");
+            assert_eq!(rx.recv_from(&mut buf).expect("passes again").0, 1);
         });
     }
 

@@ -610,6 +610,8 @@ pub struct PathCounters {
 
 struct Attached {
     cfg: NetemConfig,
+    /// The program's run-time black hole switch is on.
+    switched: bool,
     prog: Program,
     _link: XdpLink,
     mode: XdpMode,
@@ -967,6 +969,7 @@ impl Testbed4 {
         })?;
         slot.attached = Some(Attached {
             cfg,
+            switched: false,
             prog,
             _link: link,
             mode,
@@ -989,18 +992,21 @@ impl Testbed4 {
     /// black hole, keeping the path's other netem settings.
     pub fn blackhole(&self, path: usize, on: bool) -> io::Result<()> {
         Testbed4::check(path)?;
-        let cfg = self.netem_lock()[path]
-            .attached
-            .as_ref()
-            .map(|a| a.cfg)
-            .unwrap_or_default();
-        self.set_netem(
-            path,
-            NetemConfig {
-                blackhole: on,
-                ..cfg
-            },
-        )
+        let cfg = {
+            let mut all = self.netem_lock();
+            match all[path].attached.as_mut() {
+                // The attached program's run-time switch acts at the next packet; swapping
+                // programs would take a detach and an attach (tens of ms on a busy machine).
+                Some(a) if !a.cfg.blackhole => {
+                    bpf::set_netem_blackhole(&a.prog, on)?;
+                    a.switched = on;
+                    return Ok(());
+                }
+                Some(a) => a.cfg,
+                None => NetemConfig::default(),
+            }
+        };
+        self.set_netem(path, NetemConfig { blackhole: on, ..cfg })
     }
 
     /// The netem configuration on path `path` and the XDP mode it is attached in, if any.
@@ -1009,7 +1015,10 @@ impl Testbed4 {
             .get(path)?
             .attached
             .as_ref()
-            .map(|a| (a.cfg, a.mode))
+            .map(|a| {
+                let blackhole = a.cfg.blackhole || a.switched;
+                (NetemConfig { blackhole, ..a.cfg }, a.mode)
+            })
     }
 
     /// What path `path`'s fault injectors counted so far, summed over every program attached

@@ -609,15 +609,17 @@ fn transfer_survives_a_black_hole(test: &str, kind_a: DatapathKind, kind_b: Data
     bed.set_netem(hole, NetemConfig::default())
         .expect("attach netem");
 
-    let work = Writes::new(&a, &b, 256 << 10, 32, 51);
+    // 16 MiB, black-holed after an eighth: long enough that plenty of traffic is still to
+    // come when the program swap takes effect (tens of milliseconds on a busy machine).
+    let work = Writes::new(&a, &b, 256 << 10, 64, 51);
     let progress = AtomicU64::new(0);
     let paths_before = bed.path_counters().expect("path counters");
     let stats_before = a.dev.stats();
     let (elapsed, flipped_at) = std::thread::scope(|s| {
         let flipper = s.spawn(|| {
-            // After a quarter of the messages completed.
+            // After an eighth of the messages completed.
             let deadline = Instant::now() + WAIT;
-            while progress.load(Ordering::Acquire) < work.count as u64 / 4 {
+            while progress.load(Ordering::Acquire) < work.count as u64 / 8 {
                 assert!(Instant::now() < deadline, "the transfer made no progress");
                 std::thread::sleep(Duration::from_micros(200));
             }

@@ -1788,12 +1788,19 @@ impl Qp {
         }
         self.paths.set_delay_target_ns(self.cc.target_delay_ns());
         while let Some(path) = self.paths.take_repath() {
-            // PLB: the path kept looking congested; move it to another source port.
-            let ports = u32::from(sh.cfg.paths);
-            if let Some(port) = self.port_map.get_mut(usize::from(path)) {
-                *port = (sh.rng.next_u32() % ports) as u16;
+            // PLB: the path kept looking congested; move it to a source port no other path of
+            // this QP uses. Sharing a port would only concentrate traffic (and could leave a
+            // route unused), so without a spare port the path stays where it is.
+            let ports = sh.cfg.paths;
+            let spare: Vec<u16> = (0..ports).filter(|p| !self.port_map.contains(p)).collect();
+            if spare.is_empty() {
+                continue;
             }
-            self.repaths += 1;
+            let port = spare[(sh.rng.next_u32() as usize) % spare.len()];
+            if let Some(slot) = self.port_map.get_mut(usize::from(path)) {
+                *slot = port;
+                self.repaths += 1;
+            }
         }
         while self.sent.front().is_some_and(|p| p.acked) {
             self.sent.pop_front();
