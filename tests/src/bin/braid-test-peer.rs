@@ -1,6 +1,12 @@
 //! The far end of the two-process loopback test: opens a UDP device on 127.0.0.1, prints its
 //! QP and region on stdout, reads the test's QP from stdin, and serves commands until `QUIT`
 //! or end of input (see `braid_tests` for the protocol).
+//!
+//! Two additions for the namespace fault tests (`netns_faults`): an optional first argument,
+//! the address to bind (default `127.0.0.1:0`), so the peer can run in another namespace
+//! (`ip netns exec NS braid-test-peer 10.X.Y.2:4791`); and a `STATS` command, answered with
+//! `STATS <rx_unknown_qp> <rx_wrong_peer> <rx_duplicates> <rx_out_of_window> <rx_bad_crc>`,
+//! the device's counters of datagrams it dropped.
 use std::io::{BufRead, Write};
 use std::time::Duration;
 
@@ -15,7 +21,10 @@ fn main() {
 }
 
 fn serve() -> Result<(), Box<dyn std::error::Error>> {
-    let dev = Device::open(DeviceConfig::udp("127.0.0.1:0".parse()?).paths(16))?;
+    let bind = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "127.0.0.1:0".to_string());
+    let dev = Device::open(DeviceConfig::udp(bind.parse()?).paths(16))?;
     let pd = dev.alloc_pd();
     let cq = dev.create_cq();
     let qp = pd.create_qp(&cq, &cq)?;
@@ -71,6 +80,18 @@ fn serve() -> Result<(), Box<dyn std::error::Error>> {
                     wr_id: next_recv,
                     sges: vec![rbuf.sge(0, PEER_RECV_LEN)],
                 })?;
+            }
+            ["STATS"] => {
+                let s = dev.stats();
+                writeln!(
+                    out,
+                    "STATS {} {} {} {} {}",
+                    s.rx_unknown_qp,
+                    s.rx_wrong_peer,
+                    s.rx_duplicates,
+                    s.rx_out_of_window,
+                    s.rx_bad_crc
+                )?;
             }
             ["QUIT"] => break,
             _ => return Err(format!("unknown command {line:?}").into()),

@@ -7,8 +7,11 @@
 //! - `hostile`: bad keys, bounds and rights, hostile datagrams, bad API use.
 //! - `loopback`: devices over real UDP on 127.0.0.1, in one process and across two.
 mod fabric;
+mod fault_matrix;
 mod hostile;
 mod loopback;
 mod netns;
+mod netns_faults;
+mod sim_e2e;
 mod support;
 mod wire;

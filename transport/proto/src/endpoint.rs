@@ -435,6 +435,8 @@ struct Qp {
     /// CE marks the peer reported for our packets.
     ce_marks: u64,
     pacer: Pacer,
+    /// When the last new packet left, and its length (see [`Qp::pace_at`]).
+    last_paced: (Timestamp, u32),
     /// New packets are waiting only for the pacer (its next send time is a deadline).
     paced_out: bool,
     peer_ce_seen: u32,
@@ -675,6 +677,7 @@ impl Endpoint {
             repaths: 0,
             ce_marks: 0,
             pacer: Pacer::new(),
+            last_paced: (Timestamp::ZERO, 0),
             paced_out: false,
             peer_ce_seen: 0,
             last_echo: (0, 0),
@@ -1008,11 +1011,25 @@ impl Qp {
             .held
             .iter()
             .filter_map(|&psn| self.sent_index(psn).map(|i| self.sent[i].hold_until));
-        let paced = self.paced_out.then(|| self.pacer.next_send_time());
+        let paced = self.paced_out.then(|| self.pace_at());
         held.chain(self.rto_deadline)
             .chain(self.reorder_deadline)
             .chain(paced)
             .min()
+    }
+
+    /// The earliest time a new packet may leave. The pacer fixed it from the controller's rate
+    /// when the last packet left; the rate may have risen since, or pacing stopped (a window of
+    /// a packet or more), as when acknowledgements return after an outage that had cut the rate
+    /// to a trickle. So the gap after the last packet is measured again at the current rate,
+    /// and the earlier time holds: a gap set by a collapsed rate must not hold back a connection
+    /// that has recovered (it held a READ's responses for 0.9 s, past the requester's retry
+    /// budget, in the fault matrix's loss bursts).
+    fn pace_at(&self) -> Timestamp {
+        let (at, len) = self.last_paced;
+        let mut current = Pacer::new();
+        current.on_sent(at, len, self.cc.pacing_rate());
+        self.pacer.next_send_time().min(current.next_send_time())
     }
 
     fn sent_index(&self, psn: u32) -> Option<usize> {
@@ -1235,7 +1252,7 @@ impl Qp {
         if !self.has_new_work() {
             return None;
         }
-        if !self.pacer.can_send(now) {
+        if now < self.pace_at() {
             self.paced_out = true;
             return None;
         }
@@ -1261,7 +1278,12 @@ impl Qp {
         sh.paths[usize::from(path)].packets += 1;
         self.paths.on_sent(u16::from(path), now);
         self.cc.on_sent(now, len as u32, psn);
+        if !self.pacer.can_send(now) {
+            // Sent ahead of a gap set by a lower rate (see `pace_at`): that schedule is stale.
+            self.pacer = Pacer::new();
+        }
         self.pacer.on_sent(now, len as u32, self.cc.pacing_rate());
+        self.last_paced = (now, len as u32);
         if self.rto_deadline.is_none() {
             self.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));
         }
@@ -1980,6 +2002,14 @@ impl Qp {
             return;
         };
         if now < deadline {
+            return;
+        }
+        // Nothing outstanding (the last packet probed needed no resending: its work request had
+        // completed, as a READ does when its response arrives before the request's ACK): no
+        // timeout to count. Counting it would fail an idle QP `retry_limit` timeouts later.
+        let waiting = self.sq.iter().any(|w| w.awaits_response());
+        if self.in_flight_pkts == 0 && self.rtx.is_empty() && !waiting {
+            self.rto_deadline = None;
             return;
         }
         sh.stats.rto_fired += 1;
