@@ -1,6 +1,7 @@
 //! Helpers shared by Braid's integration tests (`tests/all`) and the `braid-test-peer`
 //! binary: the line protocol the two processes speak over the child's stdin and stdout, and
-//! deterministic test data both sides can compute.
+//! deterministic test data both sides can compute. [`fuzz_checks`] holds the bodies of the
+//! fuzz targets, run both by `fuzz/` and by the stable corpus replay.
 //!
 //! The protocol, one line per message:
 //!
@@ -12,6 +13,8 @@
 //!   `RECV <wr_id> <status> <byte_len> <imm or -> <fnv1a of the received bytes>`
 //! - test → peer: `QUIT` (or end of input); the peer exits with status 0
 #![warn(missing_docs)]
+
+pub mod fuzz_checks;
 
 use std::net::SocketAddr;
 

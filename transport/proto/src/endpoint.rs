@@ -1933,9 +1933,12 @@ impl Qp {
         let Some(wi) = self.wqe_index(msn) else {
             return;
         };
-        self.made_progress();
         let status = match n.syndrome {
             Syndrome::ReceiverNotReady => {
+                // The peer is alive and will take the message later: that is progress. A
+                // fatal NAK is not (counting it would let a failed responder, which NAKs every
+                // probe, keep this QP retrying forever).
+                self.made_progress();
                 let w = &mut self.sq[wi];
                 if now >= w.rnr_until {
                     w.rnr_retries += 1;
@@ -1967,9 +1970,17 @@ impl Qp {
         };
         // Work requests posted before the refused one may still be in flight (their packets
         // took other paths): let them finish, then fail this one and flush the rest, so the
-        // statuses read in posting order. Nothing new is sent meanwhile.
-        self.sq[wi].status = Some(status);
+        // statuses read in posting order. Nothing new is sent meanwhile. The first refusal of a
+        // request is its status; later NAKs for it do not overwrite it.
+        if self.sq[wi].status.is_none() {
+            self.sq[wi].status = Some(status);
+        }
         self.failing = true;
+        if n.syndrome == Syndrome::RemoteOperation {
+            // The responder's QP is in error: nothing earlier will complete either.
+            self.enter_error(sh);
+            return;
+        }
         self.complete_sq(sh);
     }
 
