@@ -1,0 +1,527 @@
+#!/usr/bin/env bash
+# Braid next to the kernel on one veth pair between two network namespaces, in one run:
+#   * bandwidth: Braid RDMA WRITE of 1 MiB messages (braid-perf write_bw) over each datapath
+#     (udp, uring, xdp; and AF_XDP on one side with UDP sockets on the other) vs iperf3 TCP,
+#     one stream;
+#   * latency:   Braid 8 B RDMA WRITE round trip (write_lat, p50/p99) over each datapath
+#     vs a plain kernel UDP ping-pong of 8 B (udp-pingpong). On this kind of 2-vCPU VM the
+#     ping-pong is bimodal: ~12 us when client and server run on the same CPU, ~50 us when
+#     every wake-up crosses CPUs, and the scheduler picks either. So besides the unpinned
+#     ping-pong (the reference for the ratios) it is also measured pinned both ways with
+#     taskset (PIN=0 skips that).
+# Servers run in namespace B (10.9.0.2, dev veth-b), clients in namespace A (10.9.0.1, dev
+# veth-a); `scripts/netns.sh veth up` builds the pair and the exit trap deletes it. Braid
+# devices bind to the namespace's veth IP, so the AF_XDP datapath finds veth-a / veth-b itself.
+# Each figure is the median of $RUNS runs. Printed and written, with every raw run (including
+# per-run deltas of the veth drop counters and of `ethtool -S` XDP counters in both
+# namespaces), to bench/results/veth-<date>.md (markdown table + JSON) and veth-<date>.json:
+#   Braid WRITE bandwidth / iperf3 TCP bandwidth      (per datapath)
+#   Braid 8 B WRITE p50 / UDP ping-pong p50           (per datapath)
+#   AF_XDP WRITE bandwidth / Braid UDP WRITE bandwidth (target: >= 2)
+#
+# Needs root. Installs what it needs (iproute2, iperf3, jq; ethtool for the XDP counters) with
+# apt-get when missing; builds braid-bench in release unless NO_BUILD=1.
+# Settings (environment): RUNS=3 DURATION=3 LAT_ITERS=20000 SIZE=1M PATHS=16 MAX_DGRAM=1472
+#   CONFIGS="udp uring xdp xdp/udp udp/xdp"   client/server datapath pairs ("xdp" = xdp/xdp);
+#                                              xdp/udp = AF_XDP sender, UDP-socket receiver
+#   BUSY_CONFIGS="udp xdp"  extra informational write_bw rows with the client's --busy-poll
+#                           (empty: skip)
+#   WAIT_QUIET=180  before each run, wait up to this many seconds for the machine to be at least
+#                   90% idle (other sessions' builds share these 2 CPUs); 0: don't wait. The
+#                   idle share and the busiest processes seen are recorded either way.
+#   FOREIGN_WARN=20  flag measurements during which other processes used more than this % of a
+#                    CPU (measured from /proc/stat minus our own processes' CPU time)
+#   RETRIES=2  measure again (after waiting for quiet) when other processes used more than
+#              FOREIGN_WARN% of a CPU meanwhile, up to this many times; discarded attempts are
+#              kept in the JSON (.discarded); RETRY_WAIT=20 s at most of waiting before each
+#   PIN=1  also run udp-pingpong with client and server pinned to one CPU, and to two CPUs
+#   NS (namespace prefix, default bveth<pid>), CARGO_TARGET_DIR (default: <workspace>/target),
+#   NO_BUILD=1 (use the binaries already in CARGO_TARGET_DIR), ports BRAID_PORT (first of one
+#   per server datapath) UDP_PORT IPERF_PORT.
+set -euo pipefail
+
+BENCH=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=$(cd "$BENCH/.." && pwd)
+RUNS=${RUNS:-3}
+DURATION=${DURATION:-3}
+LAT_ITERS=${LAT_ITERS:-20000}
+SIZE=${SIZE:-1M}
+PATHS=${PATHS:-16}
+MAX_DGRAM=${MAX_DGRAM:-1472}
+CONFIGS=${CONFIGS:-udp uring xdp xdp/udp udp/xdp}
+BUSY_CONFIGS=${BUSY_CONFIGS-udp xdp}
+PIN=${PIN:-1}
+WAIT_QUIET=${WAIT_QUIET:-180}
+NS=${NS:-bveth$$}
+BRAID_PORT=${BRAID_PORT:-18515}
+UDP_PORT=${UDP_PORT:-18600}
+IPERF_PORT=${IPERF_PORT:-15201}
+TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
+export CARGO_TARGET_DIR=$TARGET
+NETNS=$ROOT/scripts/netns.sh
+NSA=$NS-a
+NSB=$NS-b
+IPA=10.9.0.1
+IPB=10.9.0.2
+IFA=veth-a
+IFB=veth-b
+
+log() { printf '== %s\n' "$*" >&2; }
+die() { printf 'compare-veth.sh: %s\n' "$*" >&2; exit 1; }
+
+[ "$(id -u)" -eq 0 ] || die "needs root (network namespaces, veth, AF_XDP); run it as root, e.g. sudo $0"
+
+# --- tools -------------------------------------------------------------------------------
+missing=()
+command -v ip >/dev/null || missing+=(iproute2)
+command -v iperf3 >/dev/null || missing+=(iperf3)
+command -v jq >/dev/null || missing+=(jq)
+command -v ethtool >/dev/null || missing+=(ethtool)
+if ((${#missing[@]})); then
+    log "installing ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if [ "${NO_BUILD:-0}" != 1 ]; then
+    log "building braid-bench (release, target $TARGET)"
+    (cd "$ROOT" && cargo build --release -q -p braid-bench --bins)
+fi
+PERF=$TARGET/release/braid-perf
+PING=$TARGET/release/udp-pingpong
+[ -x "$PERF" ] && [ -x "$PING" ] || die "missing $PERF or $PING (build braid-bench first)"
+
+# Client/server datapath of a config ("xdp" = xdp/xdp).
+cdp() { echo "${1%%/*}"; }
+sdp() { [[ $1 == */* ]] && echo "${1##*/}" || echo "$1"; }
+for c in $CONFIGS $BUSY_CONFIGS; do
+    for d in "$(cdp "$c")" "$(sdp "$c")"; do
+        [[ $d =~ ^(udp|uring|xdp|auto)$ ]] || die "config $c: datapath $d is not udp, uring, xdp or auto"
+    done
+done
+# One braid-perf server per server-side datapath, on consecutive ports.
+server_dps=()
+for c in $CONFIGS $BUSY_CONFIGS; do
+    d=$(sdp "$c")
+    [[ " ${server_dps[*]} " == *" $d "* ]] || server_dps+=("$d")
+done
+port_of() { # server datapath -> its braid-perf server port
+    local i
+    for i in "${!server_dps[@]}"; do
+        [ "${server_dps[$i]}" = "$1" ] && { echo $((BRAID_PORT + i)); return; }
+    done
+    return 1
+}
+
+# --- namespaces and servers --------------------------------------------------------------
+TMP=$(mktemp -d)
+pids=()
+ns_made=0
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    if [ "$ns_made" = 1 ]; then
+        "$NETNS" veth down "$NS" >/dev/null 2>&1 || true
+        log "namespaces $NSA $NSB deleted"
+    fi
+    rm -rf "$TMP"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+log "veth pair: $NSA $IFA $IPA <-> $IPB $IFB $NSB"
+ns_made=1
+"$NETNS" veth up "$NS" >/dev/null
+
+inA() { ip netns exec "$NSA" "$@"; }
+
+wait_tcp() { # ip port: connect from namespace A
+    local _
+    for _ in $(seq 100); do
+        if inA bash -c "exec 3<>/dev/tcp/$1/$2" 2>/dev/null; then return 0; fi
+        sleep 0.05
+    done
+    die "server on $1:$2 did not come up (see its log)"
+}
+
+for d in "${server_dps[@]}"; do
+    port=$(port_of "$d")
+    # Not through a shell function: a backgrounded function is a subshell, and $! would be its pid, not the
+    # server's (killing it would orphan the server). `ip netns exec` execs the command itself.
+    ip netns exec "$NSB" "$PERF" server --bind "$IPB:$port" --datapath "$d" >"$TMP/braid-server-$d.log" 2>&1 &
+    pids+=($!)
+done
+ip netns exec "$NSB" iperf3 -s -B "$IPB" -p "$IPERF_PORT" >"$TMP/iperf3-server.log" 2>&1 &
+pids+=($!)
+ip netns exec "$NSB" "$PING" server --bind "$IPB:$UDP_PORT" >"$TMP/udp-server.log" 2>&1 &
+PING_PID=$! # `ip netns exec` execs the command: this is udp-pingpong's pid
+pids+=($!)
+NCPU=$(nproc)
+if [ "$PIN" = 1 ] && { [ "$NCPU" -lt 2 ] || ! command -v taskset >/dev/null; }; then
+    log "PIN=1 needs 2 CPUs and taskset: skipping the pinned ping-pong"
+    PIN=0
+fi
+for d in "${server_dps[@]}"; do wait_tcp "$IPB" "$(port_of "$d")"; done
+wait_tcp "$IPB" "$IPERF_PORT"
+# The TCP probes above count as (empty) clients; give the servers a moment to move on.
+sleep 0.3
+
+# --- counters ----------------------------------------------------------------------------
+# JSON object of one namespace's veth counters: /sys statistics and `ethtool -S` (the veth
+# driver's per-queue XDP counters: xdp_packets, xdp_redirect, xdp_drops, drops, ...).
+snap_if() { # ns ifname
+    ip netns exec "$1" sh -c '
+        d=/sys/class/net/'"$2"'/statistics
+        for f in rx_packets tx_packets rx_dropped tx_dropped rx_errors tx_errors; do
+            echo "$f: $(cat $d/$f)"
+        done
+        ethtool -S '"$2"' 2>/dev/null | tail -n +2 | grep -v peer_ifindex || true' |
+        jq -R -n '[inputs | capture("^\\s*(?<k>[^:\\s]+):\\s*(?<v>[0-9]+)\\s*$")? | {(.k): (.v | tonumber)}] | add // {}'
+}
+snap() { jq -n -c --argjson a "$(snap_if "$NSA" "$IFA")" --argjson b "$(snap_if "$NSB" "$IFB")" '{a: $a, b: $b}'; }
+# Non-zero differences after - before, per side.
+delta() { # before after
+    jq -n -c --argjson x "$1" --argjson y "$2" \
+        '{a: ($y.a | with_entries(.value -= ($x.a[.key] // 0)) | with_entries(select(.value != 0))),
+          b: ($y.b | with_entries(.value -= ($x.b[.key] // 0)) | with_entries(select(.value != 0)))}'
+}
+
+# CPU used by other processes during a measurement (other sessions share these CPUs): the
+# machine's user+nice+system time minus our servers' and our foreground children's (the client,
+# reaped by this shell: `times`). Softirq time is left out (most of it is our traffic).
+# In % of one CPU; about +-5 (clock ticks of 10 ms) for the short latency runs.
+cpu_mark() { # -> "machine_ticks servers_ticks children_s epoch_s"
+    local m srv=0 p t
+    m=$(awk '/^cpu / { print $2 + $3 + $4 }' /proc/stat)
+    for p in "${pids[@]}"; do
+        t=$(awk '{ print $14 + $15 }' "/proc/$p/stat" 2>/dev/null) || t=0
+        srv=$((srv + ${t:-0}))
+    done
+    times >"$TMP/times" # a builtin with a redirection: runs in this shell, not a subshell
+    awk -v m="$m" -v s="$srv" -v now="$(date +%s.%N)" 'NR == 2 {
+            split($1, u, /[ms]/); split($2, y, /[ms]/)
+            printf "%s %s %.3f %s\n", m, s, u[1] * 60 + u[2] + y[1] * 60 + y[2], now }' "$TMP/times"
+}
+foreign_pct() { # mark_before mark_after -> % of one CPU used by others
+    awk -v a="$1" -v b="$2" -v hz="$(getconf CLK_TCK)" 'BEGIN {
+        split(a, x, " "); split(b, y, " ")
+        el = y[4] - x[4]
+        f = ((y[1] - x[1]) - (y[2] - x[2])) / hz - (y[3] - x[3])
+        printf "%.1f\n", (el > 0 && f > 0) ? 100 * f / el : 0 }'
+}
+FOREIGN_WARN=${FOREIGN_WARN:-20}
+RETRIES=${RETRIES:-2}
+RETRY_WAIT=${RETRY_WAIT:-20}
+
+RAW=$TMP/raw.jsonl
+: >"$RAW"
+
+# braid RUN CONFIG TEST LABEL [client args...]: one braid-perf client run, one JSON line in $RAW.
+braid() {
+    local run=$1 cfg=$2 test=$3 label=$4
+    shift 4
+    local c s port before after rc=0 lim m0 m1 foreign
+    c=$(cdp "$cfg")
+    s=$(sdp "$cfg")
+    port=$(port_of "$s")
+    if [ "$test" = write_bw ]; then lim=$((DURATION + 60)); else lim=300; fi
+    before=$(snap)
+    m0=$(cpu_mark)
+    timeout "$lim" ip netns exec "$NSA" "$PERF" client "$IPB:$port" --datapath "$c" --test "$test" \
+        --paths "$PATHS" --max-datagram "$MAX_DGRAM" --json --quiet "$@" \
+        >"$TMP/out.json" 2>"$TMP/err.txt" || rc=$?
+    m1=$(cpu_mark)
+    after=$(snap)
+    foreign=$(foreign_pct "$m0" "$m1")
+    sleep 0.1 # the server logs its summary after the client's last line
+    local srv_line err
+    srv_line=$(tail -n 1 "$TMP/braid-server-$s.log")
+    err=$(tr '\n' ' ' <"$TMP/err.txt" | cut -c1-2000)
+    if [ "$rc" -ne 0 ] || ! jq -e . "$TMP/out.json" >/dev/null 2>&1; then
+        log "  $label FAILED (exit $rc): $err"
+        jq -n -c --argjson run "$run" --arg cfg "$cfg" --arg lbl "$label" --arg test "$test" \
+            --arg c "$c" --arg s "$s" --argjson rc "$rc" --arg err "$err" --arg srv "$srv_line" \
+            --argjson veth "$(delta "$before" "$after")" --argjson foreign "$foreign" \
+            '{run: $run, config: $cfg, label: $lbl, test: $test, client_datapath: $c, server_datapath: $s,
+              ok: false, exit: $rc, error: $err, server: $srv, veth: $veth, foreign_cpu_pct: $foreign}' >>"$RAW"
+        return 0
+    fi
+    jq -c --argjson run "$run" --arg cfg "$cfg" --arg lbl "$label" --arg c "$c" --arg s "$s" \
+        --arg srv "$srv_line" --argjson veth "$(delta "$before" "$after")" --argjson foreign "$foreign" \
+        '{run: $run, config: $cfg, label: $lbl, test, client_datapath: $c, server_datapath: $s, foreign_cpu_pct: $foreign,
+          reported_datapath: .datapath, ok: true, bw_gbps, msg_rate, iterations, lat,
+          packets: ([.paths_client[].packets] | add), lost: ([.paths_client[].lost] | add),
+          retransmits: ([.paths_client[].retransmits] | add),
+          srtt_us_max: ([.paths_client[].srtt_us] | max),
+          server: $srv, veth: $veth}' "$TMP/out.json" >>"$RAW"
+    local note=""
+    awk -v f="$foreign" -v w="$FOREIGN_WARN" 'BEGIN { exit !(f > w) }' && note=" (other processes used $foreign% of a CPU meanwhile)"
+    if [ "$test" = write_bw ]; then
+        log "  $label: $(jq -r '"\(.bw_gbps * 1000 | round / 1000) Gbit/s, \([.paths_client[].retransmits] | add) retransmits"' "$TMP/out.json")$note"
+    else
+        log "  $label: $(jq -r '"p50 \(.lat.p50_us * 10 | round / 10) us, p99 \(.lat.p99_us * 10 | round / 10) us"' "$TMP/out.json")$note"
+    fi
+}
+
+pingpong() { # run label [pinning command...]: one udp-pingpong client run, one JSON line in $RAW
+    local run=$1 label=$2
+    shift 2
+    log "run $run/$RUNS: UDP ping-pong 8 B x $LAT_ITERS${1:+ (client: $*, server: CPU 0)}"
+    local m0 m1 foreign
+    m0=$(cpu_mark)
+    "$@" ip netns exec "$NSA" "$PING" client "$IPB:$UDP_PORT" --size 8 --iters "$LAT_ITERS" --json >"$TMP/out.json"
+    m1=$(cpu_mark)
+    foreign=$(foreign_pct "$m0" "$m1")
+    jq -c --argjson run "$run" --arg lbl "$label" --argjson foreign "$foreign" \
+        '{run: $run, label: $lbl, ok: true, foreign_cpu_pct: $foreign, lat: .}' "$TMP/out.json" >>"$RAW"
+    log "  $label: $(jq -r '"p50 \(.p50_us * 10 | round / 10) us, p99 \(.p99_us * 10 | round / 10) us"' "$TMP/out.json")$(
+        awk -v f="$foreign" -v w="$FOREIGN_WARN" 'BEGIN { exit !(f > w) }' && echo " (other processes used $foreign% of a CPU meanwhile)")"
+}
+
+# "IDLE BUSY": the machine's idle share (%, all CPUs) over half a second, and the processes
+# that used at least 10% of a CPU meanwhile.
+machine_load() {
+    top -b -n 2 -d 0.5 -w 256 | awk '
+        /^top -/ { n++ }
+        n == 2 && /^%Cpu/ { for (i = 1; i <= NF; i++) if ($i ~ /^id,?$/) idle = $(i - 1) }
+        n == 2 && $1 ~ /^[0-9]+$/ && $9 + 0 >= 10 { busy = busy $12 "(" $9 "%) " }
+        END { printf "%s %s\n", idle + 0, busy }'
+}
+# Waits (up to WAIT_QUIET s) for >= 90% idle, then records the load in $RAW.
+# Waits up to $1 s for the machine to be >= 90% idle. Sets IDLE, BUSY, WAITED.
+wait_quiet() {
+    WAITED=0
+    while :; do
+        read -r IDLE BUSY <<<"$(machine_load)"
+        if awk -v i="$IDLE" 'BEGIN { exit !(i >= 90) }' || [ "$WAITED" -ge "$1" ]; then break; fi
+        [ "$WAITED" -eq 0 ] && log "machine busy (idle $IDLE%: $BUSY); waiting up to $1 s for it to calm down"
+        sleep 5
+        WAITED=$((WAITED + 5))
+    done
+}
+quiet() { # run: waits, then records the machine's load in $RAW
+    wait_quiet "$WAIT_QUIET"
+    awk -v i="$IDLE" 'BEGIN { exit !(i < 90) }' && log "run $1: machine still busy (idle $IDLE%: $BUSY); measuring anyway"
+    jq -n -c --argjson run "$1" --argjson idle "$IDLE" --arg busy "$BUSY" --argjson waited "$WAITED" \
+        '{run: $run, label: "machine", idle_pct_before: $idle, busy_processes: $busy, waited_s: $waited}' >>"$RAW"
+}
+# measure COMMAND...: runs a measurement (which appends one line to $RAW); while other processes
+# used more than FOREIGN_WARN% of a CPU meanwhile, moves that line to $DISCARDED, waits for quiet
+# and measures again, up to RETRIES times (the last attempt is kept whatever happened).
+DISCARDED=$TMP/discarded.jsonl
+: >"$DISCARDED"
+measure() {
+    local k last
+    for k in $(seq 0 "$RETRIES"); do
+        "$@"
+        last=$(tail -n 1 "$RAW")
+        [ "$k" -lt "$RETRIES" ] || break
+        jq -e --argjson w "$FOREIGN_WARN" '(.foreign_cpu_pct // 0) > $w' <<<"$last" >/dev/null || break
+        log "  (discarded: other processes used $(jq -r .foreign_cpu_pct <<<"$last")% of a CPU; measuring again)"
+        sed -i '$d' "$RAW"
+        printf '%s\n' "$last" >>"$DISCARDED"
+        wait_quiet "$RETRY_WAIT"
+    done
+}
+iperf() { # run
+    local before after m0 m1
+    log "run $1/$RUNS: iperf3 TCP, one stream, $DURATION s"
+    before=$(snap)
+    m0=$(cpu_mark)
+    inA iperf3 -c "$IPB" -p "$IPERF_PORT" -t "$DURATION" -J >"$TMP/iperf.json"
+    m1=$(cpu_mark)
+    after=$(snap)
+    jq -c --argjson run "$1" --argjson veth "$(delta "$before" "$after")" --argjson foreign "$(foreign_pct "$m0" "$m1")" \
+        '{run: $run, label: "iperf3-tcp", ok: true, foreign_cpu_pct: $foreign, bw_gbps: (.end.sum_received.bits_per_second / 1e9),
+          retransmits: .end.sum_sent.retransmits, veth: $veth}' "$TMP/iperf.json" >>"$RAW"
+    log "  iperf3: $(jq -r '"\(.end.sum_received.bits_per_second / 1e9 * 100 | round / 100) Gbit/s"' "$TMP/iperf.json")$(
+        tail -n 1 "$RAW" | jq -r --argjson w "$FOREIGN_WARN" 'if .foreign_cpu_pct > $w then " (other processes used \(.foreign_cpu_pct)% of a CPU meanwhile)" else "" end')"
+}
+
+for i in $(seq "$RUNS"); do
+    quiet "$i"
+    for cfg in $CONFIGS; do
+        log "run $i/$RUNS: Braid $cfg (client/server datapath): write_bw $SIZE ${DURATION}s, write_lat 8 B x $LAT_ITERS"
+        measure braid "$i" "$cfg" write_bw "$cfg" --size "$SIZE" --duration "$DURATION"
+        measure braid "$i" "$cfg" write_lat "$cfg" --size 8 --iters "$LAT_ITERS"
+    done
+    for cfg in $BUSY_CONFIGS; do
+        log "run $i/$RUNS: Braid $cfg write_bw with the client's --busy-poll (informational)"
+        measure braid "$i" "$cfg" write_bw "$cfg+busy-poll" --size "$SIZE" --duration "$DURATION" --busy-poll
+    done
+
+    measure iperf "$i"
+
+    measure pingpong "$i" udp-pingpong
+    if [ "$PIN" = 1 ]; then
+        taskset -a -p -c 0 "$PING_PID" >/dev/null
+        measure pingpong "$i" udp-pingpong-same-cpu taskset -c 0
+        measure pingpong "$i" udp-pingpong-cross-cpu taskset -c 1
+        taskset -a -p -c "0-$((NCPU - 1))" "$PING_PID" >/dev/null
+    fi
+done
+
+# --- medians and ratios ------------------------------------------------------------------
+DATE=$(date +%Y-%m-%d)
+OUT_MD=$BENCH/results/veth-$DATE.md
+OUT_JSON=$BENCH/results/veth-$DATE.json
+mkdir -p "$BENCH/results"
+
+cfg_json=$(printf '%s\n' $CONFIGS | jq -R . | jq -s -c .)
+busy_json=$(printf '%s\n' $BUSY_CONFIGS | jq -R 'select(length > 0)' | jq -s -c .)
+
+jq -s \
+    --arg date "$(date -Iseconds)" --arg kernel "$(uname -r)" --arg cpus "$(nproc)" \
+    --arg commit "$(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+    --arg dirty "$(cd "$ROOT" && git status --porcelain -- bench/src bench/Cargo.toml datapath transport cc 2>/dev/null | awk '{print $2}' | paste -sd' ')" \
+    --arg size "$SIZE" --argjson runs "$RUNS" --argjson duration "$DURATION" --argjson lat_iters "$LAT_ITERS" \
+    --argjson paths "$PATHS" --argjson max_datagram "$MAX_DGRAM" \
+    --argjson configs "$cfg_json" --argjson busy "$busy_json" --slurpfile discarded "$DISCARDED" \
+    --arg topo "$NSA $IFA $IPA <-> $IPB $IFB $NSB (one veth pair, MTU 1500, one queue)" '
+    def median: map(select(. != null)) | sort
+        | if length == 0 then null elif length % 2 == 1 then .[length / 2 | floor]
+          else (.[length / 2 - 1] + .[length / 2]) / 2 end;
+    def div($a; $b): if $a == null or $b == null or $b == 0 then null else $a / $b end;
+    . as $all
+    | def ok($lb; $test): [$all[] | select(.label == $lb and .ok and ((.test // $test) == $test))];
+      def failures($lb; $test): [$all[] | select(.label == $lb and (.ok | not) and .test == $test)] | length;
+    ([ok("iperf3-tcp"; null)[].bw_gbps] | median) as $tcp
+    | ([ok("udp-pingpong"; null)[].lat.p50_us] | median) as $u50
+    | ([ok("udp-pingpong"; null)[].lat.p99_us] | median) as $u99
+    | ([ok("udp-pingpong-same-cpu"; null)[].lat.p50_us] | median) as $s50
+    | ([ok("udp-pingpong-same-cpu"; null)[].lat.p99_us] | median) as $s99
+    | ([ok("udp-pingpong-cross-cpu"; null)[].lat.p50_us] | median) as $x50
+    | ([ok("udp-pingpong-cross-cpu"; null)[].lat.p99_us] | median) as $x99
+    | ([$configs[], ($busy[] | . + "+busy-poll")]) as $lbls
+    | ([$lbls[] as $l | {key: $l, value: {
+          client_datapath: ($l | sub("\\+busy-poll$"; "") | split("/")[0]),
+          server_datapath: ($l | sub("\\+busy-poll$"; "") | split("/") | last),
+          write_bw_gbps: ([ok($l; "write_bw")[].bw_gbps] | median),
+          write_bw_retransmits: ([ok($l; "write_bw")[].retransmits] | median),
+          write_bw_failures: failures($l; "write_bw"),
+          write_lat_p50_us: ([ok($l; "write_lat")[].lat.p50_us] | median),
+          write_lat_p99_us: ([ok($l; "write_lat")[].lat.p99_us] | median),
+          write_lat_failures: failures($l; "write_lat")}}] | from_entries) as $m
+    # Ratios paired within each run (both figures measured minutes apart at most).
+    | def at($lb; $test; $r): [ok($lb; $test)[] | select(.run == $r)] | first;
+      def per_run(f): [range(1; $runs + 1) | f];
+    ({braid_bw_over_tcp_bw: ($m | with_entries(.key as $l | .value = per_run(div(at($l; "write_bw"; .).bw_gbps; at("iperf3-tcp"; null; .).bw_gbps)))),
+      braid_p50_over_udp_pingpong_p50: ($m | with_entries(select(.value.write_lat_p50_us != null)) | with_entries(.key as $l | .value = per_run(div(at($l; "write_lat"; .).lat.p50_us; at("udp-pingpong"; null; .).lat.p50_us)))),
+      xdp_bw_over_udp_bw: per_run(div(at("xdp"; "write_bw"; .).bw_gbps; at("udp"; "write_bw"; .).bw_gbps)),
+      xdp_to_udp_bw_over_udp_bw: per_run(div(at("xdp/udp"; "write_bw"; .).bw_gbps; at("udp"; "write_bw"; .).bw_gbps)),
+      xdp_p50_over_udp_pingpong_p50: per_run(div(at("xdp"; "write_lat"; .).lat.p50_us; at("udp-pingpong"; null; .).lat.p50_us)),
+      xdp_p50_over_udp_pingpong_same_cpu_p50: per_run(div(at("xdp"; "write_lat"; .).lat.p50_us; at("udp-pingpong-same-cpu"; null; .).lat.p50_us)),
+      xdp_p50_over_udp_pingpong_cross_cpu_p50: per_run(div(at("xdp"; "write_lat"; .).lat.p50_us; at("udp-pingpong-cross-cpu"; null; .).lat.p50_us))}) as $pr
+    | {date: $date, kernel: $kernel, cpus: ($cpus | tonumber), commit: $commit,
+       uncommitted_files: ($dirty | split(" ") | map(select(length > 0))), topology: $topo,
+       settings: {runs: $runs, duration_s: $duration, size: $size, lat_iters: $lat_iters, paths: $paths,
+                  max_datagram: $max_datagram, configs: $configs, busy_poll_configs: $busy},
+       median: {braid: $m, tcp_iperf3_gbps: $tcp, udp_pingpong_p50_us: $u50, udp_pingpong_p99_us: $u99,
+               udp_pingpong_same_cpu_p50_us: $s50, udp_pingpong_same_cpu_p99_us: $s99,
+               udp_pingpong_cross_cpu_p50_us: $x50, udp_pingpong_cross_cpu_p99_us: $x99},
+       ratio: {
+         braid_bw_over_tcp_bw: ($m | map_values(div(.write_bw_gbps; $tcp))),
+         braid_p50_over_udp_pingpong_p50: ($m | with_entries(select(.value.write_lat_p50_us != null)) | map_values(div(.write_lat_p50_us; $u50))),
+         braid_p99_over_udp_pingpong_p99: ($m | with_entries(select(.value.write_lat_p99_us != null)) | map_values(div(.write_lat_p99_us; $u99))),
+         xdp_bw_over_udp_bw: div($m.xdp.write_bw_gbps?; $m.udp.write_bw_gbps?),
+         xdp_to_udp_bw_over_udp_bw: div($m["xdp/udp"].write_bw_gbps?; $m.udp.write_bw_gbps?),
+         xdp_p50_over_udp_pingpong_p50: div($m.xdp.write_lat_p50_us?; $u50),
+         xdp_p50_over_udp_pingpong_same_cpu_p50: div($m.xdp.write_lat_p50_us?; $s50),
+         xdp_p50_over_udp_pingpong_cross_cpu_p50: div($m.xdp.write_lat_p50_us?; $x50)},
+       ratio_per_run: $pr,
+       ratio_median_of_runs: ($pr | map_values(if type == "array" then median else map_values(median) end)),
+       machine: [$all[] | select(.label == "machine") | del(.label)],
+       targets: {xdp_bw_at_least_2x_udp: (div($m.xdp.write_bw_gbps?; $m.udp.write_bw_gbps?) as $r | if $r == null then null else $r >= 2 end),
+                 xdp_p50_below_udp_pingpong_p50: (div($m.xdp.write_lat_p50_us?; $u50) as $r | if $r == null then null else $r < 1 end)},
+       runs: [$all[] | select(.label != "machine")],
+       discarded: $discarded}' "$RAW" >"$OUT_JSON"
+
+# --- report ------------------------------------------------------------------------------
+r() { # jq expression on the results -> number rounded to $2 decimals, or "n/a"
+    jq -r --argjson d "${2:-2}" "(try ($1) catch null) as \$v | if \$v == null then \"n/a\" else (\$v * pow(10; \$d) | round / pow(10; \$d) | tostring) end" "$OUT_JSON"
+}
+desc() {
+    case $1 in
+        udp) echo "udp (UDP sockets both sides)" ;;
+        uring) echo "uring (io_uring both sides)" ;;
+        xdp) echo "xdp (AF_XDP both sides)" ;;
+        */*) echo "$1 (client $(cdp "$1") → server $(sdp "$1"))" ;;
+        *) echo "$1 (both sides)" ;;
+    esac
+}
+{
+    echo "# Braid vs kernel on a veth pair between two namespaces ($DATE)"
+    echo
+    echo "Machine: $(nproc) CPUs, Linux $(uname -r); commit $(jq -r .commit "$OUT_JSON")$(jq -r '.uncommitted_files | if length > 0 then " plus uncommitted changes in \(join(", "))" else "" end' "$OUT_JSON"). Medians of $RUNS runs, all in this one run."
+    echo "Topology: $(jq -r .topology "$OUT_JSON"); servers in $NSB, clients in $NSA."
+    echo "Braid: $PATHS paths, $MAX_DGRAM B datagrams; write_bw $SIZE messages for $DURATION s (client sends, server receives); write_lat 8 B x $LAT_ITERS round trips."
+    echo "Kernel: iperf3 TCP one stream $DURATION s; udp-pingpong 8 B x $LAT_ITERS."
+    echo
+    echo "| Braid datapath (client → server) | WRITE $SIZE Gbit/s | / iperf3 TCP | / Braid udp | retransmits | WRITE 8 B p50 µs | p99 µs | p50 / UDP ping-pong p50 | p99 / UDP p99 |"
+    echo "|---|---|---|---|---|---|---|---|---|"
+    for l in $(jq -r '.median.braid | keys_unsorted[]' "$OUT_JSON"); do
+        k=".median.braid[\"$l\"]"
+        fails=$(jq -r "$k | [if .write_bw_failures > 0 then \"bw failed \(.write_bw_failures)/$RUNS\" else empty end, if .write_lat_failures > 0 then \"lat failed \(.write_lat_failures)/$RUNS\" else empty end] | join(\", \")" "$OUT_JSON")
+        name=$(desc "${l%+busy-poll}")
+        if [[ $l == *+busy-poll ]]; then
+            name="$name, client --busy-poll (informational)"
+            lat="| – | – | – | –"
+        else
+            lat="| $(r "$k.write_lat_p50_us" 1) | $(r "$k.write_lat_p99_us" 1) | $(r ".ratio.braid_p50_over_udp_pingpong_p50[\"$l\"]" 2) | $(r ".ratio.braid_p99_over_udp_pingpong_p99[\"$l\"]" 2)"
+        fi
+        [ -n "$fails" ] && name="$name — $fails"
+        echo "| $name | $(r "$k.write_bw_gbps" 3) | $(r ".ratio.braid_bw_over_tcp_bw[\"$l\"]" 3) | $(r "$k.write_bw_gbps / .median.braid.udp.write_bw_gbps" 2) | $(r "$k.write_bw_retransmits" 0) $lat |"
+    done
+    echo "| kernel: iperf3 TCP one stream / UDP ping-pong | $(r .median.tcp_iperf3_gbps 2) | 1 | | | $(r .median.udp_pingpong_p50_us 1) | $(r .median.udp_pingpong_p99_us 1) | 1 | 1 |"
+    if [ "$PIN" = 1 ]; then
+        echo "| kernel: UDP ping-pong, client and server pinned to CPU 0 (informational) | | | | | $(r .median.udp_pingpong_same_cpu_p50_us 1) | $(r .median.udp_pingpong_same_cpu_p99_us 1) | $(r '.median.udp_pingpong_same_cpu_p50_us / .median.udp_pingpong_p50_us' 2) | |"
+        echo "| kernel: UDP ping-pong, server on CPU 0, client on CPU 1 (informational) | | | | | $(r .median.udp_pingpong_cross_cpu_p50_us 1) | $(r .median.udp_pingpong_cross_cpu_p99_us 1) | $(r '.median.udp_pingpong_cross_cpu_p50_us / .median.udp_pingpong_p50_us' 2) | |"
+    fi
+    echo
+    verdict() { jq -r "$1 | if . == null then \"n/a\" elif . then \"met\" else \"MISSED\" end" "$OUT_JSON"; }
+    per_run() { jq -r -c "$1 | map(if . == null then null else . * 100 | round / 100 end)" "$OUT_JSON"; }
+    echo "Targets (ratio of medians; then the median of the ratios paired within each run, and those):"
+    echo
+    echo "- AF_XDP WRITE bandwidth / Braid UDP WRITE bandwidth: $(r .ratio.xdp_bw_over_udp_bw 2) (target ≥ 2: $(verdict .targets.xdp_bw_at_least_2x_udp)); per run $(r .ratio_median_of_runs.xdp_bw_over_udp_bw 2) $(per_run .ratio_per_run.xdp_bw_over_udp_bw)"
+    echo "- AF_XDP 8 B WRITE p50 / UDP ping-pong p50: $(r .ratio.xdp_p50_over_udp_pingpong_p50 2) (target < 1: $(verdict .targets.xdp_p50_below_udp_pingpong_p50)); per run $(r .ratio_median_of_runs.xdp_p50_over_udp_pingpong_p50 2) $(per_run .ratio_per_run.xdp_p50_over_udp_pingpong_p50)"
+    if [ "$PIN" = 1 ]; then
+        echo "- the same against the pinned ping-pong: same CPU $(r .ratio.xdp_p50_over_udp_pingpong_same_cpu_p50 2) $(per_run .ratio_per_run.xdp_p50_over_udp_pingpong_same_cpu_p50), cross CPU $(r .ratio.xdp_p50_over_udp_pingpong_cross_cpu_p50 2) $(per_run .ratio_per_run.xdp_p50_over_udp_pingpong_cross_cpu_p50)"
+    fi
+    echo "- measurements re-taken because other processes used more than $FOREIGN_WARN% of a CPU meanwhile: $(jq -r '.discarded | length' "$OUT_JSON")$(jq -r '.discarded | map("\(.label)\(if .test then " " + .test else "" end) run \(.run) (\(.foreign_cpu_pct)%)") | if length > 0 then ": " + join(", ") else "" end' "$OUT_JSON")"
+    echo "- machine idle before each run (%): $(jq -r -c '[.machine[].idle_pct_before]' "$OUT_JSON")$(jq -r '[.machine[] | select(.busy_processes != "") | "run \(.run): \(.busy_processes)"] | if length > 0 then "; busy: " + join("; ") else "" end' "$OUT_JSON")"
+    echo
+    echo "Raw runs (bandwidth Gbit/s, latency p50 µs; each list in run order; * marks a measurement during"
+    echo "which other processes used more than $FOREIGN_WARN% of a CPU, the figure after it):"
+    echo
+    jq -r --argjson w "$FOREIGN_WARN" '
+        def f($d): . * pow(10; $d) | round / pow(10; $d);
+        def mark(v): if .ok | not then "error" else (v | tostring) + (if (.foreign_cpu_pct // 0) > $w then " *\(.foreign_cpu_pct | round)%" else "" end) end;
+        def list(v): map(mark(v)) | join(", ") | "[" + . + "]";
+        [.runs[] | select(.label != null)] | group_by(.label) | .[]
+        | .[0].label as $l
+        | if $l == "iperf3-tcp" then "- iperf3 TCP: \(list(.bw_gbps | f(2)))"
+          elif ($l | startswith("udp-pingpong")) then "- \($l) p50: \(list(.lat.p50_us | f(1)))"
+          else "- Braid \($l): bw \([.[] | select(.test == "write_bw")] | list(.bw_gbps | f(3)))"
+             + (if any(.[]; .test == "write_lat") then ", p50 \([.[] | select(.test == "write_lat")] | list(.lat.p50_us | f(1)))" else "" end)
+          end' "$OUT_JSON"
+    if jq -e '[.runs[] | select(.ok | not)] | length > 0' "$OUT_JSON" >/dev/null; then
+        echo
+        echo "Failures:"
+        echo
+        jq -r '.runs[] | select(.ok | not) | "- run \(.run) \(.label) \(.test): exit \(.exit): \(.error)"' "$OUT_JSON"
+    fi
+    echo
+    echo '```json'
+    jq . "$OUT_JSON"
+    echo '```'
+} >"$OUT_MD"
+
+echo
+sed -n '1,/^Raw runs/p' "$OUT_MD" | sed '$d'
+echo
+echo "written: $OUT_MD"
+echo "         $OUT_JSON"
