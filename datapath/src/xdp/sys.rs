@@ -6,7 +6,6 @@ use std::io;
 use std::mem;
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::time::Duration;
 
 use super::frame::Mac;
 
@@ -209,29 +208,5 @@ pub(super) fn eventfd_drain(fd: RawFd) {
     };
 }
 
-/// `ppoll` on `fds` for up to `timeout` (forever if `None`); returns the number of ready
-/// descriptors.
-pub(super) fn poll(fds: &mut [libc::pollfd], timeout: Option<Duration>) -> io::Result<usize> {
-    let ts = timeout.map(|t| libc::timespec {
-        tv_sec: libc::time_t::try_from(t.as_secs()).unwrap_or(libc::time_t::MAX),
-        tv_nsec: t.subsec_nanos() as libc::c_long,
-    });
-    let ts_ptr = ts
-        .as_ref()
-        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
-    // SAFETY: `fds` is a live, writable slice of `fds.len()` pollfds; `ts_ptr` is null or
-    // points at `ts`, which outlives the call; a null signal mask leaves the mask alone.
-    let r = unsafe {
-        libc::ppoll(
-            fds.as_mut_ptr(),
-            fds.len() as libc::nfds_t,
-            ts_ptr,
-            std::ptr::null(),
-        )
-    };
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r as usize)
-    }
-}
+/// `ppoll` with an optional timeout; the same wrapper the UDP datapath uses.
+pub(super) use crate::udp::poll;
