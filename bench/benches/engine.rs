@@ -16,7 +16,7 @@ use braid::proto::{
 };
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
-/// Data packets per WRITE (fits the default fixed window of 256 packets).
+/// Data packets per WRITE (the SACK span: at most this many packets are outstanding).
 const PACKETS: u64 = 256;
 /// Header + request body + CRC trailer of a WRITE packet: chunk = max_datagram - 64.
 const WRITE_OVERHEAD: usize = 64;

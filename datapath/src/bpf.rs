@@ -826,8 +826,16 @@ mod tests {
             assert_eq!(rx.recv_from(&mut buf).expect("passes").0, 1);
             set_netem_blackhole(&prog, true).expect("switch on");
             tx.send_to(b"z", dest).expect("send");
-            assert!(rx.recv_from(&mut buf).is_err(), "the switch let a packet through");
-            assert_eq!(prog.maps()[0].counter(netem_counter::DROPPED).expect("read"), 1);
+            assert!(
+                rx.recv_from(&mut buf).is_err(),
+                "the switch let a packet through"
+            );
+            assert_eq!(
+                prog.maps()[0]
+                    .counter(netem_counter::DROPPED)
+                    .expect("read"),
+                1
+            );
             set_netem_blackhole(&prog, false).expect("switch off");
             tx.send_to(b"y", dest).expect("send");
             assert_eq!(rx.recv_from(&mut buf).expect("passes again").0, 1);

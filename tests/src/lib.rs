@@ -11,7 +11,12 @@
 //! - test → peer: `SUM <offset> <len>`; the peer answers `SUM <fnv1a of those region bytes>`
 //! - test → peer: `RECV`; the peer waits for its next receive completion and answers
 //!   `RECV <wr_id> <status> <byte_len> <imm or -> <fnv1a of the received bytes>`
+//! - test → peer: `STATS`; the peer answers `STATS <rx_unknown_qp> <rx_wrong_peer>
+//!   <rx_duplicates> <rx_out_of_window> <rx_bad_crc>` (its device's drop counters)
 //! - test → peer: `QUIT` (or end of input); the peer exits with status 0
+//!
+//! The peer's optional first argument is the address to bind (default `127.0.0.1:0`), so it
+//! can run in another network namespace.
 #![warn(missing_docs)]
 
 pub mod fuzz_checks;

@@ -76,7 +76,9 @@ impl std::str::FromStr for DatapathKind {
             "uring" | "io_uring" | "io-uring" => Ok(DatapathKind::Uring),
             "xdp" | "af_xdp" | "af-xdp" => Ok(DatapathKind::Xdp),
             "auto" => Ok(DatapathKind::Auto),
-            other => Err(format!("unknown datapath {other:?} (one of: udp, uring, xdp, auto)")),
+            other => Err(format!(
+                "unknown datapath {other:?} (one of: udp, uring, xdp, auto)"
+            )),
         }
     }
 }
@@ -168,7 +170,9 @@ impl std::fmt::Display for OpenError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             OpenError::InvalidConfig(why) => write!(f, "invalid device configuration: {why}"),
-            OpenError::Datapath { kind, source } => write!(f, "{kind} datapath setup failed: {source}"),
+            OpenError::Datapath { kind, source } => {
+                write!(f, "{kind} datapath setup failed: {source}")
+            }
             OpenError::Thread(e) => write!(f, "could not start the progress thread: {e}"),
             OpenError::Entropy(e) => write!(f, "no OS randomness for keys and PSNs: {e}"),
         }
@@ -178,9 +182,9 @@ impl std::fmt::Display for OpenError {
 impl std::error::Error for OpenError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            OpenError::Datapath { source: e, .. } | OpenError::Thread(e) | OpenError::Entropy(e) => {
-                Some(e)
-            }
+            OpenError::Datapath { source: e, .. }
+            | OpenError::Thread(e)
+            | OpenError::Entropy(e) => Some(e),
             OpenError::InvalidConfig(_) => None,
         }
     }
@@ -454,7 +458,10 @@ fn open_datapath(
         })
     };
     if cfg.datapath != DatapathKind::Auto {
-        let d = open(cfg.datapath).map_err(|source| OpenError::Datapath { kind: cfg.datapath, source })?;
+        let d = open(cfg.datapath).map_err(|source| OpenError::Datapath {
+            kind: cfg.datapath,
+            source,
+        })?;
         let report = format!("{} (as configured)", cfg.datapath);
         return Ok((d, report));
     }
@@ -474,8 +481,13 @@ fn open_datapath(
         }
     }
     // Plain UDP sockets failed too: report that error.
-    let source = open(DatapathKind::Udp).err().unwrap_or_else(|| io::Error::other(failed.join("; ")));
-    Err(OpenError::Datapath { kind: DatapathKind::Udp, source })
+    let source = open(DatapathKind::Udp)
+        .err()
+        .unwrap_or_else(|| io::Error::other(failed.join("; ")));
+    Err(OpenError::Datapath {
+        kind: DatapathKind::Udp,
+        source,
+    })
 }
 
 /// An open device: an endpoint bound to a local address over a datapath.
@@ -502,8 +514,7 @@ impl Device {
         let mut engine = cfg.engine.clone();
         if !cfg.deterministic_seed {
             let mut seed = [0u8; 8];
-            getrandom::getrandom(&mut seed)
-                .map_err(|e| OpenError::Entropy(io::Error::other(e)))?;
+            getrandom::getrandom(&mut seed).map_err(|e| OpenError::Entropy(io::Error::other(e)))?;
             engine.seed = u64::from_le_bytes(seed);
         }
         let (datapath, report) = open_datapath(&cfg, engine.paths, engine.max_datagram)?;

@@ -1006,19 +1006,21 @@ impl Testbed4 {
                 None => NetemConfig::default(),
             }
         };
-        self.set_netem(path, NetemConfig { blackhole: on, ..cfg })
+        self.set_netem(
+            path,
+            NetemConfig {
+                blackhole: on,
+                ..cfg
+            },
+        )
     }
 
     /// The netem configuration on path `path` and the XDP mode it is attached in, if any.
     pub fn netem_of(&self, path: usize) -> Option<(NetemConfig, XdpMode)> {
-        self.netem_lock()
-            .get(path)?
-            .attached
-            .as_ref()
-            .map(|a| {
-                let blackhole = a.cfg.blackhole || a.switched;
-                (NetemConfig { blackhole, ..a.cfg }, a.mode)
-            })
+        self.netem_lock().get(path)?.attached.as_ref().map(|a| {
+            let blackhole = a.cfg.blackhole || a.switched;
+            (NetemConfig { blackhole, ..a.cfg }, a.mode)
+        })
     }
 
     /// What path `path`'s fault injectors counted so far, summed over every program attached

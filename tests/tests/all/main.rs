@@ -6,9 +6,9 @@
 //!   `BRAID_SEED=<seed> cargo test -p braid-tests <test name>`.
 //! - `hostile`: bad keys, bounds and rights, hostile datagrams, bad API use.
 //! - `loopback`: devices over real UDP on 127.0.0.1, in one process and across two.
+mod fabric;
 mod fault_matrix;
 mod fuzz_corpus;
-mod fabric;
 mod hostile;
 mod loopback;
 mod netns;

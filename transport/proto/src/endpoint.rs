@@ -2109,7 +2109,14 @@ impl Qp {
                 (Some(e), None) => (e, 0),
                 (None, _) => (WcStatus::Flushed, 0),
             };
-            let c = Completion { wr_id: w.wr_id, status, opcode: WcOpcode::Recv, byte_len, imm: None, qpn: self.qpn };
+            let c = Completion {
+                wr_id: w.wr_id,
+                status,
+                opcode: WcOpcode::Recv,
+                byte_len,
+                imm: None,
+                qpn: self.qpn,
+            };
             sh.complete(self.recv_cq, c);
         }
         self.resp.clear();
