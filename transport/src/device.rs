@@ -28,6 +28,8 @@ const BATCH: usize = 64;
 /// retransmit timeout armed by a post fires at most this late; the floor of the timeout is
 /// 500 µs by default, so the slack stays within the same order.
 const TIMER_SLACK: Duration = Duration::from_millis(1);
+/// How often a busy-polling progress thread that receives nothing checks timers, ns.
+const BUSY_TIMER_CHECK_NS: u64 = 20_000;
 /// Receive batches the progress thread takes before it runs timers.
 const MAX_RX_BATCHES_BEFORE_TIMERS: usize = 16;
 /// Longest the progress thread sleeps while the device has no QP.
@@ -97,8 +99,10 @@ pub struct DeviceConfig {
     pub deterministic_seed: bool,
     /// Network interface for AF_XDP; `None` picks the one that owns `local`'s address.
     pub interface: Option<String>,
-    /// The progress thread spins on the datapath instead of sleeping in the kernel: lower
-    /// latency (no wake-up per packet) for a core spent on it.
+    /// The progress thread spins on the datapath instead of sleeping in the kernel: no
+    /// wake-up per packet, for a core spent on it. Only for dedicated cores: on a 2-core
+    /// machine with the application also spinning on its CQ, the spinners starved the peer's
+    /// progress thread (about 100 round trips per second over veth).
     pub busy_poll: bool,
 }
 
@@ -385,6 +389,7 @@ impl Inner {
     fn progress(self: Arc<Inner>) {
         let mut rx = RecvBatch::new(BATCH, self.datapath.max_payload());
         let mut tx = TxBatch::new(self.datapath.max_payload());
+        let mut timers_checked = Timestamp::ZERO;
         while !self.stop.load(Ordering::Acquire) {
             let wait = if self.busy_poll {
                 Duration::ZERO
@@ -414,6 +419,17 @@ impl Inner {
                 }
                 self.flush(&mut tx);
             }
+            // A busy-polling thread that received nothing leaves the engine lock alone
+            // (posting threads send their own packets) and checks timers only now and then.
+            let now = self.now();
+            if self.busy_poll
+                && received == 0
+                && now.nanos_since(timers_checked) < BUSY_TIMER_CHECK_NS
+            {
+                std::hint::spin_loop();
+                continue;
+            }
+            timers_checked = now;
             {
                 let mut core = self.lock();
                 let now = self.now();
@@ -422,9 +438,6 @@ impl Inner {
                 }
             }
             self.flush(&mut tx);
-            if self.busy_poll && received == 0 {
-                std::hint::spin_loop();
-            }
         }
     }
 }
