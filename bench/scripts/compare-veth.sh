@@ -5,10 +5,11 @@
 #     one stream;
 #   * latency:   Braid 8 B RDMA WRITE round trip (write_lat, p50/p99) over each datapath
 #     vs a plain kernel UDP ping-pong of 8 B (udp-pingpong). On this kind of 2-vCPU VM the
-#     ping-pong is bimodal: ~12 us when client and server run on the same CPU, ~50 us when
-#     every wake-up crosses CPUs, and the scheduler picks either. So besides the unpinned
-#     ping-pong (the reference for the ratios) it is also measured pinned both ways with
-#     taskset (PIN=0 skips that).
+#     ping-pong is bimodal: ~12 us when client and server share a CPU, ~55-70 us when each
+#     wake-up crosses to the other (idle, halted) vCPU; unpinned it lands in either mode,
+#     mostly the slow one on a quiet machine and the fast one on a busy machine. So besides
+#     the unpinned ping-pong (the reference for the ratios) it is also measured pinned both
+#     ways with taskset (PIN=0 skips that).
 # Servers run in namespace B (10.9.0.2, dev veth-b), clients in namespace A (10.9.0.1, dev
 # veth-a); `scripts/netns.sh veth up` builds the pair and the exit trap deletes it. Braid
 # devices bind to the namespace's veth IP, so the AF_XDP datapath finds veth-a / veth-b itself.
@@ -89,7 +90,7 @@ if [ "${NO_BUILD:-0}" != 1 ]; then
 fi
 PERF=$TARGET/release/braid-perf
 PING=$TARGET/release/udp-pingpong
-[ -x "$PERF" ] && [ -x "$PING" ] || die "missing $PERF or $PING (build braid-bench first)"
+if [ ! -x "$PERF" ] || [ ! -x "$PING" ]; then die "missing $PERF or $PING (build braid-bench first)"; fi
 
 # Client/server datapath of a config ("xdp" = xdp/xdp).
 cdp() { echo "${1%%/*}"; }
@@ -116,12 +117,13 @@ port_of() { # server datapath -> its braid-perf server port
 # --- namespaces and servers --------------------------------------------------------------
 TMP=$(mktemp -d)
 pids=()
+CHILDREN=() # a client running under run_limited, and its timer
 ns_made=0
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    for p in "${CHILDREN[@]}" "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${CHILDREN[@]}" "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
     if [ "$ns_made" = 1 ]; then
         "$NETNS" veth down "$NS" >/dev/null 2>&1 || true
         log "namespaces $NSA $NSB deleted"
@@ -134,8 +136,10 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 log "veth pair: $NSA $IFA $IPA <-> $IPB $IFB $NSB"
-ns_made=1
+# netns.sh refuses existing namespaces and cleans up after itself if `up` fails half-way, so
+# the trap deletes only what it built.
 "$NETNS" veth up "$NS" >/dev/null
+ns_made=1
 
 inA() { ip netns exec "$NSA" "$@"; }
 
@@ -150,8 +154,8 @@ wait_tcp() { # ip port: connect from namespace A
 
 for d in "${server_dps[@]}"; do
     port=$(port_of "$d")
-    # Not through a shell function: a backgrounded function is a subshell, and $! would be its pid, not the
-    # server's (killing it would orphan the server). `ip netns exec` execs the command itself.
+    # Not through a shell function: a backgrounded function is a subshell, $! would be its pid
+    # and killing it would orphan the server. `ip netns exec` execs the command itself.
     ip netns exec "$NSB" "$PERF" server --bind "$IPB:$port" --datapath "$d" >"$TMP/braid-server-$d.log" 2>&1 &
     pids+=($!)
 done
@@ -173,6 +177,7 @@ sleep 0.3
 # --- counters ----------------------------------------------------------------------------
 # JSON object of one namespace's veth counters: /sys statistics and `ethtool -S` (the veth
 # driver's per-queue XDP counters: xdp_packets, xdp_redirect, xdp_drops, drops, ...).
+# shellcheck disable=SC2016 # the script inside runs in the namespace's sh
 snap_if() { # ns ifname
     ip netns exec "$1" sh -c '
         d=/sys/class/net/'"$2"'/statistics
@@ -191,20 +196,22 @@ delta() { # before after
 }
 
 # CPU used by other processes during a measurement (other sessions share these CPUs): the
-# machine's user+nice+system time minus our servers' and our foreground children's (the client,
-# reaped by this shell: `times`). Softirq time is left out (most of it is our traffic).
-# In % of one CPU; about +-5 (clock ticks of 10 ms) for the short latency runs.
-cpu_mark() { # -> "machine_ticks servers_ticks children_s epoch_s"
+# machine's user+nice+system+irq+softirq time minus our servers' and our foreground children's
+# (the client, reaped by this shell: `times`). In % of one CPU. On a quiet machine it reads
+# -7 to -17 (our processes' times and /proc/stat do not add up exactly), clamped to 0.
+# cpu_mark VAR: sets VAR to "machine_ticks servers_ticks children_s epoch_s". Not to be called
+# as $(cpu_mark): `times` in a command substitution's subshell sees none of our children.
+cpu_mark() {
     local m srv=0 p t
-    m=$(awk '/^cpu / { print $2 + $3 + $4 }' /proc/stat)
+    m=$(awk '/^cpu / { print $2 + $3 + $4 + $7 + $8 }' /proc/stat)
     for p in "${pids[@]}"; do
         t=$(awk '{ print $14 + $15 }' "/proc/$p/stat" 2>/dev/null) || t=0
         srv=$((srv + ${t:-0}))
     done
     times >"$TMP/times" # a builtin with a redirection: runs in this shell, not a subshell
-    awk -v m="$m" -v s="$srv" -v now="$(date +%s.%N)" 'NR == 2 {
+    printf -v "$1" '%s' "$(awk -v m="$m" -v s="$srv" -v now="$(date +%s.%N)" 'NR == 2 {
             split($1, u, /[ms]/); split($2, y, /[ms]/)
-            printf "%s %s %.3f %s\n", m, s, u[1] * 60 + u[2] + y[1] * 60 + y[2], now }' "$TMP/times"
+            printf "%s %s %.3f %s\n", m, s, u[1] * 60 + u[2] + y[1] * 60 + y[2], now }' "$TMP/times")"
 }
 foreign_pct() { # mark_before mark_after -> % of one CPU used by others
     awk -v a="$1" -v b="$2" -v hz="$(getconf CLK_TCK)" 'BEGIN {
@@ -214,6 +221,29 @@ foreign_pct() { # mark_before mark_after -> % of one CPU used by others
         printf "%.1f\n", (el > 0 && f > 0) ? 100 * f / el : 0 }'
 }
 FOREIGN_WARN=${FOREIGN_WARN:-20}
+# run_limited SECONDS COMMAND...: like timeout(1) (exit 124 when killed), but the command is a
+# child of this shell, so `times` counts its CPU (through timeout(1) it did not).
+run_limited() {
+    local lim=$1 c s rc=0 first=""
+    shift
+    "$@" &
+    c=$!
+    CHILDREN=("$c")
+    sleep "$lim" &
+    s=$!
+    CHILDREN+=("$s")
+    wait -n -p first "$c" "$s" || rc=$?
+    if [ "$first" = "$s" ]; then
+        kill "$c" 2>/dev/null || true
+        wait "$c" 2>/dev/null || true
+        CHILDREN=()
+        return 124
+    fi
+    kill "$s" 2>/dev/null || true
+    wait "$s" 2>/dev/null || true
+    CHILDREN=()
+    return "$rc"
+}
 RETRIES=${RETRIES:-2}
 RETRY_WAIT=${RETRY_WAIT:-20}
 
@@ -230,11 +260,11 @@ braid() {
     port=$(port_of "$s")
     if [ "$test" = write_bw ]; then lim=$((DURATION + 60)); else lim=300; fi
     before=$(snap)
-    m0=$(cpu_mark)
-    timeout "$lim" ip netns exec "$NSA" "$PERF" client "$IPB:$port" --datapath "$c" --test "$test" \
+    cpu_mark m0
+    run_limited "$lim" ip netns exec "$NSA" "$PERF" client "$IPB:$port" --datapath "$c" --test "$test" \
         --paths "$PATHS" --max-datagram "$MAX_DGRAM" --json --quiet "$@" \
         >"$TMP/out.json" 2>"$TMP/err.txt" || rc=$?
-    m1=$(cpu_mark)
+    cpu_mark m1
     after=$(snap)
     foreign=$(foreign_pct "$m0" "$m1")
     sleep 0.1 # the server logs its summary after the client's last line
@@ -272,9 +302,9 @@ pingpong() { # run label [pinning command...]: one udp-pingpong client run, one 
     shift 2
     log "run $run/$RUNS: UDP ping-pong 8 B x $LAT_ITERS${1:+ (client: $*, server: CPU 0)}"
     local m0 m1 foreign
-    m0=$(cpu_mark)
+    cpu_mark m0
     "$@" ip netns exec "$NSA" "$PING" client "$IPB:$UDP_PORT" --size 8 --iters "$LAT_ITERS" --json >"$TMP/out.json"
-    m1=$(cpu_mark)
+    cpu_mark m1
     foreign=$(foreign_pct "$m0" "$m1")
     jq -c --argjson run "$run" --arg lbl "$label" --argjson foreign "$foreign" \
         '{run: $run, label: $lbl, ok: true, foreign_cpu_pct: $foreign, lat: .}' "$TMP/out.json" >>"$RAW"
@@ -287,7 +317,7 @@ pingpong() { # run label [pinning command...]: one udp-pingpong client run, one 
 machine_load() {
     top -b -n 2 -d 0.5 -w 256 | awk '
         /^top -/ { n++ }
-        n == 2 && /^%Cpu/ { for (i = 1; i <= NF; i++) if ($i ~ /^id,?$/) idle = $(i - 1) }
+        n == 2 && /^%Cpu/ && match($0, /[0-9.]+ +id/) { idle = substr($0, RSTART, RLENGTH) + 0 }
         n == 2 && $1 ~ /^[0-9]+$/ && $9 + 0 >= 10 { busy = busy $12 "(" $9 "%) " }
         END { printf "%s %s\n", idle + 0, busy }'
 }
@@ -331,9 +361,9 @@ iperf() { # run
     local before after m0 m1
     log "run $1/$RUNS: iperf3 TCP, one stream, $DURATION s"
     before=$(snap)
-    m0=$(cpu_mark)
+    cpu_mark m0
     inA iperf3 -c "$IPB" -p "$IPERF_PORT" -t "$DURATION" -J >"$TMP/iperf.json"
-    m1=$(cpu_mark)
+    cpu_mark m1
     after=$(snap)
     jq -c --argjson run "$1" --argjson veth "$(delta "$before" "$after")" --argjson foreign "$(foreign_pct "$m0" "$m1")" \
         '{run: $run, label: "iperf3-tcp", ok: true, foreign_cpu_pct: $foreign, bw_gbps: (.end.sum_received.bits_per_second / 1e9),
@@ -371,7 +401,9 @@ OUT_MD=$BENCH/results/veth-$DATE.md
 OUT_JSON=$BENCH/results/veth-$DATE.json
 mkdir -p "$BENCH/results"
 
+# shellcheck disable=SC2086 # word splitting of the lists is intended
 cfg_json=$(printf '%s\n' $CONFIGS | jq -R . | jq -s -c .)
+# shellcheck disable=SC2086
 busy_json=$(printf '%s\n' $BUSY_CONFIGS | jq -R 'select(length > 0)' | jq -s -c .)
 
 jq -s \
