@@ -1140,3 +1140,140 @@ fn a_refused_request_fails_after_earlier_ones_complete_and_later_ones_are_flushe
         );
     }
 }
+
+/// Drains everything `ep` wants to send and returns it parsed-able as owned datagrams.
+fn transmitted(ep: &mut Endpoint, now: braid::proto::Timestamp) -> Vec<Vec<u8>> {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 2048];
+    while let Some(t) = ep.poll_transmit(now, &mut buf) {
+        out.push(buf[..t.len].to_vec());
+    }
+    out
+}
+
+/// A packet from the fake peer (QPN 5 at 10.0.0.2) to `dst_qpn`.
+fn from_peer(dst_qpn: u32, kind: Kind, psn: u32, body: Body, payload: &[u8]) -> Vec<u8> {
+    let h = Header {
+        kind,
+        path: 0,
+        flags: 0,
+        dst_qpn,
+        src_qpn: 5,
+        psn,
+        send_ts_ns: 1,
+    };
+    let mut buf = vec![0u8; wire::packet_len(&body, payload.len())];
+    wire::emit(&mut buf, &h, &body, payload.len(), |p| {
+        p.copy_from_slice(payload)
+    })
+    .expect("sized");
+    buf
+}
+
+#[test]
+fn overlapping_read_responses_do_not_complete_a_read_with_holes() {
+    let (mut ep, pd, cq) = endpoint();
+    let (qpn, _) = connected(&mut ep, pd, cq, Access::ALL);
+    let local = ep
+        .register(pd, braid::proto::Region::new(8192), Access::LOCAL_WRITE)
+        .expect("register");
+    let peer: SocketAddr = "10.0.0.2:4791".parse().expect("addr");
+    let now = braid::proto::Timestamp::from_nanos(1_000);
+    ep.post_send(
+        qpn,
+        SendWr {
+            wr_id: 7,
+            op: SendOp::Read(RemoteAddr { rkey: 9, offset: 0 }),
+            sges: vec![Sge {
+                lkey: local.lkey,
+                offset: 0,
+                len: 8192,
+            }],
+            signaled: true,
+        },
+    )
+    .expect("post");
+    assert_eq!(transmitted(&mut ep, now).len(), 1, "the READ request");
+    let resp = |offset: u32| {
+        Body::ReadResponse(wire::ReadResponse {
+            msn: 0,
+            offset,
+            msg_len: 8192,
+        })
+    };
+    // The first half twice, under two PSNs: 8192 bytes "placed", half of the buffer untouched.
+    for psn in 0..2 {
+        let d = from_peer(qpn, Kind::ReadResponse, psn, resp(0), &[0xa5; 4096]);
+        ep.handle_datagram(now, peer, 0, &d);
+    }
+    assert!(
+        ep.poll_completion().is_none(),
+        "a READ completed with 4096 of its 8192 bytes never written"
+    );
+    let d = from_peer(qpn, Kind::ReadResponse, 2, resp(4096), &[0x5a; 4096]);
+    ep.handle_datagram(now, peer, 0, &d);
+    let (_, c) = ep.poll_completion().expect("the READ completes once whole");
+    assert_eq!((c.wr_id, c.status, c.byte_len), (7, WcStatus::Success, 8192));
+}
+
+#[test]
+fn a_lost_fatal_nak_is_answered_again_with_the_same_syndrome() {
+    let (mut ep, pd, cq) = endpoint();
+    let (qpn, _) = connected(&mut ep, pd, cq, Access::ALL);
+    let small = ep
+        .register(pd, braid::proto::Region::new(4096), Access::LOCAL_WRITE)
+        .expect("register");
+    ep.post_recv(
+        qpn,
+        RecvWr {
+            wr_id: 3,
+            sges: vec![Sge {
+                lkey: small.lkey,
+                offset: 0,
+                len: 1000,
+            }],
+        },
+    )
+    .expect("post");
+    let peer: SocketAddr = "10.0.0.2:4791".parse().expect("addr");
+    let now = braid::proto::Timestamp::from_nanos(1_000);
+    // A 2000-byte SEND into a 1000-byte receive: the responder fails with a length error.
+    let send = from_peer(
+        qpn,
+        Kind::Request,
+        0,
+        Body::Request(Request {
+            op: Op::Send,
+            msn: 0,
+            ssn: 0,
+            imm: 0,
+            rkey: 0,
+            msg_len: 2000,
+            offset: 0,
+            remote_offset: 0,
+        }),
+        &[1; 1000],
+    );
+    let naks = |out: Vec<Vec<u8>>| -> Vec<wire::Syndrome> {
+        out.iter()
+            .filter_map(|d| match wire::Packet::parse(d).expect("valid").body {
+                Body::Nak(n) => Some(n.syndrome),
+                _ => None,
+            })
+            .collect()
+    };
+    ep.handle_datagram(now, peer, 0, &send);
+    assert_eq!(
+        naks(transmitted(&mut ep, now)),
+        vec![wire::Syndrome::InvalidRequest]
+    );
+    // That NAK was lost; the requester retransmits the same packet.
+    ep.handle_datagram(now, peer, 0, &send);
+    assert_eq!(
+        naks(transmitted(&mut ep, now)),
+        vec![wire::Syndrome::InvalidRequest],
+        "the retransmission must learn why, not get a generic remote operation error"
+    );
+    let (_, c) = ep.poll_completion().expect("the receive fails");
+    assert_eq!((c.wr_id, c.status), (3, WcStatus::LocalLengthError));
+}

@@ -28,6 +28,7 @@ use braid_time::Timestamp;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 
+use crate::coverage::Coverage;
 use crate::mem::{Access, Region};
 use crate::tracker::{Class, RecvTracker};
 use crate::types::*;
@@ -232,7 +233,8 @@ struct SendWqe {
     next_offset: u32,
     packetized: bool,
     unacked_pkts: u32,
-    read_placed: u32,
+    /// Bytes of a READ's response placed so far (their union: see [`Coverage`]).
+    read_placed: Coverage,
     got_resp: bool,
     atomic_result: Option<u64>,
     rnr_retries: u32,
@@ -243,7 +245,7 @@ struct SendWqe {
 impl SendWqe {
     fn is_done(&self) -> bool {
         match self.op {
-            Op::Read => self.got_resp && self.read_placed == self.len,
+            Op::Read => self.got_resp && self.read_placed.covered() == u64::from(self.len),
             Op::FetchAdd | Op::CompareSwap => self.atomic_result.is_some(),
             _ => self.packetized && self.unacked_pkts == 0,
         }
@@ -273,7 +275,7 @@ struct RecvWqe {
     cap: u64,
     /// Op and total length of the message matched to it, from its first packet.
     msg: Option<(Op, u32)>,
-    placed: u64,
+    placed: Coverage,
     imm: Option<u32>,
     done: bool,
     /// Why this receive failed (it completes with this status, in posting order, when the QP
@@ -451,6 +453,10 @@ struct Qp {
     echo: Option<(u32, u64, Timestamp)>,
     ce_count: u32,
     naks: VecDeque<wire::Nak>,
+    /// The request (MSN) that took this QP to the error state as a responder and the NAK
+    /// syndrome it got: if that NAK is lost, the requester's retransmission is answered with
+    /// the same syndrome again rather than a generic remote operation error.
+    fatal_nak: Option<(u32, Syndrome)>,
     rq: VecDeque<RecvWqe>,
     rq_base_ssn: u32,
     /// A work request was refused: send nothing new, fail once the earlier ones finish.
@@ -689,6 +695,7 @@ impl Endpoint {
             echo: None,
             ce_count: 0,
             naks: VecDeque::new(),
+            fatal_nak: None,
             rq: VecDeque::new(),
             rq_base_ssn: 0,
             failing: false,
@@ -851,7 +858,7 @@ impl Endpoint {
             next_offset: 0,
             packetized: false,
             unacked_pkts: 0,
-            read_placed: 0,
+            read_placed: Coverage::default(),
             got_resp: false,
             atomic_result: None,
             rnr_retries: 0,
@@ -904,7 +911,7 @@ impl Endpoint {
             segs,
             cap: u64::from(cap),
             msg: None,
-            placed: 0,
+            placed: Coverage::default(),
             imm: None,
             done: false,
             error: None,
@@ -1408,7 +1415,11 @@ impl Qp {
         sh: &mut Shared,
     ) {
         if self.state == QpState::Error {
-            self.nak(h, r.msn, Syndrome::RemoteOperation);
+            let syndrome = match self.fatal_nak {
+                Some((msn, s)) if msn == r.msn => s,
+                _ => Syndrome::RemoteOperation,
+            };
+            self.nak(h, r.msn, syndrome);
             return;
         }
         if !self.admit(h, sh) {
@@ -1449,6 +1460,11 @@ impl Qp {
             {
                 return Err(None);
             }
+            // A peer scattering a message into more pieces than any window could is refused
+            // before it writes anything.
+            if !w.placed.admits(u64::from(r.offset), plen) {
+                return Err(None);
+            }
             Some(i)
         } else {
             None
@@ -1475,6 +1491,7 @@ impl Qp {
                     // length error, the ones around it as flushed.
                     self.rq[i].msg = Some((r.op, r.msg_len));
                     self.rq[i].error = Some(WcStatus::LocalLengthError);
+                    self.fatal_nak = Some((r.msn, Syndrome::InvalidRequest));
                     self.enter_error(sh);
                     return Err(Some(Syndrome::InvalidRequest));
                 }
@@ -1535,11 +1552,12 @@ impl Qp {
         if let Some(i) = recv_idx {
             let w = &mut self.rq[i];
             w.msg = Some((r.op, r.msg_len));
-            w.placed += plen;
+            // Cannot fail: `admits` was checked before placing (parsing bounded the range).
+            let _ = w.placed.insert(u64::from(r.offset), plen);
             if matches!(r.op, Op::SendImm | Op::WriteImm) {
                 w.imm = Some(r.imm);
             }
-            if w.placed >= u64::from(r.msg_len) {
+            if w.placed.covered() >= u64::from(r.msg_len) {
                 w.done = true;
             }
         }
@@ -1622,10 +1640,12 @@ impl Qp {
             if w.op != Op::Read || w.len != r.msg_len || !w.packetized || w.is_done() {
                 return false;
             }
-            if !scatter(&w.segs, u64::from(r.offset), payload) {
+            // Parsing bounded offset + length by the message length, which matches ours.
+            let (off, len) = (u64::from(r.offset), payload.len() as u64);
+            if !w.read_placed.admits(off, len) || !scatter(&w.segs, off, payload) {
                 return false;
             }
-            w.read_placed += payload.len() as u32;
+            let _ = w.read_placed.insert(off, len);
             w.got_resp = true;
             true
         });

@@ -9,6 +9,7 @@
 //! state machine ([`Endpoint`]). Congestion control is delegated to `braid-cc`.
 #![warn(missing_docs, unreachable_pub)]
 
+mod coverage;
 pub mod endpoint;
 pub mod mem;
 pub mod tracker;
