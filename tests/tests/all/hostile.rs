@@ -1213,7 +1213,10 @@ fn overlapping_read_responses_do_not_complete_a_read_with_holes() {
     let d = from_peer(qpn, Kind::ReadResponse, 2, resp(4096), &[0x5a; 4096]);
     ep.handle_datagram(now, peer, 0, &d);
     let (_, c) = ep.poll_completion().expect("the READ completes once whole");
-    assert_eq!((c.wr_id, c.status, c.byte_len), (7, WcStatus::Success, 8192));
+    assert_eq!(
+        (c.wr_id, c.status, c.byte_len),
+        (7, WcStatus::Success, 8192)
+    );
 }
 
 #[test]
