@@ -25,9 +25,11 @@ impl Mmap {
     /// Anonymous, private, zeroed memory of `len` bytes (page-aligned by mmap), populated up
     /// front so the kernel never faults while copying into it.
     pub(super) fn anonymous(len: usize) -> io::Result<Mmap> {
+        // Miri models anonymous private mappings but not MAP_POPULATE (a performance hint).
+        let populate = if cfg!(miri) { 0 } else { libc::MAP_POPULATE };
         Self::map(
             len,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | populate,
             -1,
             0,
         )
@@ -156,5 +158,38 @@ impl Umem {
         // SAFETY: `start..start + len` lies within the mapping (checked above); exclusivity and the
         // kernel not writing it are the caller's contract.
         Some(unsafe { std::slice::from_raw_parts_mut(self.base().add(start), len) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_are_handed_out_only_inside_the_umem_and_one_frame() {
+        let umem = Umem::new(4, 2048).unwrap();
+        assert_eq!(umem.len(), 4 * 2048);
+        // SAFETY: nothing else (no kernel, no other slice) uses this UMEM.
+        unsafe {
+            let f = umem
+                .frame_mut(umem.frame_addr(3) + 100, 1948)
+                .expect("to frame end");
+            f.fill(7);
+            assert!(
+                umem.frame(umem.frame_addr(3) + 100, 1949).is_none(),
+                "crosses the end"
+            );
+            assert!(
+                umem.frame(umem.frame_addr(1) + 2000, 100).is_none(),
+                "crosses a frame"
+            );
+            assert!(umem.frame(u64::MAX - 2, 8).is_none(), "wraps");
+            assert!(umem.frame(4 * 2048, 1).is_none(), "past the end");
+            let back = umem
+                .frame(umem.frame_addr(3) + 100, 1948)
+                .expect("same frame");
+            assert!(back.iter().all(|&b| b == 7));
+            assert_eq!(umem.frame_base(umem.frame_addr(2) + 77), umem.frame_addr(2));
+        }
     }
 }
