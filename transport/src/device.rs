@@ -593,6 +593,11 @@ impl Device {
         self.inner().lock().ep.path_stats().to_vec()
     }
 
+    /// RTT distribution over every QP of this device (percentiles, extremes, sample count).
+    pub fn rtt_summary(&self) -> braid_proto::RttSummary {
+        self.inner().lock().ep.rtt_summary()
+    }
+
     /// Allocates a protection domain.
     pub fn alloc_pd(&self) -> ProtectionDomain {
         let pd = self.inner().lock().ep.alloc_pd();

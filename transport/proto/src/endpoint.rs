@@ -28,6 +28,7 @@ use braid_time::Timestamp;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 
+use crate::hist::{RttHistogram, RttSummary};
 use crate::mem::{Access, Region};
 use crate::tracker::{Class, RecvTracker};
 use crate::types::*;
@@ -76,6 +77,9 @@ pub struct QpStats {
     pub srtt_ns: u64,
     /// Minimum RTT seen, ns (0 before any sample).
     pub min_rtt_ns: u64,
+    /// Distribution of the fabric RTT samples (receiver holding time removed): percentiles
+    /// from a log-linear histogram (within 1/32 of a recorded value), exact min and max.
+    pub rtt: RttSummary,
     /// Current retransmit timeout, ns.
     pub rto_ns: u64,
     /// Congestion controller in use.
@@ -96,6 +100,19 @@ pub struct QpStats {
     pub packets_sent: u64,
     /// Data packets retransmitted.
     pub retransmits: u64,
+    /// Retransmit timeouts fired on this QP.
+    pub rtos: u64,
+    /// Packets declared lost whose original transmission was acknowledged after all.
+    pub spurious_losses: u64,
+    /// Retransmissions that proved unnecessary: the acknowledgement was for an earlier copy
+    /// (Eifel-style echo check).
+    pub spurious_retransmits: u64,
+    /// ACKs from the peer flagging that a duplicate arrived (`FLAG_DUPLICATE`).
+    pub duplicates_reported: u64,
+    /// Device source port each logical path currently uses (changes on re-pathing).
+    pub path_ports: Vec<u16>,
+    /// Counters per logical path of this QP.
+    pub paths: Vec<PathStats>,
     /// Send work requests posted and not yet completed.
     pub outstanding_sends: usize,
     /// Receive work requests posted and not yet completed.
@@ -118,6 +135,8 @@ struct Shared {
     completions: VecDeque<(CqId, Completion)>,
     stats: EndpointStats,
     paths: Vec<PathStats>,
+    /// Every QP's RTT samples together (the device-level distribution).
+    rtt_hist: RttHistogram,
     req_chunk: u32,
     resp_chunk: u32,
 }
@@ -413,6 +432,7 @@ struct Qp {
     in_flight_bytes: u64,
     in_flight_pkts: u32,
     rtt: Rtt,
+    rtt_hist: RttHistogram,
     rto_deadline: Option<Timestamp>,
     backoff: u32,
     consecutive_rto: u32,
@@ -443,6 +463,12 @@ struct Qp {
     last_echo: (u32, u64),
     packets_sent: u64,
     retransmits: u64,
+    rtos: u64,
+    spurious_losses: u64,
+    spurious_retransmits: u64,
+    duplicates_reported: u64,
+    /// Counters per logical path (the endpoint's `paths` sums them over QPs).
+    path_stats: Vec<PathStats>,
     // Receiving the peer's packets.
     rx: RecvTracker,
     ack_pending: bool,
@@ -496,6 +522,7 @@ impl Endpoint {
             req_chunk: overhead(wire::REQUEST_LEN),
             resp_chunk: overhead(wire::READ_RESP_LEN),
             paths: vec![PathStats::default(); usize::from(cfg.paths)],
+            rtt_hist: RttHistogram::new(),
             cfg,
             mrs: HashMap::new(),
             rkeys: HashMap::new(),
@@ -532,6 +559,11 @@ impl Endpoint {
     /// Per-path counters, one entry per path.
     pub fn path_stats(&self) -> &[PathStats] {
         &self.sh.paths
+    }
+
+    /// The distribution of every QP's RTT samples since the endpoint was created.
+    pub fn rtt_summary(&self) -> RttSummary {
+        self.sh.rtt_hist.summary()
     }
 
     /// Payload bytes carried by one full request packet.
@@ -662,6 +694,7 @@ impl Endpoint {
             in_flight_bytes: 0,
             in_flight_pkts: 0,
             rtt: Rtt::default(),
+            rtt_hist: RttHistogram::new(),
             rto_deadline: None,
             backoff: 0,
             consecutive_rto: 0,
@@ -683,6 +716,11 @@ impl Endpoint {
             last_echo: (0, 0),
             packets_sent: 0,
             retransmits: 0,
+            rtos: 0,
+            spurious_losses: 0,
+            spurious_retransmits: 0,
+            duplicates_reported: 0,
+            path_stats: vec![PathStats::default(); usize::from(self.sh.cfg.paths)],
             rx: RecvTracker::new(0),
             ack_pending: false,
             dup_since_ack: false,
@@ -749,6 +787,7 @@ impl Endpoint {
             state: q.state,
             srtt_ns: q.rtt.srtt_ns,
             min_rtt_ns: q.rtt.min_ns,
+            rtt: q.rtt_hist.summary(),
             rto_ns: q.rto_ns(&self.sh.cfg),
             cc: q.cc.name(),
             cwnd_bytes: q.cc.window(),
@@ -759,6 +798,12 @@ impl Endpoint {
             in_flight_bytes: q.in_flight_bytes,
             packets_sent: q.packets_sent,
             retransmits: q.retransmits,
+            rtos: q.rtos,
+            spurious_losses: q.spurious_losses,
+            spurious_retransmits: q.spurious_retransmits,
+            duplicates_reported: q.duplicates_reported,
+            path_ports: q.port_map.clone(),
+            paths: q.path_stats.clone(),
             outstanding_sends: q.sq.len(),
             outstanding_recvs: q.rq.len(),
         })
@@ -1228,9 +1273,13 @@ impl Qp {
             self.in_flight_pkts += 1;
             self.retransmits += 1;
             sh.stats.retransmits += 1;
-            let ps = &mut sh.paths[usize::from(path)];
-            ps.packets += 1;
-            ps.retransmits += 1;
+            for ps in [
+                &mut sh.paths[usize::from(path)],
+                &mut self.path_stats[usize::from(path)],
+            ] {
+                ps.packets += 1;
+                ps.retransmits += 1;
+            }
             self.paths.on_sent(u16::from(path), now);
             self.cc.on_sent(now, len as u32, psn);
             if self.rto_deadline.is_none() {
@@ -1276,6 +1325,7 @@ impl Qp {
         self.in_flight_pkts += 1;
         self.packets_sent += 1;
         sh.paths[usize::from(path)].packets += 1;
+        self.path_stats[usize::from(path)].packets += 1;
         self.paths.on_sent(u16::from(path), now);
         self.cc.on_sent(now, len as u32, psn);
         if !self.pacer.can_send(now) {
@@ -1693,6 +1743,8 @@ impl Qp {
         let ambiguous = p.retransmitted
             && (echo_ts_ns < p.send_ts.as_nanos() || now.nanos_since(p.send_ts) < self.rtt.min_ns);
         let spurious = p.lost || ambiguous;
+        self.spurious_losses += u64::from(p.lost);
+        self.spurious_retransmits += u64::from(ambiguous);
         p.lost = false;
         if !ambiguous && p.send_ts >= self.rack_ts {
             self.rack_ts = p.send_ts;
@@ -1743,6 +1795,7 @@ impl Qp {
             return;
         }
         if flags & wire::FLAG_DUPLICATE != 0 {
+            self.duplicates_reported += 1;
             self.widen_reorder_window(now);
         }
         // The cumulative point must lie within what was sent. One behind `snd_una` is an
@@ -1761,9 +1814,11 @@ impl Qp {
         };
         // ECN echo: new CE marks since the last ACK (a wrapping counter).
         let ce = a.ce_count.wrapping_sub(self.peer_ce_seen);
+        let mut ce_new = 0;
         if ce != 0 && ce < 1 << 31 {
             self.peer_ce_seen = a.ce_count;
             self.ce_marks += u64::from(ce);
+            ce_new = ce;
             fb.ce = true;
         }
         // RTT from the echoed timestamp, minus the receiver's holding time.
@@ -1775,17 +1830,31 @@ impl Qp {
             let full = (now.as_nanos() - a.echo_ts_ns).max(1);
             let rtt = full.saturating_sub(u64::from(a.hold_ns)).max(1);
             self.rtt.sample(rtt);
+            self.rtt_hist.record(rtt);
+            sh.rtt_hist.record(rtt);
             fb.rtt_ns = Some(full);
             fb.fabric_ns = Some(rtt);
             if let Some(i) = self.sent_index(a.echo_psn) {
+                let path = usize::from(self.sent[i].path);
                 fb.echo_path = self.sent[i].path;
-                let ps = &mut sh.paths[usize::from(self.sent[i].path)];
-                ps.srtt_ns = if ps.rtt_samples == 0 {
-                    rtt
-                } else {
-                    (7 * ps.srtt_ns + rtt) / 8
-                };
-                ps.rtt_samples += 1;
+                for ps in [&mut sh.paths[path], &mut self.path_stats[path]] {
+                    ps.srtt_ns = if ps.rtt_samples == 0 {
+                        rtt
+                    } else {
+                        (7 * ps.srtt_ns + rtt) / 8
+                    };
+                    ps.rtt_samples += 1;
+                }
+            }
+        }
+        // New CE marks are charged to the echoed packet's path: the ACK carries one counter,
+        // and the echoed packet is the newest one it reports on.
+        if ce_new != 0
+            && let Some(i) = self.sent_index(a.echo_psn)
+        {
+            let path = usize::from(self.sent[i].path);
+            for ps in [&mut sh.paths[path], &mut self.path_stats[path]] {
+                ps.ce_marks += u64::from(ce_new);
             }
         }
         let mut newest = None;
@@ -1871,6 +1940,7 @@ impl Qp {
             self.in_flight_pkts = self.in_flight_pkts.saturating_sub(1);
             self.rtx.push_back(psn);
             sh.paths[usize::from(path)].lost += 1;
+            self.path_stats[usize::from(path)].lost += 1;
             self.paths.on_loss(now, u16::from(path), ts);
             if !self.paths.is_outlier(u16::from(path)) {
                 self.cc.on_congestion_event(now, ts, false, len);
@@ -2024,6 +2094,7 @@ impl Qp {
             return;
         }
         sh.stats.rto_fired += 1;
+        self.rtos += 1;
         self.consecutive_rto += 1;
         if self.consecutive_rto > sh.cfg.retry_limit {
             // The oldest unfinished work request gets the error (a READ waiting for its
@@ -2061,6 +2132,7 @@ impl Qp {
             self.in_flight_pkts = self.in_flight_pkts.saturating_sub(1);
             self.rtx.push_back(psn);
             sh.paths[usize::from(path)].lost += 1;
+            self.path_stats[usize::from(path)].lost += 1;
             self.paths.on_loss(now, u16::from(path), ts);
             if !self.paths.is_outlier(u16::from(path)) {
                 self.cc.on_congestion_event(now, ts, false, len);

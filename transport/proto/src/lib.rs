@@ -10,6 +10,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 pub mod endpoint;
+pub mod hist;
 pub mod mem;
 pub mod tracker;
 pub mod types;
@@ -18,5 +19,6 @@ pub mod wire;
 pub use braid_cc as cc;
 pub use braid_time::Timestamp;
 pub use endpoint::{ECN_CE, ECN_ECT0, Endpoint, QpStats, Transmit};
+pub use hist::{RttHistogram, RttSummary};
 pub use mem::{Access, MemError, Region};
 pub use types::*;

@@ -381,4 +381,6 @@ pub struct PathStats {
     pub srtt_ns: u64,
     /// RTT samples taken on this path.
     pub rtt_samples: u64,
+    /// CE marks the peer reported, charged to the path of the packet each ACK echoed.
+    pub ce_marks: u64,
 }
