@@ -508,8 +508,10 @@ impl core::fmt::Debug for Endpoint {
 impl Endpoint {
     /// A new endpoint for a device reachable at `local`.
     ///
-    /// `cfg.paths` is clamped to `1..=MAX_PATHS` and the queue depths to their maxima.
+    /// `cfg.paths` is clamped to `1..=MAX_PATHS`, `cfg.ports` is set to
+    /// [`EndpointConfig::source_ports`] and the queue depths are clamped to their maxima.
     pub fn new(mut cfg: EndpointConfig, local: SocketAddr) -> Endpoint {
+        cfg.ports = cfg.source_ports();
         cfg.paths = cfg.paths.clamp(1, MAX_PATHS);
         cfg.max_send_wr = cfg.max_send_wr.clamp(1, MAX_SEND_WR);
         cfg.max_recv_wr = cfg.max_recv_wr.clamp(1, MAX_RECV_WR);
@@ -1880,9 +1882,10 @@ impl Qp {
         self.paths.set_delay_target_ns(self.cc.target_delay_ns());
         while let Some(path) = self.paths.take_repath() {
             // PLB: the path kept looking congested; move it to a source port no other path of
-            // this QP uses. Sharing a port would only concentrate traffic (and could leave a
-            // route unused), so without a spare port the path stays where it is.
-            let ports = sh.cfg.paths;
+            // this QP uses (the device has `cfg.ports` of them, more than the paths). Sharing
+            // a port would only concentrate traffic (and could leave a route unused), so
+            // without a spare port the path stays where it is.
+            let ports = sh.cfg.ports;
             let spare: Vec<u16> = (0..ports).filter(|p| !self.port_map.contains(p)).collect();
             if spare.is_empty() {
                 continue;
