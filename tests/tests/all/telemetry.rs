@@ -150,3 +150,163 @@ fn without_spare_ports_a_lossy_path_stays_put() {
     assert_eq!(st.repaths, 0, "seed {seed}: {st:?}");
     assert_eq!(st.path_ports, (0..8).collect::<Vec<u16>>());
 }
+
+#[test]
+fn reordering_beyond_the_window_shows_up_as_spurious_losses() {
+    use braid::datapath::sim::LinkConfig;
+    let seed = seed(47);
+    let link = LinkConfig {
+        delay_ns: 10_000,
+        reorder: 0.05,
+        reorder_extra_ns: 400_000,
+        ..LinkConfig::default()
+    };
+    let mut sim = Sim::new(seed, &config(8, 10), link);
+    write(&mut sim, 4 << 20);
+    let st = sim.c.nodes[0]
+        .ep
+        .qp_stats(sim.a.qp.qpn)
+        .expect("the QP exists");
+    assert_eq!(sim.c.net.stats().lost, 0);
+    assert!(
+        st.spurious_losses + st.spurious_retransmits > 0,
+        "seed {seed}: no loss was real, yet none proved spurious: {st:?}"
+    );
+    eprintln!(
+        "seed {seed}: retransmits {}, spurious losses {}, spurious retransmits {}, duplicates reported {}, cwnd {}",
+        st.retransmits,
+        st.spurious_losses,
+        st.spurious_retransmits,
+        st.duplicates_reported,
+        st.cwnd_bytes
+    );
+}
+
+/// What a probe controller heard: loss reports and spurious-loss proofs (send times, ns).
+#[derive(Debug, Default)]
+struct Heard {
+    losses: Vec<u64>,
+    spurious: Vec<u64>,
+}
+
+#[derive(Debug)]
+struct Probe(std::sync::Arc<std::sync::Mutex<Heard>>);
+
+impl braid::proto::cc::Controller for Probe {
+    fn on_sent(&mut self, _: braid::proto::Timestamp, _: u32, _: u32) {}
+    fn on_ack(
+        &mut self,
+        _: braid::proto::Timestamp,
+        _: braid::proto::Timestamp,
+        _: u32,
+        _: Option<u64>,
+    ) {
+    }
+    fn on_congestion_event(
+        &mut self,
+        _: braid::proto::Timestamp,
+        sent_at: braid::proto::Timestamp,
+        is_ecn: bool,
+        _: u32,
+    ) {
+        if !is_ecn {
+            self.0.lock().unwrap().losses.push(sent_at.as_nanos());
+        }
+    }
+    fn on_spurious_loss(&mut self, _: braid::proto::Timestamp, sent_at: braid::proto::Timestamp) {
+        self.0.lock().unwrap().spurious.push(sent_at.as_nanos());
+    }
+    fn window(&self) -> u64 {
+        256 * 1472
+    }
+}
+
+#[derive(Debug, Default)]
+struct ProbeFactory(std::sync::Arc<std::sync::Mutex<Heard>>);
+
+impl braid::proto::cc::ControllerFactory for ProbeFactory {
+    fn build(&self, _mtu: u32) -> Box<dyn braid::proto::cc::Controller> {
+        Box::new(Probe(self.0.clone()))
+    }
+}
+
+#[test]
+fn spurious_loss_proofs_name_losses_the_controller_heard_of_at_most_once_each() {
+    use braid::datapath::sim::LinkConfig;
+    let seed = seed(47);
+    let heard = std::sync::Arc::new(std::sync::Mutex::new(Heard::default()));
+    let mut cfg = config(8, 10);
+    cfg.cc = std::sync::Arc::new(ProbeFactory(heard.clone()));
+    let link = LinkConfig {
+        delay_ns: 10_000,
+        reorder: 0.05,
+        reorder_extra_ns: 400_000,
+        ..LinkConfig::default()
+    };
+    let mut sim = Sim::new(seed, &cfg, link);
+    write(&mut sim, 4 << 20);
+    assert_eq!(sim.c.net.stats().lost, 0);
+    let h = heard.lock().unwrap();
+    assert!(
+        !h.spurious.is_empty(),
+        "seed {seed}: no proof: {} losses",
+        h.losses.len()
+    );
+    let mut left = h.losses.clone();
+    for s in &h.spurious {
+        let i = left
+            .iter()
+            .position(|l| l == s)
+            .unwrap_or_else(|| panic!("seed {seed}: proof for {s}, never reported or twice"));
+        left.swap_remove(i);
+    }
+    eprintln!(
+        "seed {seed}: {} losses reported, {} proven spurious",
+        h.losses.len(),
+        h.spurious.len()
+    );
+}
+
+/// Virtual time a 4 MiB WRITE takes on 8 paths where 5% of packets are held back 400 us (no
+/// loss at all), with Swift's spurious-loss undo on or off.
+fn reordered_write_ns(seed: u64, undo: bool) -> (u64, u64) {
+    use braid::datapath::sim::LinkConfig;
+    use braid::proto::cc::SwiftConfig;
+    let mut cfg = config(8, 10);
+    cfg.cc = std::sync::Arc::new(SwiftConfig {
+        undo_spurious_losses: undo,
+        ..SwiftConfig::software_host()
+    });
+    let link = LinkConfig {
+        delay_ns: 10_000,
+        reorder: 0.05,
+        reorder_extra_ns: 400_000,
+        ..LinkConfig::default()
+    };
+    let mut sim = Sim::new(seed, &cfg, link);
+    write(&mut sim, 4 << 20);
+    let st = sim.c.nodes[0]
+        .ep
+        .qp_stats(sim.a.qp.qpn)
+        .expect("the QP exists");
+    (sim.c.now.as_nanos(), st.retransmits)
+}
+
+#[test]
+fn undoing_spurious_loss_decreases_speeds_up_a_reordered_transfer() {
+    let (mut on, mut off) = (0, 0);
+    for s in 0..4 {
+        let seed = seed(50 + s);
+        let (a, ra) = reordered_write_ns(seed, true);
+        let (b, rb) = reordered_write_ns(seed, false);
+        eprintln!("seed {seed}: undo on {a} ns ({ra} retransmits), off {b} ns ({rb} retransmits)");
+        on += a;
+        off += b;
+    }
+    eprintln!(
+        "total: undo on {on} ns, off {off} ns, ratio {:.3}",
+        on as f64 / off as f64
+    );
+    // Measured at 0.59 when written: a decrease for a packet that was only late is given back.
+    assert!(on < off - off / 5, "undo on {on} ns, off {off} ns");
+}

@@ -46,6 +46,8 @@ const REO_MULT_MAX: u32 = 64;
 const REO_DECAY_ACKS: u32 = 4096;
 /// Packets a retransmit timeout sends again as a probe.
 const RTO_PROBE_PACKETS: usize = 2;
+/// Most retransmitted packets kept waiting for a duplicate flag to prove their loss spurious.
+const MAX_UNRESOLVED_LOSSES: usize = 64;
 /// Largest RTO backoff exponent.
 const MAX_BACKOFF_SHIFT: u32 = 10;
 
@@ -105,7 +107,8 @@ pub struct QpStats {
     /// Packets declared lost whose original transmission was acknowledged after all.
     pub spurious_losses: u64,
     /// Retransmissions that proved unnecessary: the acknowledgement was for an earlier copy
-    /// (Eifel-style echo check).
+    /// (Eifel-style echo check), or the peer flagged a duplicate that no earlier proof
+    /// explains.
     pub spurious_retransmits: u64,
     /// ACKs from the peer flagging that a duplicate arrived (`FLAG_DUPLICATE`).
     pub duplicates_reported: u64,
@@ -334,6 +337,8 @@ struct SentPkt {
     /// Sent more than once: an acknowledgement may be for an earlier copy.
     retransmitted: bool,
     hold_until: Timestamp,
+    /// Its loss was reported to the controller, for the transmission sent at this time.
+    cc_loss_ts: Option<Timestamp>,
 }
 
 #[derive(Debug)]
@@ -467,6 +472,12 @@ struct Qp {
     spurious_losses: u64,
     spurious_retransmits: u64,
     duplicates_reported: u64,
+    /// Retransmitted packets (whose loss the controller heard of) acknowledged without proof
+    /// of which copy arrived: the loss send times, oldest first, for duplicate flags to prove
+    /// spurious (at most [`MAX_UNRESOLVED_LOSSES`]).
+    unresolved_losses: VecDeque<Timestamp>,
+    /// Duplicate flags expected for retransmissions already proven spurious.
+    dup_expected: u32,
     /// Counters per logical path (the endpoint's `paths` sums them over QPs).
     path_stats: Vec<PathStats>,
     // Receiving the peer's packets.
@@ -722,6 +733,8 @@ impl Endpoint {
             spurious_losses: 0,
             spurious_retransmits: 0,
             duplicates_reported: 0,
+            unresolved_losses: VecDeque::new(),
+            dup_expected: 0,
             path_stats: vec![PathStats::default(); usize::from(self.sh.cfg.paths)],
             rx: RecvTracker::new(0),
             ack_pending: false,
@@ -1322,6 +1335,7 @@ impl Qp {
             lost: false,
             retransmitted: false,
             hold_until: Timestamp::ZERO,
+            cc_loss_ts: None,
         });
         self.in_flight_bytes += len as u64;
         self.in_flight_pkts += 1;
@@ -1748,12 +1762,31 @@ impl Qp {
         self.spurious_losses += u64::from(p.lost);
         self.spurious_retransmits += u64::from(ambiguous);
         p.lost = false;
+        // The controller heard of this packet's loss; the original arrived after all, so the
+        // decrease it caused may be undone.
+        let cc_loss_ts = p.cc_loss_ts.take();
+        let undo = cc_loss_ts.filter(|_| spurious);
+        if p.retransmitted && cc_loss_ts.is_some() {
+            if ambiguous {
+                // The retransmission will reach the peer as a duplicate: its flag is expected.
+                self.dup_expected = self.dup_expected.saturating_add(1);
+            } else if !spurious {
+                // Which copy arrived is unknown: a later duplicate flag may tell.
+                if self.unresolved_losses.len() == MAX_UNRESOLVED_LOSSES {
+                    self.unresolved_losses.pop_front();
+                }
+                self.unresolved_losses.extend(cc_loss_ts);
+            }
+        }
         if !ambiguous && p.send_ts >= self.rack_ts {
             self.rack_ts = p.send_ts;
             self.rack_rtt_ns = now.nanos_since(p.send_ts);
         }
         let (send_ts, wire_len) = (p.send_ts, p.wire_len);
         let (psn, path) = (p.psn, u16::from(p.path));
+        if let Some(lost_sent_at) = undo {
+            self.cc.on_spurious_loss(now, lost_sent_at);
+        }
         if spurious {
             self.widen_reorder_window(now);
         } else {
@@ -1796,7 +1829,8 @@ impl Qp {
         if self.state != QpState::Connected {
             return;
         }
-        if flags & wire::FLAG_DUPLICATE != 0 {
+        let dup_flag = flags & wire::FLAG_DUPLICATE != 0;
+        if dup_flag {
             self.duplicates_reported += 1;
             self.widen_reorder_window(now);
         }
@@ -1876,6 +1910,9 @@ impl Qp {
                 newest = Some(i);
             }
         }
+        if dup_flag {
+            self.duplicate_proves_spurious(now);
+        }
         if fb.ce && !self.paths.is_outlier(u16::from(fb.echo_path)) {
             self.cc.on_congestion_event(now, now, true, 0);
         }
@@ -1946,10 +1983,25 @@ impl Qp {
             self.path_stats[usize::from(path)].lost += 1;
             self.paths.on_loss(now, u16::from(path), ts);
             if !self.paths.is_outlier(u16::from(path)) {
+                self.sent[i].cc_loss_ts = Some(ts);
                 self.cc.on_congestion_event(now, ts, false, len);
             }
         }
         self.reorder_deadline = next.map(Timestamp::from_nanos);
+    }
+
+    /// The peer flagged a duplicate: one retransmission was unnecessary. Unless it is the one
+    /// of a packet already proven spurious by the echoed timestamp, it is charged to the oldest
+    /// retransmitted packet acknowledged without saying which copy arrived, and the
+    /// controller may undo that loss. (A copy the network duplicated looks the same to the
+    /// peer; that is the price of a flag that names no packet.)
+    fn duplicate_proves_spurious(&mut self, now: Timestamp) {
+        if self.dup_expected > 0 {
+            self.dup_expected -= 1;
+        } else if let Some(lost_sent_at) = self.unresolved_losses.pop_front() {
+            self.spurious_retransmits += 1;
+            self.cc.on_spurious_loss(now, lost_sent_at);
+        }
     }
 
     /// A loss proved spurious (the peer saw a duplicate, or an acknowledgement came for the
@@ -2138,6 +2190,7 @@ impl Qp {
             self.path_stats[usize::from(path)].lost += 1;
             self.paths.on_loss(now, u16::from(path), ts);
             if !self.paths.is_outlier(u16::from(path)) {
+                self.sent[i].cc_loss_ts = Some(ts);
                 self.cc.on_congestion_event(now, ts, false, len);
             }
         }
