@@ -53,6 +53,10 @@ struct Engine {
     /// Paths (UDP source ports) each connection sprays over.
     #[arg(long, default_value_t = 16)]
     paths: u16,
+    /// UDP source ports the device opens, at least --paths (0: twice the paths, at most 256);
+    /// the spare ones are where PLB re-paths a congested path.
+    #[arg(long, default_value_t = 0)]
+    ports: u16,
     /// Largest datagram (UDP payload), bytes; 1472 fits a 1500-byte MTU.
     #[arg(long, default_value_t = 1472)]
     max_datagram: usize,
@@ -254,6 +258,7 @@ fn parse_target(s: &str) -> Result<SocketAddr, String> {
 fn open_device(engine: &Engine, local: SocketAddr) -> Result<Device, String> {
     let mut cfg = DeviceConfig::udp(local)
         .paths(engine.paths)
+        .ports(engine.ports)
         .max_datagram(engine.max_datagram);
     cfg.datapath = engine.datapath;
     cfg.busy_poll = engine.progress_busy_poll;
@@ -534,6 +539,7 @@ fn serve_one(a: &ServerArgs, stream: TcpStream) -> Result<String, String> {
     let ip = writer.local_addr().map_err(|e| e.to_string())?.ip();
     let engine = Engine {
         paths: hello.paths,
+        ports: 0,
         max_datagram: hello.max_datagram,
         datapath: a.engine_dp.datapath,
         progress_busy_poll: a.engine_dp.progress_busy_poll,
