@@ -144,6 +144,10 @@ pub struct Mode {
     pub name: String,
     /// Paths (source ports) per connection.
     pub paths: u16,
+    /// Source ports per host ([`EndpointConfig::ports`]): 0 for the engine's default (twice
+    /// the paths, so PLB can move a congested path to a spare port); the single-path modes use
+    /// 1, so they stay a RoCE-like baseline whose flows never change route.
+    pub ports: u16,
     /// The controller.
     pub cc: Cc,
 }
@@ -154,6 +158,7 @@ impl Mode {
         Mode {
             name: "ecmp".into(),
             paths: 1,
+            ports: 1,
             cc: Cc::Swift(fabric_swift()),
         }
     }
@@ -163,6 +168,7 @@ impl Mode {
         Mode {
             name: "ecmp-fixed".into(),
             paths: 1,
+            ports: 1,
             cc: Cc::Fixed(packets),
         }
     }
@@ -172,6 +178,7 @@ impl Mode {
         Mode {
             name: "ecmp-dcqcn".into(),
             paths: 1,
+            ports: 1,
             cc: Cc::Dcqcn(DcqcnConfig::default()),
         }
     }
@@ -182,6 +189,7 @@ impl Mode {
         Mode {
             name: "spray".into(),
             paths,
+            ports: 0,
             cc: Cc::Fixed(packets),
         }
     }
@@ -191,6 +199,7 @@ impl Mode {
         Mode {
             name: "spray-cc".into(),
             paths,
+            ports: 0,
             cc: Cc::Swift(fabric_swift()),
         }
     }
@@ -332,6 +341,7 @@ impl Scenario {
             seed: self.seed,
             max_datagram: self.engine.max_datagram,
             paths: self.mode.paths,
+            ports: self.mode.ports,
             rto_initial_ns: self.engine.rto_initial_ns,
             rto_min_ns: self.engine.rto_min_ns,
             retry_limit: self.engine.retry_limit,

@@ -1,5 +1,5 @@
 //! Result shapes (serialised as JSON) and perftest-like text tables.
-use braid::PathStats;
+use braid::{PathStats, QpStats, RttSummary};
 use serde::{Deserialize, Serialize};
 
 use crate::stats::Latency;
@@ -35,6 +35,173 @@ pub fn path_rows(stats: &[PathStats]) -> Vec<PathRow> {
             rtt_samples: p.rtt_samples,
         })
         .collect()
+}
+
+/// An RTT distribution, µs.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct RttRow {
+    /// Samples recorded.
+    pub samples: u64,
+    /// Smallest sample (exact).
+    pub min_us: f64,
+    /// Median.
+    pub p50_us: f64,
+    /// 99th percentile.
+    pub p99_us: f64,
+    /// 99.9th percentile.
+    pub p999_us: f64,
+    /// Largest sample (exact).
+    pub max_us: f64,
+    /// Mean.
+    pub mean_us: f64,
+}
+
+impl From<RttSummary> for RttRow {
+    fn from(r: RttSummary) -> RttRow {
+        let us = |ns: u64| ns as f64 / 1000.0;
+        RttRow {
+            samples: r.samples,
+            min_us: us(r.min_ns),
+            p50_us: us(r.p50_ns),
+            p99_us: us(r.p99_ns),
+            p999_us: us(r.p999_ns),
+            max_us: us(r.max_ns),
+            mean_us: us(r.mean_ns),
+        }
+    }
+}
+
+/// One logical path of one QP.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct QpPathRow {
+    /// Logical path index.
+    pub path: usize,
+    /// Device source port index it uses now (changes when PLB re-paths it).
+    pub port: u16,
+    /// Spraying weight (the weights sum to 1).
+    pub weight: f64,
+    /// Smoothed RTT on it, µs (0 before any sample).
+    pub srtt_us: f64,
+    /// Data packets sent on it (first transmissions and retransmissions).
+    pub packets: u64,
+    /// Packets sent on it that were declared lost.
+    pub lost: u64,
+    /// Retransmissions sent on it.
+    pub retransmits: u64,
+    /// CE marks charged to it.
+    pub ce_marks: u64,
+}
+
+/// Congestion-control and reliability telemetry of one QP.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct QpTelemetry {
+    /// Which QP (`client`, `server`).
+    pub role: String,
+    /// Congestion controller.
+    pub controller: String,
+    /// Congestion window, bytes.
+    pub cwnd_bytes: u64,
+    /// Pacing rate, Gbit/s, if the controller paces.
+    pub pacing_gbps: Option<f64>,
+    /// Smoothed RTT, µs.
+    pub srtt_us: f64,
+    /// Retransmit timeout, µs.
+    pub rto_us: f64,
+    /// Fabric RTT distribution (receiver holding time removed).
+    pub rtt: RttRow,
+    /// Data packets sent (first transmissions).
+    pub packets_sent: u64,
+    /// Retransmissions.
+    pub retransmits: u64,
+    /// Retransmit timeouts.
+    pub rtos: u64,
+    /// Losses declared that proved spurious.
+    pub spurious_losses: u64,
+    /// Retransmissions that proved unnecessary.
+    pub spurious_retransmits: u64,
+    /// CE marks reported by the peer.
+    pub ce_marks: u64,
+    /// PLB re-path events.
+    pub repaths: u64,
+    /// Per logical path.
+    pub paths: Vec<QpPathRow>,
+}
+
+impl QpTelemetry {
+    /// Converts a QP's counters.
+    pub fn new(role: &str, st: &QpStats) -> QpTelemetry {
+        QpTelemetry {
+            role: role.to_string(),
+            controller: st.cc.to_string(),
+            cwnd_bytes: st.cwnd_bytes,
+            pacing_gbps: st.pacing_rate.map(|r| r as f64 * 8.0 / 1e9),
+            srtt_us: st.srtt_ns as f64 / 1000.0,
+            rto_us: st.rto_ns as f64 / 1000.0,
+            rtt: st.rtt.into(),
+            packets_sent: st.packets_sent,
+            retransmits: st.retransmits,
+            rtos: st.rtos,
+            spurious_losses: st.spurious_losses,
+            spurious_retransmits: st.spurious_retransmits,
+            ce_marks: st.ce_marks,
+            repaths: st.repaths,
+            paths: st
+                .paths
+                .iter()
+                .enumerate()
+                .map(|(path, p)| QpPathRow {
+                    path,
+                    port: st.path_ports.get(path).copied().unwrap_or(0),
+                    weight: st.path_weights.get(path).copied().unwrap_or(0.0),
+                    srtt_us: p.srtt_ns as f64 / 1000.0,
+                    packets: p.packets,
+                    lost: p.lost,
+                    retransmits: p.retransmits,
+                    ce_marks: p.ce_marks,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// Prints one QP's telemetry block.
+pub fn print_qp_telemetry(t: &QpTelemetry) {
+    println!("{}", "-".repeat(96));
+    let pacing = t
+        .pacing_gbps
+        .map_or("off".to_string(), |g| format!("{g:.3} Gbit/s"));
+    println!(
+        " QP telemetry ({}): cc {}, cwnd {} B, pacing {}, srtt {:.1} us, rto {:.0} us",
+        t.role, t.controller, t.cwnd_bytes, pacing, t.srtt_us, t.rto_us
+    );
+    let r = &t.rtt;
+    println!(
+        "   rtt [us]: min {:.1} p50 {:.1} p99 {:.1} p99.9 {:.1} max {:.1} mean {:.1} ({} samples)",
+        r.min_us, r.p50_us, r.p99_us, r.p999_us, r.max_us, r.mean_us, r.samples
+    );
+    println!(
+        "   packets {}, retransmits {}, RTOs {}, spurious losses {} / retransmits {}, ECN marks {}, re-paths {}",
+        t.packets_sent,
+        t.retransmits,
+        t.rtos,
+        t.spurious_losses,
+        t.spurious_retransmits,
+        t.ce_marks,
+        t.repaths
+    );
+    if t.paths.iter().all(|p| p.packets == 0) {
+        return;
+    }
+    println!(
+        "   {:>5} {:>5} {:>7} {:>10} {:>11} {:>8} {:>8} {:>8}",
+        "path", "port", "weight", "srtt[us]", "packets", "lost", "rtx", "ce"
+    );
+    for p in &t.paths {
+        println!(
+            "   {:>5} {:>5} {:>7.3} {:>10.1} {:>11} {:>8} {:>8} {:>8}",
+            p.path, p.port, p.weight, p.srtt_us, p.packets, p.lost, p.retransmits, p.ce_marks
+        );
+    }
 }
 
 /// Result of a bandwidth run (or of the bandwidth half of a latency run).
@@ -124,6 +291,10 @@ pub struct ClientReport {
     pub paths_client: Vec<PathRow>,
     /// The server device's per-path counters (it sends READ responses and echoes).
     pub paths_server: Vec<PathRow>,
+    /// Telemetry of the client's QP and (if the server sent it) the server's.
+    pub qps: Vec<QpTelemetry>,
+    /// RTT distribution over every QP of the client device.
+    pub rtt_client: RttRow,
     /// Whether every check that ran passed.
     pub verified: bool,
 }

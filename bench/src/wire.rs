@@ -12,7 +12,7 @@ use braid::QpInfo;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::report::PathRow;
+use crate::report::{PathRow, QpTelemetry};
 
 /// A [`QpInfo`] on the wire.
 #[derive(Copy, Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -91,6 +91,9 @@ pub struct Bye {
     pub paths: Vec<PathRow>,
     /// Receives the server's echo loop handled (send_lat).
     pub echoed: u64,
+    /// The server QP's telemetry (absent from older servers).
+    #[serde(default)]
+    pub qp: Option<QpTelemetry>,
 }
 
 /// Writes `msg` as one JSON line.

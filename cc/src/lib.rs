@@ -102,7 +102,12 @@ impl AckSample {
 /// 4. [`on_retransmit_timeout`](Controller::on_retransmit_timeout) once each time the
 ///    retransmit timer fires, before the `on_congestion_event` calls for the packets it
 ///    declares lost.
-/// 5. [`on_idle`](Controller::on_idle) when the connection has nothing in flight and nothing
+/// 5. [`on_spurious_loss`](Controller::on_spurious_loss) at most once per loss reported in
+///    3, when that packet proves not lost after all (its original transmission was
+///    acknowledged: before the retransmission left, or, by the echoed send time, before the
+///    retransmission could have arrived, as Eifel detects for TCP), with the `sent_at` the
+///    loss was reported with. Call it before `on_ack_with` for the same packet.
+/// 6. [`on_idle`](Controller::on_idle) when the connection has nothing in flight and nothing
 ///    to send (calling it again while idle is harmless); the next `on_sent` ends the idle
 ///    period.
 ///
@@ -148,6 +153,13 @@ pub trait Controller: Send + core::fmt::Debug {
     /// events that follow still reach [`on_congestion_event`](Controller::on_congestion_event)).
     fn on_retransmit_timeout(&mut self, now: Timestamp) {
         let _ = now;
+    }
+    /// A packet whose loss was reported through
+    /// [`on_congestion_event`](Controller::on_congestion_event) (with `sent_at`) proved not
+    /// lost: its original transmission arrived. Controllers may undo the decrease the loss
+    /// caused. The default does nothing.
+    fn on_spurious_loss(&mut self, now: Timestamp, sent_at: Timestamp) {
+        let _ = (now, sent_at);
     }
     /// The connection went idle at `now`: nothing in flight, nothing to send. Controllers
     /// whose state goes stale while idle restart on the next [`on_sent`](Controller::on_sent).
@@ -248,6 +260,7 @@ mod tests {
         c.on_ack_with(Timestamp::from_micros(20), &s);
         c.on_retransmit_timeout(Timestamp::from_micros(30));
         c.on_idle(Timestamp::from_micros(40));
+        c.on_spurious_loss(Timestamp::from_micros(50), Timestamp::ZERO);
         c.on_sent(Timestamp::from_micros(1_000_000), 1000, 2);
         assert_eq!(c.window(), 4000);
         assert_eq!(c.pacing_rate(), None);

@@ -30,6 +30,7 @@ use crate::{AckSample, Controller, ControllerFactory};
 /// | `idle_restart_rtts` | 4 | idle longer than this restarts at `init_cwnd` at most |
 /// | `rto_reset_threshold` | 1 | every retransmit timeout resets the window to `min_cwnd` |
 /// | `min_delay_window_ns` | 10 s | a min-delay sample older than this is replaced |
+/// | `undo_spurious_losses` | `true` | a loss that proves spurious gives its decrease back |
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SwiftConfig {
     /// Base target delay, ns. With `target_above_min_delay` it is headroom added to the lowest
@@ -69,6 +70,9 @@ pub struct SwiftConfig {
     pub rto_reset_threshold: u32,
     /// Lifetime of the minimum-delay estimate, ns (a route change can raise the base delay).
     pub min_delay_window_ns: u64,
+    /// Undo a loss decrease when every loss behind it proves spurious
+    /// ([`Controller::on_spurious_loss`]).
+    pub undo_spurious_losses: bool,
 }
 
 impl Default for SwiftConfig {
@@ -91,6 +95,7 @@ impl Default for SwiftConfig {
             idle_restart_rtts: 4,
             rto_reset_threshold: 1,
             min_delay_window_ns: 10_000_000_000,
+            undo_spurious_losses: true,
         }
     }
 }
@@ -144,6 +149,13 @@ impl ControllerFactory for SwiftConfig {
 /// ```
 ///
 /// **Loss** (per packet declared lost): `cwnd ×= 1 − max_mdf` if `can_decrease`.
+/// **Spurious-loss undo** (as TCP's Eifel response, RFC 4015): a loss decrease opens an
+/// *episode* that remembers the window before it and counts the losses reported in the same
+/// round trip. When [`on_spurious_loss`](Controller::on_spurious_loss) has cleared every one
+/// of them, none was real: the window goes back to `max(cwnd, window before)` and the decrease
+/// no longer blocks the next one. A delay decrease or a retransmit timeout (real congestion
+/// signals) ends the episode without undo, and so does the next loss decrease (which opens a
+/// new one); proofs for packets sent before the episode's first reported loss are ignored.
 /// **Retransmit timeout**: `cwnd = min_cwnd` (after `rto_reset_threshold` consecutive ones;
 /// earlier ones count as a loss). `can_decrease` is `now − last_decrease ≥ srtt`: at most one
 /// decrease per smoothed round trip. ECN marks are ignored: Swift is delay-based.
@@ -175,6 +187,23 @@ pub struct Swift {
     last_decrease: Option<Timestamp>,
     consecutive_rto: u32,
     idle_since: Option<Timestamp>,
+    /// The loss episode that may still be undone.
+    undo: Option<LossEpisode>,
+    undos: u64,
+}
+
+/// A loss decrease that may prove spurious.
+#[derive(Debug, Clone, Copy)]
+struct LossEpisode {
+    /// Window before the decrease, bytes.
+    cwnd_before: f64,
+    last_decrease_before: Option<Timestamp>,
+    /// When the decrease happened.
+    at: Timestamp,
+    /// Losses reported in the episode and not yet proven spurious.
+    pending: u32,
+    /// Earliest send time of those losses.
+    first_sent_at: Timestamp,
 }
 
 impl Swift {
@@ -206,7 +235,14 @@ impl Swift {
             last_decrease: None,
             consecutive_rto: 0,
             idle_since: None,
+            undo: None,
+            undos: 0,
         }
+    }
+
+    /// Loss decreases undone because every loss behind them proved spurious.
+    pub fn undos(&self) -> u64 {
+        self.undos
     }
 
     /// The window in packets (fractional).
@@ -328,6 +364,7 @@ impl Controller for Swift {
                     let factor =
                         (1.0 - self.cfg.beta * (d - target) / d).max(1.0 - self.cfg.max_mdf);
                     self.decrease(now, factor);
+                    self.undo = None;
                 }
             }
             _ => {
@@ -344,16 +381,53 @@ impl Controller for Swift {
     fn on_congestion_event(
         &mut self,
         now: Timestamp,
-        _sent_at: Timestamp,
+        sent_at: Timestamp,
         is_ecn: bool,
         _lost_bytes: u32,
     ) {
-        if !is_ecn && self.can_decrease(now) {
+        if is_ecn {
+            return;
+        }
+        if self.can_decrease(now) {
+            self.undo = self.cfg.undo_spurious_losses.then_some(LossEpisode {
+                cwnd_before: self.cwnd,
+                last_decrease_before: self.last_decrease,
+                at: now,
+                pending: 0,
+                first_sent_at: sent_at,
+            });
             self.decrease(now, 1.0 - self.cfg.max_mdf);
+        }
+        // Losses in the decrease's round trip belong to its episode: all must prove spurious.
+        let srtt = self.srtt_ns;
+        if let Some(u) = &mut self.undo
+            && (now.nanos_since(u.at) as f64) < srtt
+        {
+            u.pending = u.pending.saturating_add(1);
+            u.first_sent_at = u.first_sent_at.min(sent_at);
+        }
+    }
+
+    fn on_spurious_loss(&mut self, _now: Timestamp, sent_at: Timestamp) {
+        let Some(u) = &mut self.undo else {
+            return;
+        };
+        if sent_at < u.first_sent_at || u.pending == 0 {
+            return;
+        }
+        u.pending -= 1;
+        if u.pending == 0 {
+            let (cwnd_before, last_decrease_before) = (u.cwnd_before, u.last_decrease_before);
+            self.undo = None;
+            self.cwnd = self.cwnd.max(cwnd_before);
+            self.clamp();
+            self.last_decrease = last_decrease_before;
+            self.undos += 1;
         }
     }
 
     fn on_retransmit_timeout(&mut self, now: Timestamp) {
+        self.undo = None;
         self.consecutive_rto = self.consecutive_rto.saturating_add(1);
         if self.consecutive_rto >= self.cfg.rto_reset_threshold {
             self.cwnd = self.cfg.min_cwnd * self.mtu;
@@ -498,6 +572,113 @@ mod tests {
         );
         c.on_congestion_event(us(60), us(1), false, MTU);
         assert!((c.cwnd_packets() - w0 * 0.25).abs() < 1e-9);
+    }
+
+    /// A controller at 20 packets with a 50 µs srtt, after one loss decrease at 10 µs for a
+    /// packet sent at 1 µs: window 10.
+    fn after_one_loss() -> Swift {
+        let mut c = Swift::new(fixed_target(), MTU);
+        ack(&mut c, us(0), Some(50));
+        let w0 = c.cwnd_packets();
+        c.on_congestion_event(us(10), us(1), false, MTU);
+        assert!((c.cwnd_packets() - w0 * 0.5).abs() < 1e-9);
+        c
+    }
+
+    #[test]
+    fn a_spurious_loss_restores_the_window_before_the_decrease() {
+        let mut c = after_one_loss();
+        let w0 = c.cwnd_packets() * 2.0;
+        c.on_spurious_loss(us(30), us(1));
+        assert!((c.cwnd_packets() - w0).abs() < 1e-9, "{}", c.cwnd_packets());
+        assert_eq!(c.undos(), 1);
+        // The undone decrease no longer holds off the next one: a real loss cuts at once.
+        c.on_congestion_event(us(31), us(20), false, MTU);
+        assert!((c.cwnd_packets() - w0 * 0.5).abs() < 1e-9);
+        // A second proof for the same episode changes nothing.
+        c.on_spurious_loss(us(32), us(1));
+        assert!((c.cwnd_packets() - w0 * 0.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn undo_can_be_turned_off() {
+        let mut c = Swift::new(
+            SwiftConfig {
+                undo_spurious_losses: false,
+                ..fixed_target()
+            },
+            MTU,
+        );
+        ack(&mut c, us(0), Some(50));
+        c.on_congestion_event(us(10), us(1), false, MTU);
+        let w = c.cwnd_packets();
+        c.on_spurious_loss(us(30), us(1));
+        assert!((c.cwnd_packets() - w).abs() < 1e-9);
+    }
+
+    #[test]
+    fn undo_waits_until_every_loss_of_the_round_proved_spurious() {
+        let mut c = after_one_loss();
+        let w1 = c.cwnd_packets();
+        c.on_congestion_event(us(20), us(2), false, MTU); // same round: no second cut
+        assert!((c.cwnd_packets() - w1).abs() < 1e-9);
+        c.on_spurious_loss(us(30), us(2));
+        assert!(
+            (c.cwnd_packets() - w1).abs() < 1e-9,
+            "one loss of two proved spurious"
+        );
+        c.on_spurious_loss(us(40), us(1));
+        assert!((c.cwnd_packets() - 2.0 * w1).abs() < 1e-9);
+    }
+
+    #[test]
+    fn undo_keeps_a_window_that_grew_past_the_old_one() {
+        let mut c = after_one_loss();
+        let w0 = 2.0 * c.cwnd_packets();
+        for t in 11..400 {
+            ack(&mut c, us(t), Some(50));
+        }
+        let grown = c.cwnd_packets();
+        assert!(grown > w0, "{grown}");
+        c.on_spurious_loss(us(400), us(1));
+        assert!((c.cwnd_packets() - grown).abs() < 1e-9);
+    }
+
+    #[test]
+    fn real_congestion_after_the_loss_cancels_the_undo() {
+        // A delay decrease in the next round.
+        let mut c = after_one_loss();
+        ack(&mut c, us(300), Some(500));
+        let w = c.cwnd_packets();
+        c.on_spurious_loss(us(310), us(1));
+        assert!((c.cwnd_packets() - w).abs() < 1e-9);
+        assert_eq!(c.undos(), 0);
+        // A retransmit timeout.
+        let mut c = after_one_loss();
+        c.on_retransmit_timeout(us(20));
+        let w = c.cwnd_packets();
+        c.on_spurious_loss(us(30), us(1));
+        assert!((c.cwnd_packets() - w).abs() < 1e-9);
+        assert_eq!(c.undos(), 0);
+    }
+
+    #[test]
+    fn proofs_for_older_packets_or_without_a_decrease_do_nothing() {
+        let mut c = Swift::new(fixed_target(), MTU);
+        ack(&mut c, us(0), Some(50));
+        let w = c.cwnd_packets();
+        c.on_spurious_loss(us(5), us(1));
+        assert!((c.cwnd_packets() - w).abs() < 1e-9, "no decrease to undo");
+        let mut c = after_one_loss();
+        let w1 = c.cwnd_packets();
+        c.on_spurious_loss(us(30), us(0)); // sent before the episode's first loss
+        assert!((c.cwnd_packets() - w1).abs() < 1e-9);
+        // The next round's loss opens a new episode: the old one can no longer be undone.
+        c.on_congestion_event(us(70), us(40), false, MTU);
+        c.on_spurious_loss(us(80), us(1));
+        assert!((c.cwnd_packets() - w1 * 0.5).abs() < 1e-9);
+        c.on_spurious_loss(us(90), us(40));
+        assert!((c.cwnd_packets() - w1).abs() < 1e-9, "{}", c.cwnd_packets());
     }
 
     #[test]

@@ -143,6 +143,13 @@ impl DeviceConfig {
         self
     }
 
+    /// Sets the number of UDP source ports the device opens, `paths` to 256 (default: twice
+    /// the paths, at most 256). Ports beyond the paths are where PLB moves congested paths.
+    pub fn ports(mut self, ports: u16) -> Self {
+        self.engine.ports = ports;
+        self
+    }
+
     /// Sets the largest datagram (UDP payload), e.g. 8972 for jumbo frames or loopback.
     pub fn max_datagram(mut self, bytes: usize) -> Self {
         self.engine.max_datagram = bytes;
@@ -446,11 +453,11 @@ impl Inner {
 /// sockets. Returns it with a one-line report of the choice.
 fn open_datapath(
     cfg: &DeviceConfig,
-    paths: u16,
+    ports: u16,
     max_datagram: usize,
 ) -> Result<(Box<dyn Datapath>, String), OpenError> {
     let udp_config = || {
-        let mut u = UdpConfig::new(cfg.local, paths);
+        let mut u = UdpConfig::new(cfg.local, ports);
         u.max_payload = max_datagram;
         u
     };
@@ -464,7 +471,7 @@ fn open_datapath(
                     // AF_XDP steers one fixed port: pick a free one the way the kernel would.
                     local.set_port(std::net::UdpSocket::bind(local)?.local_addr()?.port());
                 }
-                let mut x = XdpConfig::new(local, paths);
+                let mut x = XdpConfig::new(local, ports);
                 x.interface = cfg.interface.clone();
                 Box::new(XdpDatapath::bind(x)?)
             }
@@ -530,7 +537,9 @@ impl Device {
             getrandom::getrandom(&mut seed).map_err(|e| OpenError::Entropy(io::Error::other(e)))?;
             engine.seed = u64::from_le_bytes(seed);
         }
-        let (datapath, report) = open_datapath(&cfg, engine.paths, engine.max_datagram)?;
+        // More source ports than paths: PLB re-paths a congested path onto a spare one.
+        let ports = engine.source_ports();
+        let (datapath, report) = open_datapath(&cfg, ports, engine.max_datagram)?;
         engine.max_datagram = engine.max_datagram.min(datapath.max_payload());
         let ep = Endpoint::new(engine, datapath.local_addr());
         let inner = Arc::new(Inner {
@@ -591,6 +600,11 @@ impl Device {
     /// Per-path counters.
     pub fn path_stats(&self) -> Vec<PathStats> {
         self.inner().lock().ep.path_stats().to_vec()
+    }
+
+    /// RTT distribution over every QP of this device (percentiles, extremes, sample count).
+    pub fn rtt_summary(&self) -> braid_proto::RttSummary {
+        self.inner().lock().ep.rtt_summary()
     }
 
     /// Allocates a protection domain.

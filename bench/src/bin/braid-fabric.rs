@@ -81,6 +81,11 @@ struct Cli {
     /// Paths per connection when spraying (at most 256, the engine's limit).
     #[arg(long, default_value_t = 256)]
     paths: u16,
+    /// Source ports per host in the spraying modes, at least --paths (0: twice the paths, at
+    /// most 256); spare ports are where PLB moves a congested path. The single-path modes
+    /// always use one.
+    #[arg(long, default_value_t = 0)]
+    ports: u16,
     /// Window of the fixed-window modes, packets.
     #[arg(long, default_value_t = 64)]
     fixed_window: u32,
@@ -189,6 +194,9 @@ impl Cli {
             .map(|m| {
                 let mut mode = Mode::by_name(m.trim(), self.paths, self.fixed_window)
                     .ok_or_else(|| format!("unknown mode {m:?}"))?;
+                if mode.paths > 1 {
+                    mode.ports = self.ports;
+                }
                 if let fabric::Cc::Swift(s) = &mut mode.cc {
                     if let Some(t) = self.swift_target_us {
                         s.base_target_ns = t * 1000;

@@ -17,7 +17,7 @@ use braid::{
     Access, DatapathKind, Device, DeviceConfig, MemoryRegion, RemoteAddr, SendOp, SendWr, WcStatus,
 };
 use braid_bench::pattern;
-use braid_bench::report::{self, BwResult, ClientReport, LatResult, PathRow};
+use braid_bench::report::{self, BwResult, ClientReport, LatResult, PathRow, QpTelemetry, RttRow};
 use braid_bench::run::{self, BwOp, BwSpec, Check, Conn, Limit, NoCheck, RecvSide, Verifier};
 use braid_bench::wire::{self, Bye, Done, Hello, Welcome, WireQp};
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -53,6 +53,10 @@ struct Engine {
     /// Paths (UDP source ports) each connection sprays over.
     #[arg(long, default_value_t = 16)]
     paths: u16,
+    /// UDP source ports the device opens, at least --paths (0: twice the paths, at most 256);
+    /// the spare ones are where PLB re-paths a congested path.
+    #[arg(long, default_value_t = 0)]
+    ports: u16,
     /// Largest datagram (UDP payload), bytes; 1472 fits a 1500-byte MTU.
     #[arg(long, default_value_t = 1472)]
     max_datagram: usize,
@@ -254,6 +258,7 @@ fn parse_target(s: &str) -> Result<SocketAddr, String> {
 fn open_device(engine: &Engine, local: SocketAddr) -> Result<Device, String> {
     let mut cfg = DeviceConfig::udp(local)
         .paths(engine.paths)
+        .ports(engine.ports)
         .max_datagram(engine.max_datagram);
     cfg.datapath = engine.datapath;
     cfg.busy_poll = engine.progress_busy_poll;
@@ -309,6 +314,8 @@ struct DemoReport {
     lat: LatResult,
     paths_client: Vec<PathRow>,
     paths_server: Vec<PathRow>,
+    qps: Vec<QpTelemetry>,
+    rtt_client: RttRow,
     verified: bool,
 }
 
@@ -407,6 +414,11 @@ fn demo(a: &DemoArgs) -> Result<bool, String> {
         lat,
         paths_client: report::path_rows(&cli.path_stats()),
         paths_server: report::path_rows(&srv.path_stats()),
+        qps: [("client", &cqp), ("server", &sqp)]
+            .iter()
+            .filter_map(|(role, qp)| qp.stats().map(|st| QpTelemetry::new(role, &st)))
+            .collect(),
+        rtt_client: cli.rtt_summary().into(),
         verified,
     };
     if a.json {
@@ -431,6 +443,9 @@ fn demo(a: &DemoArgs) -> Result<bool, String> {
             &rep.paths_client,
         );
         report::print_paths("Server device paths (READ responses)", &rep.paths_server);
+        for t in &rep.qps {
+            report::print_qp_telemetry(t);
+        }
         let cs = cli.stats();
         let ss = srv.stats();
         println!("{}", "-".repeat(96));
@@ -524,6 +539,7 @@ fn serve_one(a: &ServerArgs, stream: TcpStream) -> Result<String, String> {
     let ip = writer.local_addr().map_err(|e| e.to_string())?.ip();
     let engine = Engine {
         paths: hello.paths,
+        ports: 0,
         max_datagram: hello.max_datagram,
         datapath: a.engine_dp.datapath,
         progress_busy_poll: a.engine_dp.progress_busy_poll,
@@ -572,6 +588,7 @@ fn serve_one(a: &ServerArgs, stream: TcpStream) -> Result<String, String> {
     let bye = Bye {
         paths: report::path_rows(&dev.path_stats()),
         echoed: *echoed.as_ref().unwrap_or(&0),
+        qp: qp.stats().map(|st| QpTelemetry::new("server", &st)),
     };
     let _ = wire::send_line(&mut writer, &bye);
     done?;
@@ -901,7 +918,13 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
     let bye: Result<Bye, String> = wire::recv_line(&mut reader);
     outcome?;
     rep.paths_client = report::path_rows(&dev.path_stats());
-    rep.paths_server = bye.map(|b| b.paths).unwrap_or_default();
+    rep.rtt_client = dev.rtt_summary().into();
+    rep.qps
+        .extend(qp.stats().map(|st| QpTelemetry::new("client", &st)));
+    if let Ok(b) = bye {
+        rep.paths_server = b.paths;
+        rep.qps.extend(b.qp);
+    }
     if a.json {
         println!(
             "{}",
@@ -910,6 +933,9 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
     } else {
         report::print_paths("Client device paths", &rep.paths_client);
         report::print_paths("Server device paths", &rep.paths_server);
+        for t in &rep.qps {
+            report::print_qp_telemetry(t);
+        }
         let st = dev.stats();
         println!("{}", "-".repeat(96));
         println!(

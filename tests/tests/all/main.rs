@@ -15,4 +15,5 @@ mod netns;
 mod netns_faults;
 mod sim_e2e;
 mod support;
+mod telemetry;
 mod wire;

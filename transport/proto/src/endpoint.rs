@@ -29,6 +29,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 
 use crate::coverage::Coverage;
+use crate::hist::{RttHistogram, RttSummary};
 use crate::mem::{Access, Region};
 use crate::tracker::{Class, RecvTracker};
 use crate::types::*;
@@ -46,6 +47,8 @@ const REO_MULT_MAX: u32 = 64;
 const REO_DECAY_ACKS: u32 = 4096;
 /// Packets a retransmit timeout sends again as a probe.
 const RTO_PROBE_PACKETS: usize = 2;
+/// Most retransmitted packets kept waiting for a duplicate flag to prove their loss spurious.
+const MAX_UNRESOLVED_LOSSES: usize = 64;
 /// Largest RTO backoff exponent.
 const MAX_BACKOFF_SHIFT: u32 = 10;
 
@@ -77,6 +80,9 @@ pub struct QpStats {
     pub srtt_ns: u64,
     /// Minimum RTT seen, ns (0 before any sample).
     pub min_rtt_ns: u64,
+    /// Distribution of the fabric RTT samples (receiver holding time removed): percentiles
+    /// from a log-linear histogram (within 1/32 of a recorded value), exact min and max.
+    pub rtt: RttSummary,
     /// Current retransmit timeout, ns.
     pub rto_ns: u64,
     /// Congestion controller in use.
@@ -97,6 +103,20 @@ pub struct QpStats {
     pub packets_sent: u64,
     /// Data packets retransmitted.
     pub retransmits: u64,
+    /// Retransmit timeouts fired on this QP.
+    pub rtos: u64,
+    /// Packets declared lost whose original transmission was acknowledged after all.
+    pub spurious_losses: u64,
+    /// Retransmissions that proved unnecessary: the acknowledgement was for an earlier copy
+    /// (Eifel-style echo check), or the peer flagged a duplicate that no earlier proof
+    /// explains.
+    pub spurious_retransmits: u64,
+    /// ACKs from the peer flagging that a duplicate arrived (`FLAG_DUPLICATE`).
+    pub duplicates_reported: u64,
+    /// Device source port each logical path currently uses (changes on re-pathing).
+    pub path_ports: Vec<u16>,
+    /// Counters per logical path of this QP.
+    pub paths: Vec<PathStats>,
     /// Send work requests posted and not yet completed.
     pub outstanding_sends: usize,
     /// Receive work requests posted and not yet completed.
@@ -119,6 +139,8 @@ struct Shared {
     completions: VecDeque<(CqId, Completion)>,
     stats: EndpointStats,
     paths: Vec<PathStats>,
+    /// Every QP's RTT samples together (the device-level distribution).
+    rtt_hist: RttHistogram,
     req_chunk: u32,
     resp_chunk: u32,
 }
@@ -317,6 +339,8 @@ struct SentPkt {
     /// Sent more than once: an acknowledgement may be for an earlier copy.
     retransmitted: bool,
     hold_until: Timestamp,
+    /// Its loss was reported to the controller, for the transmission sent at this time.
+    cc_loss_ts: Option<Timestamp>,
 }
 
 #[derive(Debug)]
@@ -415,6 +439,7 @@ struct Qp {
     in_flight_bytes: u64,
     in_flight_pkts: u32,
     rtt: Rtt,
+    rtt_hist: RttHistogram,
     rto_deadline: Option<Timestamp>,
     backoff: u32,
     consecutive_rto: u32,
@@ -445,6 +470,18 @@ struct Qp {
     last_echo: (u32, u64),
     packets_sent: u64,
     retransmits: u64,
+    rtos: u64,
+    spurious_losses: u64,
+    spurious_retransmits: u64,
+    duplicates_reported: u64,
+    /// Retransmitted packets (whose loss the controller heard of) acknowledged without proof
+    /// of which copy arrived: the loss send times, oldest first, for duplicate flags to prove
+    /// spurious (at most [`MAX_UNRESOLVED_LOSSES`]).
+    unresolved_losses: VecDeque<Timestamp>,
+    /// Duplicate flags expected for retransmissions already proven spurious.
+    dup_expected: u32,
+    /// Counters per logical path (the endpoint's `paths` sums them over QPs).
+    path_stats: Vec<PathStats>,
     // Receiving the peer's packets.
     rx: RecvTracker,
     ack_pending: bool,
@@ -488,8 +525,10 @@ impl core::fmt::Debug for Endpoint {
 impl Endpoint {
     /// A new endpoint for a device reachable at `local`.
     ///
-    /// `cfg.paths` is clamped to `1..=MAX_PATHS` and the queue depths to their maxima.
+    /// `cfg.paths` is clamped to `1..=MAX_PATHS`, `cfg.ports` is set to
+    /// [`EndpointConfig::source_ports`] and the queue depths are clamped to their maxima.
     pub fn new(mut cfg: EndpointConfig, local: SocketAddr) -> Endpoint {
+        cfg.ports = cfg.source_ports();
         cfg.paths = cfg.paths.clamp(1, MAX_PATHS);
         cfg.max_send_wr = cfg.max_send_wr.clamp(1, MAX_SEND_WR);
         cfg.max_recv_wr = cfg.max_recv_wr.clamp(1, MAX_RECV_WR);
@@ -502,6 +541,7 @@ impl Endpoint {
             req_chunk: overhead(wire::REQUEST_LEN),
             resp_chunk: overhead(wire::READ_RESP_LEN),
             paths: vec![PathStats::default(); usize::from(cfg.paths)],
+            rtt_hist: RttHistogram::new(),
             cfg,
             mrs: HashMap::new(),
             rkeys: HashMap::new(),
@@ -538,6 +578,11 @@ impl Endpoint {
     /// Per-path counters, one entry per path.
     pub fn path_stats(&self) -> &[PathStats] {
         &self.sh.paths
+    }
+
+    /// The distribution of every QP's RTT samples since the endpoint was created.
+    pub fn rtt_summary(&self) -> RttSummary {
+        self.sh.rtt_hist.summary()
     }
 
     /// Payload bytes carried by one full request packet.
@@ -668,6 +713,7 @@ impl Endpoint {
             in_flight_bytes: 0,
             in_flight_pkts: 0,
             rtt: Rtt::default(),
+            rtt_hist: RttHistogram::new(),
             rto_deadline: None,
             backoff: 0,
             consecutive_rto: 0,
@@ -689,6 +735,13 @@ impl Endpoint {
             last_echo: (0, 0),
             packets_sent: 0,
             retransmits: 0,
+            rtos: 0,
+            spurious_losses: 0,
+            spurious_retransmits: 0,
+            duplicates_reported: 0,
+            unresolved_losses: VecDeque::new(),
+            dup_expected: 0,
+            path_stats: vec![PathStats::default(); usize::from(self.sh.cfg.paths)],
             rx: RecvTracker::new(0),
             ack_pending: false,
             dup_since_ack: false,
@@ -756,6 +809,7 @@ impl Endpoint {
             state: q.state,
             srtt_ns: q.rtt.srtt_ns,
             min_rtt_ns: q.rtt.min_ns,
+            rtt: q.rtt_hist.summary(),
             rto_ns: q.rto_ns(&self.sh.cfg),
             cc: q.cc.name(),
             cwnd_bytes: q.cc.window(),
@@ -766,6 +820,12 @@ impl Endpoint {
             in_flight_bytes: q.in_flight_bytes,
             packets_sent: q.packets_sent,
             retransmits: q.retransmits,
+            rtos: q.rtos,
+            spurious_losses: q.spurious_losses,
+            spurious_retransmits: q.spurious_retransmits,
+            duplicates_reported: q.duplicates_reported,
+            path_ports: q.port_map.clone(),
+            paths: q.path_stats.clone(),
             outstanding_sends: q.sq.len(),
             outstanding_recvs: q.rq.len(),
         })
@@ -1235,9 +1295,13 @@ impl Qp {
             self.in_flight_pkts += 1;
             self.retransmits += 1;
             sh.stats.retransmits += 1;
-            let ps = &mut sh.paths[usize::from(path)];
-            ps.packets += 1;
-            ps.retransmits += 1;
+            for ps in [
+                &mut sh.paths[usize::from(path)],
+                &mut self.path_stats[usize::from(path)],
+            ] {
+                ps.packets += 1;
+                ps.retransmits += 1;
+            }
             self.paths.on_sent(u16::from(path), now);
             self.cc.on_sent(now, len as u32, psn);
             if self.rto_deadline.is_none() {
@@ -1278,11 +1342,13 @@ impl Qp {
             lost: false,
             retransmitted: false,
             hold_until: Timestamp::ZERO,
+            cc_loss_ts: None,
         });
         self.in_flight_bytes += len as u64;
         self.in_flight_pkts += 1;
         self.packets_sent += 1;
         sh.paths[usize::from(path)].packets += 1;
+        self.path_stats[usize::from(path)].packets += 1;
         self.paths.on_sent(u16::from(path), now);
         self.cc.on_sent(now, len as u32, psn);
         if !self.pacer.can_send(now) {
@@ -1713,13 +1779,34 @@ impl Qp {
         let ambiguous = p.retransmitted
             && (echo_ts_ns < p.send_ts.as_nanos() || now.nanos_since(p.send_ts) < self.rtt.min_ns);
         let spurious = p.lost || ambiguous;
+        self.spurious_losses += u64::from(p.lost);
+        self.spurious_retransmits += u64::from(ambiguous);
         p.lost = false;
+        // The controller heard of this packet's loss; the original arrived after all, so the
+        // decrease it caused may be undone.
+        let cc_loss_ts = p.cc_loss_ts.take();
+        let undo = cc_loss_ts.filter(|_| spurious);
+        if p.retransmitted && cc_loss_ts.is_some() {
+            if ambiguous {
+                // The retransmission will reach the peer as a duplicate: its flag is expected.
+                self.dup_expected = self.dup_expected.saturating_add(1);
+            } else if !spurious {
+                // Which copy arrived is unknown: a later duplicate flag may tell.
+                if self.unresolved_losses.len() == MAX_UNRESOLVED_LOSSES {
+                    self.unresolved_losses.pop_front();
+                }
+                self.unresolved_losses.extend(cc_loss_ts);
+            }
+        }
         if !ambiguous && p.send_ts >= self.rack_ts {
             self.rack_ts = p.send_ts;
             self.rack_rtt_ns = now.nanos_since(p.send_ts);
         }
         let (send_ts, wire_len) = (p.send_ts, p.wire_len);
         let (psn, path) = (p.psn, u16::from(p.path));
+        if let Some(lost_sent_at) = undo {
+            self.cc.on_spurious_loss(now, lost_sent_at);
+        }
         if spurious {
             self.widen_reorder_window(now);
         } else {
@@ -1762,7 +1849,9 @@ impl Qp {
         if self.state != QpState::Connected {
             return;
         }
-        if flags & wire::FLAG_DUPLICATE != 0 {
+        let dup_flag = flags & wire::FLAG_DUPLICATE != 0;
+        if dup_flag {
+            self.duplicates_reported += 1;
             self.widen_reorder_window(now);
         }
         // The cumulative point must lie within what was sent. One behind `snd_una` is an
@@ -1781,9 +1870,11 @@ impl Qp {
         };
         // ECN echo: new CE marks since the last ACK (a wrapping counter).
         let ce = a.ce_count.wrapping_sub(self.peer_ce_seen);
+        let mut ce_new = 0;
         if ce != 0 && ce < 1 << 31 {
             self.peer_ce_seen = a.ce_count;
             self.ce_marks += u64::from(ce);
+            ce_new = ce;
             fb.ce = true;
         }
         // RTT from the echoed timestamp, minus the receiver's holding time.
@@ -1795,17 +1886,31 @@ impl Qp {
             let full = (now.as_nanos() - a.echo_ts_ns).max(1);
             let rtt = full.saturating_sub(u64::from(a.hold_ns)).max(1);
             self.rtt.sample(rtt);
+            self.rtt_hist.record(rtt);
+            sh.rtt_hist.record(rtt);
             fb.rtt_ns = Some(full);
             fb.fabric_ns = Some(rtt);
             if let Some(i) = self.sent_index(a.echo_psn) {
+                let path = usize::from(self.sent[i].path);
                 fb.echo_path = self.sent[i].path;
-                let ps = &mut sh.paths[usize::from(self.sent[i].path)];
-                ps.srtt_ns = if ps.rtt_samples == 0 {
-                    rtt
-                } else {
-                    (7 * ps.srtt_ns + rtt) / 8
-                };
-                ps.rtt_samples += 1;
+                for ps in [&mut sh.paths[path], &mut self.path_stats[path]] {
+                    ps.srtt_ns = if ps.rtt_samples == 0 {
+                        rtt
+                    } else {
+                        (7 * ps.srtt_ns + rtt) / 8
+                    };
+                    ps.rtt_samples += 1;
+                }
+            }
+        }
+        // New CE marks are charged to the echoed packet's path: the ACK carries one counter,
+        // and the echoed packet is the newest one it reports on.
+        if ce_new != 0
+            && let Some(i) = self.sent_index(a.echo_psn)
+        {
+            let path = usize::from(self.sent[i].path);
+            for ps in [&mut sh.paths[path], &mut self.path_stats[path]] {
+                ps.ce_marks += u64::from(ce_new);
             }
         }
         let mut newest = None;
@@ -1815,15 +1920,23 @@ impl Qp {
                 newest = Some(i);
             }
         }
-        for bit in 0..wire::SACK_BITS {
-            let psn = a.cum_psn.wrapping_add(1 + bit);
-            if a.sacked(psn)
-                && let Some(i) = self.sent_index(psn)
-                && !self.sent[i].acked
-            {
-                self.packet_acked(i, now, &mut fb);
-                newest = Some(i);
+        // Only the set bits of the SACK map, a word at a time (same order as bit by bit).
+        for (k, chunk) in a.sack.chunks_exact(8).enumerate() {
+            let mut word = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
+            while word != 0 {
+                let bit = 64 * k as u32 + word.trailing_zeros();
+                word &= word - 1;
+                let psn = a.cum_psn.wrapping_add(1 + bit);
+                if let Some(i) = self.sent_index(psn)
+                    && !self.sent[i].acked
+                {
+                    self.packet_acked(i, now, &mut fb);
+                    newest = Some(i);
+                }
             }
+        }
+        if dup_flag {
+            self.duplicate_proves_spurious(now);
         }
         if fb.ce && !self.paths.is_outlier(u16::from(fb.echo_path)) {
             self.cc.on_congestion_event(now, now, true, 0);
@@ -1831,9 +1944,10 @@ impl Qp {
         self.paths.set_delay_target_ns(self.cc.target_delay_ns());
         while let Some(path) = self.paths.take_repath() {
             // PLB: the path kept looking congested; move it to a source port no other path of
-            // this QP uses. Sharing a port would only concentrate traffic (and could leave a
-            // route unused), so without a spare port the path stays where it is.
-            let ports = sh.cfg.paths;
+            // this QP uses (the device has `cfg.ports` of them, more than the paths). Sharing
+            // a port would only concentrate traffic (and could leave a route unused), so
+            // without a spare port the path stays where it is.
+            let ports = sh.cfg.ports;
             let spare: Vec<u16> = (0..ports).filter(|p| !self.port_map.contains(p)).collect();
             if spare.is_empty() {
                 continue;
@@ -1891,12 +2005,28 @@ impl Qp {
             self.in_flight_pkts = self.in_flight_pkts.saturating_sub(1);
             self.rtx.push_back(psn);
             sh.paths[usize::from(path)].lost += 1;
+            self.path_stats[usize::from(path)].lost += 1;
             self.paths.on_loss(now, u16::from(path), ts);
             if !self.paths.is_outlier(u16::from(path)) {
+                self.sent[i].cc_loss_ts = Some(ts);
                 self.cc.on_congestion_event(now, ts, false, len);
             }
         }
         self.reorder_deadline = next.map(Timestamp::from_nanos);
+    }
+
+    /// The peer flagged a duplicate: one retransmission was unnecessary. Unless it is the one
+    /// of a packet already proven spurious by the echoed timestamp, it is charged to the oldest
+    /// retransmitted packet acknowledged without saying which copy arrived, and the
+    /// controller may undo that loss. (A copy the network duplicated looks the same to the
+    /// peer; that is the price of a flag that names no packet.)
+    fn duplicate_proves_spurious(&mut self, now: Timestamp) {
+        if self.dup_expected > 0 {
+            self.dup_expected -= 1;
+        } else if let Some(lost_sent_at) = self.unresolved_losses.pop_front() {
+            self.spurious_retransmits += 1;
+            self.cc.on_spurious_loss(now, lost_sent_at);
+        }
     }
 
     /// A loss proved spurious (the peer saw a duplicate, or an acknowledgement came for the
@@ -2044,6 +2174,7 @@ impl Qp {
             return;
         }
         sh.stats.rto_fired += 1;
+        self.rtos += 1;
         self.consecutive_rto += 1;
         if self.consecutive_rto > sh.cfg.retry_limit {
             // The oldest unfinished work request gets the error (a READ waiting for its
@@ -2081,8 +2212,10 @@ impl Qp {
             self.in_flight_pkts = self.in_flight_pkts.saturating_sub(1);
             self.rtx.push_back(psn);
             sh.paths[usize::from(path)].lost += 1;
+            self.path_stats[usize::from(path)].lost += 1;
             self.paths.on_loss(now, u16::from(path), ts);
             if !self.paths.is_outlier(u16::from(path)) {
+                self.sent[i].cc_loss_ts = Some(ts);
                 self.cc.on_congestion_event(now, ts, false, len);
             }
         }

@@ -11,6 +11,7 @@
 
 mod coverage;
 pub mod endpoint;
+pub mod hist;
 pub mod mem;
 pub mod tracker;
 pub mod types;
@@ -19,5 +20,6 @@ pub mod wire;
 pub use braid_cc as cc;
 pub use braid_time::Timestamp;
 pub use endpoint::{ECN_CE, ECN_ECT0, Endpoint, QpStats, Transmit};
+pub use hist::{RttHistogram, RttSummary};
 pub use mem::{Access, MemError, Region};
 pub use types::*;

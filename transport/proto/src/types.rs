@@ -26,6 +26,12 @@ pub struct EndpointConfig {
     pub max_datagram: usize,
     /// Paths each connection sprays over, 1 to [`MAX_PATHS`].
     pub paths: u16,
+    /// Source ports the device sends from (the datapath opens this many), `paths` to
+    /// [`MAX_PATHS`]; 0 (the default) means twice `paths`, at most [`MAX_PATHS`]. Each of a
+    /// connection's logical paths occupies one port; PLB re-pathing moves a congested path
+    /// to a port none of the connection's other paths uses, so without spare ports (`ports ==
+    /// paths`) re-pathing has nowhere to go. See [`EndpointConfig::source_ports`].
+    pub ports: u16,
     /// Retransmit timeout before any RTT sample, ns.
     pub rto_initial_ns: u64,
     /// Retransmit timeout floor, ns.
@@ -54,6 +60,7 @@ impl Default for EndpointConfig {
             seed: 0,
             max_datagram: 1472,
             paths: 16,
+            ports: 0,
             rto_initial_ns: 2_000_000,
             rto_min_ns: 500_000,
             rto_max_ns: 64_000_000,
@@ -63,6 +70,20 @@ impl Default for EndpointConfig {
             max_send_wr: 4096,
             max_recv_wr: 4096,
             cc: Arc::new(SwiftConfig::software_host()),
+        }
+    }
+}
+
+impl EndpointConfig {
+    /// The number of source ports in force: `ports` clamped to `paths..=MAX_PATHS` (with
+    /// `paths` clamped to `1..=MAX_PATHS`), or twice `paths` (at most [`MAX_PATHS`]) when
+    /// `ports` is 0. The runtime opens this many ports on the datapath.
+    pub fn source_ports(&self) -> u16 {
+        let paths = self.paths.clamp(1, MAX_PATHS);
+        if self.ports == 0 {
+            paths.saturating_mul(2).min(MAX_PATHS)
+        } else {
+            self.ports.clamp(paths, MAX_PATHS)
         }
     }
 }
@@ -381,4 +402,6 @@ pub struct PathStats {
     pub srtt_ns: u64,
     /// RTT samples taken on this path.
     pub rtt_samples: u64,
+    /// CE marks the peer reported, charged to the path of the packet each ACK echoed.
+    pub ce_marks: u64,
 }
