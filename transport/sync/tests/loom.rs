@@ -449,3 +449,54 @@ fn hand_off_two_producers_to_a_sleeping_consumer() {
         || hand_off(2, 1),
     );
 }
+
+#[test]
+fn completion_queue_wakes_a_waiter_beside_a_poller() {
+    // The runtime's completion queue: the engine side pushes into the ring and notifies the
+    // event; applications pop under a consumer lock. One thread waits (poll, then sleep on the
+    // event until the ring looks non-empty), another polls without waiting. Each completion is
+    // taken once, and the waiter is not left asleep while one is queued.
+    explore(
+        "completion_queue_wakes_a_waiter_beside_a_poller",
+        Some(2),
+        || {
+            let (mut tx, rx) = ring::channel::<usize>(2);
+            let ring = rx.ring().clone();
+            let rx = Arc::new(loom::sync::Mutex::new(rx));
+            let event = Arc::new(Event::new());
+            let taken = Arc::new(AtomicUsize::new(0));
+            let pop = |rx: &loom::sync::Mutex<Consumer<usize>>| rx.lock().unwrap().pop();
+            let poller = {
+                let (rx, taken) = (rx.clone(), taken.clone());
+                thread::spawn(move || {
+                    if pop(&rx).is_some() {
+                        taken.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            };
+            let e = event.clone();
+            let engine = thread::spawn(move || {
+                for c in 0..2 {
+                    tx.push(c).unwrap();
+                    e.notify();
+                }
+            });
+            // The waiter wants one completion; the poller may take the other (or none).
+            loop {
+                if pop(&rx).is_some() {
+                    taken.fetch_add(1, Ordering::Relaxed);
+                    break;
+                }
+                assert!(event.wait_until(|| !ring.is_empty(), None));
+            }
+            engine.join().unwrap();
+            poller.join().unwrap();
+            let left = std::iter::from_fn(|| pop(&rx)).count();
+            assert_eq!(
+                taken.load(Ordering::Relaxed) + left,
+                2,
+                "each completion once"
+            );
+        },
+    );
+}
