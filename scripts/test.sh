@@ -3,7 +3,8 @@
 # It installs what the tests need (iproute2 for the network-namespace tests, when running as
 # root), then runs the whole workspace's tests: unit tests, the integration test binary
 # (simulated network, loopback UDP in one process and across two processes, network
-# namespaces with veth and a 4-path ECMP testbed), property tests and doctests.
+# namespaces with veth and a 4-path ECMP testbed), property tests and doctests; then the loom
+# model checks of the concurrent structures in braid-sync.
 #
 # The namespace, BPF and AF_XDP tests need root. Without it they print "SKIPPED ..." loudly;
 # under CI (CI set) they fail instead of skipping.
@@ -21,3 +22,11 @@ fi
 
 echo "== cargo test --workspace"
 cargo test --workspace --locked "$@"
+
+# Loom model checks of braid-sync's rings, doorbells and pool (transport/sync/tests/loom.rs),
+# in release (loom explores thousands of schedules per test) and in their own target dir, so
+# that the --cfg loom flag does not invalidate the main build cache. Each test prints how many
+# schedules it explored.
+echo "== loom: cargo test --release -p braid-sync --test loom (RUSTFLAGS=--cfg loom)"
+CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom" RUSTFLAGS="--cfg loom" \
+  cargo test --release --locked -p braid-sync --test loom -- --nocapture
