@@ -303,36 +303,14 @@ struct Core {
 
 impl Core {
     /// Applies work requests queued while the engine was busy, oldest first. One that the
-    /// engine refuses cannot return its error to the poster any more; it completes at once on
-    /// its completion queue with an error status (ahead of earlier, still running requests).
+    /// engine refuses cannot return its error to the poster any more: it completes with an
+    /// error status in posting order and fails the QP, as verbs reports a bad buffer
+    /// (see `Endpoint::post_send_or_fail`).
     fn take_posts(&mut self) {
-        let Core { ep, cqs, posts } = self;
-        posts.pop_batch(usize::MAX, |p| {
-            let (qpn, cq, failed) = match p {
-                Post::Send { qpn, wr, cq } => {
-                    let (wr_id, opcode) = (wr.wr_id, send_opcode(wr.op));
-                    (
-                        qpn,
-                        cq,
-                        ep.post_send(qpn, wr).err().map(|e| (e, wr_id, opcode)),
-                    )
-                }
-                Post::Recv { qpn, wr, cq } => {
-                    let wr_id = wr.wr_id;
-                    let failed = ep.post_recv(qpn, wr).err();
-                    (qpn, cq, failed.map(|e| (e, wr_id, WcOpcode::Recv)))
-                }
-            };
-            if let (Some((e, wr_id, opcode)), Some(sink)) = (failed, cqs.get_mut(&cq)) {
-                sink.push(Completion {
-                    wr_id,
-                    status: deferred_post_status(e),
-                    opcode,
-                    byte_len: 0,
-                    imm: None,
-                    qpn,
-                });
-            }
+        let Core { ep, posts, .. } = self;
+        posts.pop_batch(usize::MAX, |p| match p {
+            Post::Send { qpn, wr, cq } => ep.post_send_or_fail(qpn, wr, cq),
+            Post::Recv { qpn, wr, cq } => ep.post_recv_or_fail(qpn, wr, cq),
         });
     }
 
@@ -343,30 +321,6 @@ impl Core {
             Post::Send { qpn, wr, .. } => self.ep.post_send(qpn, wr),
             Post::Recv { qpn, wr, .. } => self.ep.post_recv(qpn, wr),
         }
-    }
-}
-
-fn send_opcode(op: SendOp) -> WcOpcode {
-    match op {
-        SendOp::Write(_) | SendOp::WriteImm(..) => WcOpcode::Write,
-        SendOp::Read(_) => WcOpcode::Read,
-        SendOp::FetchAdd(..) => WcOpcode::FetchAdd,
-        SendOp::CompareSwap { .. } => WcOpcode::CompareSwap,
-        _ => WcOpcode::Send,
-    }
-}
-
-/// The completion status of a deferred work request the engine refused: a buffer the engine
-/// cannot use is a local protection error, as verbs reports it; anything else (unknown or
-/// unconnected QP, full queue, malformed request) means the request was not executed.
-fn deferred_post_status(e: PostError) -> WcStatus {
-    match e {
-        PostError::InvalidLkey
-        | PostError::WrongPd
-        | PostError::OutOfBounds
-        | PostError::NoLocalWrite => WcStatus::LocalProtectionError,
-        PostError::TooManySges => WcStatus::LocalLengthError,
-        _ => WcStatus::Flushed,
     }
 }
 
@@ -1060,7 +1014,9 @@ impl QueuePair {
     /// and an invalid request is refused here; when another thread holds the engine, the
     /// request is handed to it (or to the progress thread) and `Ok` is returned: if the
     /// engine then refuses it, it completes on the send CQ with an error status
-    /// (`LocalProtectionError`, `LocalLengthError` or `Flushed`).
+    /// (`LocalProtectionError` or `LocalLengthError`) in posting order and the QP fails, as
+    /// verbs reports a bad buffer; one that found no room (full queue, QP not connected)
+    /// completes as `Flushed`.
     pub fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
         self.dev.inner().post(Post::Send {
             qpn: self.info.qpn,
@@ -1166,14 +1122,32 @@ mod tests {
             Err(PostError::OutOfBounds),
             "inline posts are refused at once"
         );
+        assert_eq!(a.qp.post_send(write(8, &src, &dst, 0)), Ok(()));
         {
             let _busy = a.dev.inner().core.lock().unwrap();
             assert_eq!(a.qp.post_send(bad), Ok(()));
+            assert_eq!(a.qp.post_send(write(10, &src, &dst, 8)), Ok(()));
         }
-        let c = a.cq.wait(WAIT).expect("an error completion");
-        assert_eq!(c.wr_id, 9);
-        assert_eq!(c.status, WcStatus::LocalProtectionError);
-        assert_eq!(c.opcode, WcOpcode::Write);
+        // In posting order: the WRITE before it succeeds, the refused one fails the QP, the
+        // one after it is flushed.
+        let got: Vec<_> = (0..3)
+            .map(|_| {
+                let c = a.cq.wait(WAIT).expect("a completion");
+                (c.wr_id, c.status, c.opcode)
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (8, WcStatus::Success, WcOpcode::Write),
+                (9, WcStatus::LocalProtectionError, WcOpcode::Write),
+                (10, WcStatus::Flushed, WcOpcode::Write),
+            ]
+        );
+        assert_eq!(
+            a.qp.stats().map(|s| s.state),
+            Some(braid_proto::QpState::Error)
+        );
     }
 
     #[test]

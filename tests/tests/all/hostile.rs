@@ -1280,3 +1280,38 @@ fn a_lost_fatal_nak_is_answered_again_with_the_same_syndrome() {
     let (_, c) = ep.poll_completion().expect("the receive fails");
     assert_eq!((c.wr_id, c.status), (3, WcStatus::LocalLengthError));
 }
+
+#[test]
+fn a_receive_refused_after_the_fact_fails_the_qp_in_posting_order() {
+    let (mut ep, pd, cq) = endpoint();
+    let (qpn, keys) = connected(&mut ep, pd, cq, Access::ALL);
+    let good = |wr_id, offset| RecvWr {
+        wr_id,
+        sges: vec![Sge {
+            lkey: keys.lkey,
+            offset,
+            len: 100,
+        }],
+    };
+    ep.post_recv(qpn, good(1, 0)).expect("post");
+    let mut bad = good(2, 0);
+    bad.sges[0].lkey ^= 0x5a5a;
+    ep.post_recv_or_fail(qpn, bad, cq);
+    ep.post_recv_or_fail(qpn, good(3, 200), cq);
+    let got: Vec<_> = std::iter::from_fn(|| ep.poll_completion())
+        .map(|(_, c)| (c.wr_id, c.status))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (1, WcStatus::Flushed),
+            (2, WcStatus::LocalProtectionError),
+            (3, WcStatus::Flushed),
+        ]
+    );
+    assert_eq!(
+        ep.qp_stats(qpn).map(|s| s.state),
+        Some(QpState::Error),
+        "a bad receive buffer fails the QP, as verbs reports it"
+    );
+}

@@ -211,6 +211,48 @@ fn gather(segs: &[Seg], mut off: u64, out: &mut [u8]) {
     }
 }
 
+/// A send operation as the wire has it: op, remote address, immediate, atomic operands.
+fn decode(op: SendOp) -> (Op, RemoteAddr, u32, (u64, u64)) {
+    let none = RemoteAddr { rkey: 0, offset: 0 };
+    match op {
+        SendOp::Send => (Op::Send, none, 0, (0, 0)),
+        SendOp::SendImm(i) => (Op::SendImm, none, i, (0, 0)),
+        SendOp::Write(r) => (Op::Write, r, 0, (0, 0)),
+        SendOp::WriteImm(r, i) => (Op::WriteImm, r, i, (0, 0)),
+        SendOp::Read(r) => (Op::Read, r, 0, (0, 0)),
+        SendOp::FetchAdd(r, add) => (Op::FetchAdd, r, 0, (add, 0)),
+        SendOp::CompareSwap {
+            remote,
+            compare,
+            swap,
+        } => (Op::CompareSwap, remote, 0, (swap, compare)),
+    }
+}
+
+/// The completion status verbs gives a work request refused for its buffers or shape; other
+/// refusals (no such QP, not connected, full queue) mean it never ran: flushed.
+fn refused_status(e: PostError) -> WcStatus {
+    match e {
+        PostError::InvalidLkey
+        | PostError::WrongPd
+        | PostError::OutOfBounds
+        | PostError::NoLocalWrite
+        | PostError::BadAtomic => WcStatus::LocalProtectionError,
+        PostError::TooManySges => WcStatus::LocalLengthError,
+        _ => WcStatus::Flushed,
+    }
+}
+
+fn wc_opcode(op: Op) -> WcOpcode {
+    match op {
+        Op::Send | Op::SendImm => WcOpcode::Send,
+        Op::Write | Op::WriteImm => WcOpcode::Write,
+        Op::Read => WcOpcode::Read,
+        Op::FetchAdd => WcOpcode::FetchAdd,
+        Op::CompareSwap => WcOpcode::CompareSwap,
+    }
+}
+
 /// Copies `data` into a scatter list at message offset `off`. False if it does not fit.
 fn scatter(segs: &[Seg], mut off: u64, data: &[u8]) -> bool {
     let total: u64 = segs.iter().map(|s| u64::from(s.len)).sum();
@@ -280,13 +322,7 @@ impl SendWqe {
     }
 
     fn opcode(&self) -> WcOpcode {
-        match self.op {
-            Op::Send | Op::SendImm => WcOpcode::Send,
-            Op::Write | Op::WriteImm => WcOpcode::Write,
-            Op::Read => WcOpcode::Read,
-            Op::FetchAdd => WcOpcode::FetchAdd,
-            Op::CompareSwap => WcOpcode::CompareSwap,
-        }
+        wc_opcode(self.op)
     }
 }
 
@@ -872,19 +908,7 @@ impl Endpoint {
         if depth >= self.sh.cfg.max_send_wr {
             return Err(PostError::QueueFull);
         }
-        let (op, remote, imm, operands) = match wr.op {
-            SendOp::Send => (Op::Send, RemoteAddr { rkey: 0, offset: 0 }, 0, (0, 0)),
-            SendOp::SendImm(i) => (Op::SendImm, RemoteAddr { rkey: 0, offset: 0 }, i, (0, 0)),
-            SendOp::Write(r) => (Op::Write, r, 0, (0, 0)),
-            SendOp::WriteImm(r, i) => (Op::WriteImm, r, i, (0, 0)),
-            SendOp::Read(r) => (Op::Read, r, 0, (0, 0)),
-            SendOp::FetchAdd(r, add) => (Op::FetchAdd, r, 0, (add, 0)),
-            SendOp::CompareSwap {
-                remote,
-                compare,
-                swap,
-            } => (Op::CompareSwap, remote, 0, (swap, compare)),
-        };
+        let (op, remote, imm, operands) = decode(wr.op);
         let need = if matches!(op, Op::Read | Op::FetchAdd | Op::CompareSwap) {
             Access::LOCAL_WRITE
         } else {
@@ -940,6 +964,104 @@ impl Endpoint {
         }
         qp.sq.push_back(wqe);
         Ok(())
+    }
+
+    /// Like [`post_send`](Self::post_send) for a request whose poster can no longer be told
+    /// of a refusal (the runtime's hand-off of posts made while the engine was busy): a
+    /// request refused for its buffers or shape is queued already failed, completes with
+    /// the status verbs gives it (`LocalProtectionError`, `LocalLengthError`) in posting
+    /// order, after the requests before it, and takes the QP to the error state. Refusals
+    /// that leave nowhere to queue it (unknown or unconnected QP, full queue: flushed) or
+    /// meet a QP already in error complete it at once on `cq`.
+    pub fn post_send_or_fail(&mut self, qpn: u32, wr: SendWr, cq: CqId) {
+        let (wr_id, signaled) = (wr.wr_id, wr.signaled);
+        let (op, remote, imm, operands) = decode(wr.op);
+        let Err(e) = self.post_send(qpn, wr) else {
+            return;
+        };
+        let status = refused_status(e);
+        let qp = match self.qps.get_mut(&qpn) {
+            Some(qp) if status != WcStatus::Flushed && qp.state == QpState::Connected => qp,
+            _ => {
+                // Nowhere to queue it, or the QP already failed: it completes now.
+                let c = Completion {
+                    wr_id,
+                    status,
+                    opcode: wc_opcode(op),
+                    byte_len: 0,
+                    imm: None,
+                    qpn,
+                };
+                self.sh.complete(cq.0, c);
+                return;
+            }
+        };
+        let msn = qp.next_msn;
+        qp.next_msn = msn.wrapping_add(1);
+        qp.sq.push_back(SendWqe {
+            wr_id,
+            op,
+            segs: Vec::new(),
+            len: 0,
+            remote,
+            imm,
+            operands,
+            signaled,
+            msn,
+            ssn: 0,
+            next_offset: 0,
+            packetized: false,
+            unacked_pkts: 0,
+            read_placed: Coverage::default(),
+            got_resp: false,
+            atomic_result: None,
+            rnr_retries: 0,
+            rnr_until: Timestamp::ZERO,
+            status: Some(status),
+        });
+        qp.complete_sq(&mut self.sh);
+    }
+
+    /// Like [`post_recv`](Self::post_recv) for a request whose poster can no longer be told
+    /// of a refusal (see [`post_send_or_fail`](Self::post_send_or_fail)): a receive refused
+    /// for its buffers is queued failed and takes the QP to the error state at once, so it
+    /// completes with `LocalProtectionError` (or `LocalLengthError`) after the receives
+    /// before it, which flush. Refusals with nowhere to queue it complete it at once.
+    pub fn post_recv_or_fail(&mut self, qpn: u32, wr: RecvWr, cq: CqId) {
+        let wr_id = wr.wr_id;
+        let Err(e) = self.post_recv(qpn, wr) else {
+            return;
+        };
+        let status = refused_status(e);
+        let queue = self
+            .qps
+            .get_mut(&qpn)
+            .filter(|qp| qp.state != QpState::Error);
+        let Some(qp) = queue.filter(|_| status != WcStatus::Flushed) else {
+            // Nowhere to queue it, or the QP already failed (nothing before it is pending):
+            // it completes now.
+            let c = Completion {
+                wr_id,
+                status,
+                opcode: WcOpcode::Recv,
+                byte_len: 0,
+                imm: None,
+                qpn,
+            };
+            self.sh.complete(cq.0, c);
+            return;
+        };
+        qp.rq.push_back(RecvWqe {
+            wr_id,
+            segs: Vec::new(),
+            cap: 0,
+            msg: None,
+            placed: Coverage::default(),
+            imm: None,
+            done: false,
+            error: Some(status),
+        });
+        qp.enter_error(&mut self.sh);
     }
 
     /// Queues a receive work request on `qpn` (allowed from `Init` on). On a QP in the error
@@ -1409,6 +1531,11 @@ impl Qp {
             return None;
         }
         let w = self.sq.get_mut(self.pack_idx)?;
+        if w.status.is_some() {
+            // Queued already failed (`post_send_or_fail`): never sent; it fails the QP when
+            // it reaches the front.
+            return None;
+        }
         let offset = w.next_offset;
         let len = if w.op.carries_data() {
             (w.len - offset).min(sh.req_chunk)
