@@ -30,8 +30,7 @@ use braid_datapath::xdp::{XdpConfig, XdpDatapath};
 use braid_datapath::{Datapath, Ecn, RecvBatch};
 use braid_proto::{
     Access, Completion, CqId, Endpoint, EndpointConfig, EndpointStats, MrKeys, PathStats, PdId,
-    PostError, QpInfo, QpStats, RecvWr, Region, RemoteAddr, ResourceError, SendOp, SendWr, Sge,
-    Timestamp, WcOpcode, WcStatus,
+    PostError, QpInfo, QpStats, RecvWr, Region, RemoteAddr, ResourceError, SendWr, Sge, Timestamp,
 };
 use braid_sync::{Consumer, Event, Mpsc, Pool, Producer, Ring};
 
@@ -1051,6 +1050,7 @@ impl QueuePair {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use braid_proto::{SendOp, WcOpcode, WcStatus};
 
     const WAIT: Duration = Duration::from_secs(20);
 
