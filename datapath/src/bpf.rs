@@ -584,6 +584,17 @@ fn per_65536(p: f64) -> i32 {
 /// pass
 /// ```
 pub fn netem(cfg: NetemConfig) -> Result<Program, LoadError> {
+    netem_program(cfg, true)
+}
+
+/// Like [`netem`], but for every IPv4 packet, whatever its protocol (TCP too), so kernel TCP
+/// and MPTCP baselines meet the same loss and marks as Braid. Its counters count IPv4
+/// packets.
+pub fn netem_ipv4(cfg: NetemConfig) -> Result<Program, LoadError> {
+    netem_program(cfg, false)
+}
+
+fn netem_program(cfg: NetemConfig, udp_only: bool) -> Result<Program, LoadError> {
     use asm::*;
     let counters = Map::counters(3).map_err(|error| LoadError {
         error,
@@ -625,9 +636,13 @@ pub fn netem(cfg: NetemConfig) -> Result<Program, LoadError> {
         ldx(Size::B, 5, 7, IP_VER_IHL),
         jne_imm(5, 0x45, 0), // patched -> pass
         ldx(Size::B, 5, 7, IP_PROTO),
-        jne_imm(5, 17, 0), // patched -> pass
+        if udp_only {
+            jne_imm(5, 17, 0) // patched -> pass
+        } else {
+            add_imm(5, 0) // any protocol: a no-op in its place keeps the offsets
+        },
     ];
-    let to_pass = [4usize, 6, 8, 10];
+    let to_pass: &[usize] = if udp_only { &[4, 6, 8, 10] } else { &[4, 6, 8] };
     p.extend(count(netem_counter::SEEN as i32));
     // The run-time black hole switch.
     let switch_drop: Vec<Insn> = {
@@ -704,7 +719,7 @@ pub fn netem(cfg: NetemConfig) -> Result<Program, LoadError> {
     }
     // pass:
     let pass = p.len();
-    for i in to_pass {
+    for &i in to_pass {
         p[i].off = (pass - i - 1) as i16;
     }
     p.extend([mov_imm(0, XDP_PASS), exit()]);
