@@ -9,7 +9,8 @@
 //! Prints `KEY=VALUE` lines a shell can `eval` (namespace names, addresses, interfaces), then
 //! `READY`, and keeps the testbed up until its standard input closes or reads a line `quit`.
 //! A line `counters` prints per-link counters as one JSON object (packets routerL forwarded
-//! per link, tbf drops, netem seen/dropped/marked). Loss and marking act on every IPv4 packet
+//! per link, tbf drops, netem seen/dropped/marked); `rate L MBIT` (0: no limit) and
+//! `netem L LOSS CE` (0 0: none) change a link and answer `OK` or `ERROR ...`. Loss and marking act on every IPv4 packet
 //! (TCP too) unless `--udp-only`. Root only.
 use std::io::{self, BufRead, Write};
 
@@ -118,8 +119,43 @@ fn run() -> io::Result<()> {
                 writeln!(out, "{{\"links\":[{}]}}", links.join(","))?;
                 out.flush()?;
             }
+            cmd if cmd.starts_with("rate ") || cmd.starts_with("netem ") => {
+                // `rate L MBIT` (0 removes the limit); `netem L LOSS CE` (0 0 removes it).
+                let f: Vec<&str> = cmd.split_whitespace().collect();
+                let num = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok());
+                let reply = match (f[0], num(1), num(2), num(3)) {
+                    ("rate", Some(l), Some(m), None) if (l as usize) < TESTBED_PATHS => {
+                        if m == 0.0 {
+                            bed.clear_rate(l as usize)
+                        } else {
+                            bed.set_rate(l as usize, m as u32)
+                        }
+                    }
+                    ("netem", Some(l), Some(loss), Some(ce)) if (l as usize) < TESTBED_PATHS => {
+                        let cfg = NetemConfig {
+                            loss,
+                            ce_mark: ce,
+                            ..Default::default()
+                        };
+                        if cfg == NetemConfig::default() {
+                            bed.clear_netem(l as usize)
+                        } else if udp_only {
+                            bed.set_netem(l as usize, cfg)
+                        } else {
+                            bed.set_netem_ipv4(l as usize, cfg)
+                        }
+                    }
+                    _ => Err(io::Error::new(io::ErrorKind::InvalidInput, "bad command")),
+                };
+                let mut out = io::stdout().lock();
+                match reply {
+                    Ok(()) => writeln!(out, "OK")?,
+                    Err(e) => writeln!(out, "ERROR {e}")?,
+                }
+                out.flush()?;
+            }
             "" => {}
-            other => eprintln!("braid-testbed: unknown command {other:?} (counters, quit)"),
+            other => eprintln!("braid-testbed: unknown command {other:?} (counters, rate, netem, quit)"),
         }
     }
     Ok(())
