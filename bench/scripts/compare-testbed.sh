@@ -237,7 +237,7 @@ if [ "$RUN_TEST" = 1 ]; then
     log "integration test netns_paths (weights sampled while a transfer runs)"
     (cd "$ROOT" && cargo test -q -p braid-tests --test all netns_paths -- --nocapture --test-threads 1) \
         >"$TMP/test.log" 2>&1 || log "netns_paths FAILED (see below)"
-    rtts=$(grep -o 'weights_move_off[a-z_]*: .*slow link below half its share after [^;]*' "$TMP/test.log" \
+    rtts=$(grep -o 'testbed_[a-z]*_weights_move_off[a-z_]*: .*slow link below half its share after [^;]*' "$TMP/test.log" \
         | sed 's/: .* slow link below/: slow link below/' || true)
 fi
 
