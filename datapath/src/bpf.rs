@@ -798,7 +798,45 @@ mod tests {
             },
         ] {
             netem(cfg).unwrap_or_else(|e| panic!("netem {cfg:?}: {e}"));
+            netem_ipv4(cfg).unwrap_or_else(|e| panic!("netem_ipv4 {cfg:?}: {e}"));
         }
+    }
+
+    /// The UDP-only netem lets TCP through; the IPv4 one drops and counts it too.
+    #[test]
+    fn netem_ipv4_reaches_tcp_and_netem_does_not() {
+        if !require_root("netem_ipv4_reaches_tcp_and_netem_does_not") {
+            return;
+        }
+        in_private_netns(|lo| {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            let at = listener.local_addr().expect("addr");
+            let wait = std::time::Duration::from_millis(300);
+            let hole = NetemConfig {
+                blackhole: true,
+                ..Default::default()
+            };
+            let prog = netem(hole).expect("load");
+            let link = attach_xdp(&prog, lo, XdpMode::Generic).expect("attach");
+            std::net::TcpStream::connect_timeout(&at, wait).expect("TCP passes a UDP netem");
+            assert_eq!(
+                prog.maps()[0].counter(netem_counter::SEEN).expect("read"),
+                0
+            );
+            drop(link);
+            let prog = netem_ipv4(hole).expect("load");
+            let _link = attach_xdp(&prog, lo, XdpMode::Generic).expect("attach");
+            assert!(
+                std::net::TcpStream::connect_timeout(&at, wait).is_err(),
+                "a TCP connection crossed an IPv4 black hole"
+            );
+            assert!(
+                prog.maps()[0]
+                    .counter(netem_counter::DROPPED)
+                    .expect("read")
+                    > 0
+            );
+        });
     }
 
     /// In a private network namespace (only `lo`), attach both programs in generic mode and
