@@ -155,7 +155,9 @@ fn run() -> io::Result<()> {
                 out.flush()?;
             }
             "" => {}
-            other => eprintln!("braid-testbed: unknown command {other:?} (counters, rate, netem, quit)"),
+            other => {
+                eprintln!("braid-testbed: unknown command {other:?} (counters, rate, netem, quit)")
+            }
         }
     }
     Ok(())
