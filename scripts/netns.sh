@@ -24,23 +24,31 @@ usage: scripts/netns.sh COMMAND ...   (as root)
   rate NAME PATH MBIT   tbf on routerL's side of path PATH (0-3), towards hostB; MBIT 0 removes
   counters NAME         packets per path: routerL -> routerR (forward), routerR -> routerL (reverse)
   route NAME SPORT DPORT  which path routerL picks for UDP hostA:SPORT -> hostB:DPORT
-  deps                  installs iproute2 (ip, tc) with apt-get if `ip` is missing
+  deps                  installs what is missing with apt-get: iproute2 (ip, tc, ss), iperf3,
+                        mptcpd (mptcpize, to run iperf3 over MPTCP), jq
 
 Run commands inside with `ip netns exec NAME-ha ...` (e.g. braid-perf or iperf3).
 
 Loss, ECN marking and black holes are not available here: this kernel has no netem qdisc, so
 they come from an XDP program (braid_datapath::bpf::netem) that only the Rust harness loads:
-braid_netns::Testbed4::set_netem / blackhole / netem_counters.
+braid_netns::Testbed4::set_netem / blackhole / netem_counters. For a script, the braid-testbed
+binary (crate braid-netns) builds the same testbed with rates, loss and marking and holds it up
+(see bench/scripts/compare-testbed.sh).
 EOF
 }
 
 die() { echo "netns.sh: $*" >&2; exit 1; }
 
 deps() {
-  if ! command -v ip >/dev/null || ! command -v tc >/dev/null; then
-    echo "netns.sh: installing iproute2" >&2
+  local missing=()
+  command -v ip >/dev/null && command -v tc >/dev/null && command -v ss >/dev/null || missing+=(iproute2)
+  command -v iperf3 >/dev/null || missing+=(iperf3)
+  command -v mptcpize >/dev/null || missing+=(mptcpd) # mptcpize runs TCP programs over MPTCP
+  command -v jq >/dev/null || missing+=(jq)
+  if ((${#missing[@]})); then
+    echo "netns.sh: installing ${missing[*]}" >&2
     DEBIAN_FRONTEND=noninteractive apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
 }
 

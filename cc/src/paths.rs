@@ -9,13 +9,13 @@
 //!
 //!   ```text
 //!   h = 1 / (1 + k_delay × max(0, delay / min_delay − 1 − delay_tolerance)
-//!              + k_ecn × ecn_frac + k_loss × loss_rate)
+//!              + k_ecn × max(0, ecn_frac − median ecn_frac) + k_loss × loss_rate)
 //!   share = probe_floor / N + (1 − probe_floor) × h / Σh
 //!   ```
 //!
 //!   where `min_delay` is the lowest smoothed delay among the paths. Only the *relative*
-//!   delay matters: congestion every path shares (at the receiver's downlink, say) is the
-//!   congestion controller's business, not a reason to move traffic. The `probe_floor` keeps
+//!   delay and marking matter: congestion every path shares (at the receiver's downlink, say)
+//!   is the congestion controller's business, not a reason to move traffic. The `probe_floor` keeps
 //!   a share of `probe_floor / N` on every path, so a path that recovered is noticed.
 //! - **weighted choice** ([`PathSet::pick`], [`PathSet::pick_other`] for retransmissions):
 //!   deterministic given a random `u32` the caller draws from its own seeded generator.
@@ -82,12 +82,17 @@ pub struct PathConfig {
     /// EWMA gain of the per-path loss rate (per ACK or loss). Default 1/16.
     pub loss_gain: f64,
     /// Weight penalty per unit of relative excess delay. Default 1: a path 10× slower than
-    /// the best gets about a tenth of the health.
+    /// the best gets about a ninth of the health.
     pub k_delay: f64,
-    /// Relative excess delay ignored as jitter. Default 0.2.
+    /// Relative excess delay ignored as jitter. Default 1: at microsecond base delays a
+    /// queue of one or two packets on a loaded link doubles the delay, which says the link
+    /// is busy, not that it is bad; a deep queue (a slow link) is still far above.
     pub delay_tolerance: f64,
-    /// Weight penalty per unit of ECN fraction. Default 8: half the packets marked leaves
-    /// a fifth of the health.
+    /// Weight penalty per unit of ECN fraction above the connection's (share-weighted) median.
+    /// Default 50: 40% of the packets marked where most paths see none leaves about a
+    /// twentieth of the health, so a marked link loses its traffic even when its queue is
+    /// shorter than the busy healthy links' (measured on the four-path testbed: 8 left it a
+    /// good share).
     pub k_ecn: f64,
     /// Weight penalty per unit of loss rate. Default 50: 2% loss halves the health.
     pub k_loss: f64,
@@ -123,8 +128,8 @@ impl Default for PathConfig {
             ecn_gain: 1.0 / 16.0,
             loss_gain: 1.0 / 16.0,
             k_delay: 1.0,
-            delay_tolerance: 0.2,
-            k_ecn: 8.0,
+            delay_tolerance: 1.0,
+            k_ecn: 50.0,
             k_loss: 50.0,
             probe_floor: 0.1,
             plb_rounds: 3,
@@ -329,6 +334,43 @@ impl PathSet {
         p.round.acked += 1;
     }
 
+    /// A copy sent on `s.path` at `s.sent_at`, already declared lost (and reported through
+    /// [`on_loss`](PathSet::on_loss)), arrived after all, measured as in `s`: its delay (and
+    /// CE mark) count for the path, which matters most for a slow path, whose packets tend to
+    /// be declared lost before they arrive. Nothing else changes (the loss stands: a path that
+    /// delivers this late is as bad as a lossy one).
+    pub fn on_late_copy(&mut self, now: Timestamp, s: &AckSample) {
+        let i = usize::from(s.path);
+        let cfg = self.cfg;
+        let Some(p) = self.paths.get_mut(i) else {
+            return;
+        };
+        if s.sent_at < p.epoch {
+            return;
+        }
+        self.dirty = true;
+        self.events_since_refresh = self.events_since_refresh.saturating_add(1);
+        if let Some(d) = s.delay_ns() {
+            let d = d as f64;
+            p.delay_ns = if p.delay_samples == 0 {
+                d
+            } else {
+                p.delay_ns + cfg.delay_gain * (d - p.delay_ns)
+            };
+            p.delay_samples = p.delay_samples.saturating_add(1);
+            p.round.delay_sum += d;
+            p.round.delay_n += 1;
+        }
+        if let Some(ce) = s.ecn_ce {
+            let x = if ce { 1.0 } else { 0.0 };
+            p.ecn_frac += cfg.ecn_gain * (x - p.ecn_frac);
+            p.ecn_samples = p.ecn_samples.saturating_add(1);
+            p.round.ecn_known += 1;
+            p.round.marked += u32::from(ce);
+        }
+        let _ = now;
+    }
+
     /// A packet sent on `path` at `sent_at` was declared lost at `now`.
     pub fn on_loss(&mut self, now: Timestamp, path: u16, sent_at: Timestamp) {
         let i = usize::from(path);
@@ -409,6 +451,18 @@ impl PathSet {
             return Some(i);
         }
         None
+    }
+
+    /// Forgets every queued re-path without resetting anything: for an engine with no other
+    /// source port to give (every port already in use by a path), where a path that cannot
+    /// move must keep its statistics, since they still describe the route it stays on.
+    /// Resetting them would make a bad path look new, and so healthy, at each request.
+    pub fn drop_repaths(&mut self) {
+        for i in self.repath_queue.drain(..) {
+            if let Some(p) = self.paths.get_mut(usize::from(i)) {
+                p.repath_pending = false;
+            }
+        }
     }
 
     /// Queues `path` for re-pathing now, whatever its rounds say (for instance when a
@@ -531,6 +585,7 @@ impl PathSet {
             .filter(|p| p.delay_samples > 0)
             .map(|p| p.delay_ns)
             .fold(f64::INFINITY, f64::min);
+        let ecn_median = self.signal.ecn_frac;
         let mut sum = 0.0;
         for (p, s) in self.paths.iter().zip(self.shares.iter_mut()) {
             let excess = if p.delay_samples > 0 && dmin > 0.0 && dmin.is_finite() {
@@ -538,8 +593,11 @@ impl PathSet {
             } else {
                 0.0
             };
-            let h =
-                1.0 / (1.0 + c.k_delay * excess + c.k_ecn * p.ecn_frac + c.k_loss * p.loss_rate);
+            // Marks above the connection's median: marks every path sees are the controller's
+            // business, and an ACK's CE report covers every packet since the previous ACK, so
+            // some of one path's marks land on the paths whose packets the ACKs echo.
+            let ecn = (p.ecn_frac - ecn_median).max(0.0);
+            let h = 1.0 / (1.0 + c.k_delay * excess + c.k_ecn * ecn + c.k_loss * p.loss_rate);
             let h = if h.is_finite() && h > 0.0 { h } else { 0.0 };
             *s = h;
             sum += h;

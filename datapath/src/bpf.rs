@@ -584,6 +584,17 @@ fn per_65536(p: f64) -> i32 {
 /// pass
 /// ```
 pub fn netem(cfg: NetemConfig) -> Result<Program, LoadError> {
+    netem_program(cfg, true)
+}
+
+/// Like [`netem`], but for every IPv4 packet, whatever its protocol (TCP too), so kernel TCP
+/// and MPTCP baselines meet the same loss and marks as Braid. Its counters count IPv4
+/// packets.
+pub fn netem_ipv4(cfg: NetemConfig) -> Result<Program, LoadError> {
+    netem_program(cfg, false)
+}
+
+fn netem_program(cfg: NetemConfig, udp_only: bool) -> Result<Program, LoadError> {
     use asm::*;
     let counters = Map::counters(3).map_err(|error| LoadError {
         error,
@@ -625,9 +636,13 @@ pub fn netem(cfg: NetemConfig) -> Result<Program, LoadError> {
         ldx(Size::B, 5, 7, IP_VER_IHL),
         jne_imm(5, 0x45, 0), // patched -> pass
         ldx(Size::B, 5, 7, IP_PROTO),
-        jne_imm(5, 17, 0), // patched -> pass
+        if udp_only {
+            jne_imm(5, 17, 0) // patched -> pass
+        } else {
+            add_imm(5, 0) // any protocol: a no-op in its place keeps the offsets
+        },
     ];
-    let to_pass = [4usize, 6, 8, 10];
+    let to_pass: &[usize] = if udp_only { &[4, 6, 8, 10] } else { &[4, 6, 8] };
     p.extend(count(netem_counter::SEEN as i32));
     // The run-time black hole switch.
     let switch_drop: Vec<Insn> = {
@@ -704,7 +719,7 @@ pub fn netem(cfg: NetemConfig) -> Result<Program, LoadError> {
     }
     // pass:
     let pass = p.len();
-    for i in to_pass {
+    for &i in to_pass {
         p[i].off = (pass - i - 1) as i16;
     }
     p.extend([mov_imm(0, XDP_PASS), exit()]);
@@ -783,7 +798,45 @@ mod tests {
             },
         ] {
             netem(cfg).unwrap_or_else(|e| panic!("netem {cfg:?}: {e}"));
+            netem_ipv4(cfg).unwrap_or_else(|e| panic!("netem_ipv4 {cfg:?}: {e}"));
         }
+    }
+
+    /// The UDP-only netem lets TCP through; the IPv4 one drops and counts it too.
+    #[test]
+    fn netem_ipv4_reaches_tcp_and_netem_does_not() {
+        if !require_root("netem_ipv4_reaches_tcp_and_netem_does_not") {
+            return;
+        }
+        in_private_netns(|lo| {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            let at = listener.local_addr().expect("addr");
+            let wait = std::time::Duration::from_millis(300);
+            let hole = NetemConfig {
+                blackhole: true,
+                ..Default::default()
+            };
+            let prog = netem(hole).expect("load");
+            let link = attach_xdp(&prog, lo, XdpMode::Generic).expect("attach");
+            std::net::TcpStream::connect_timeout(&at, wait).expect("TCP passes a UDP netem");
+            assert_eq!(
+                prog.maps()[0].counter(netem_counter::SEEN).expect("read"),
+                0
+            );
+            drop(link);
+            let prog = netem_ipv4(hole).expect("load");
+            let _link = attach_xdp(&prog, lo, XdpMode::Generic).expect("attach");
+            assert!(
+                std::net::TcpStream::connect_timeout(&at, wait).is_err(),
+                "a TCP connection crossed an IPv4 black hole"
+            );
+            assert!(
+                prog.maps()[0]
+                    .counter(netem_counter::DROPPED)
+                    .expect("read")
+                    > 0
+            );
+        });
     }
 
     /// In a private network namespace (only `lo`), attach both programs in generic mode and

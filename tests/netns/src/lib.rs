@@ -944,7 +944,17 @@ impl Testbed4 {
     /// [`netem_counters`](Self::netem_counters)).
     pub fn set_netem(&self, path: usize, cfg: NetemConfig) -> io::Result<()> {
         Testbed4::check(path)?;
-        let prog = bpf::netem(cfg)?;
+        self.attach_netem(path, cfg, bpf::netem(cfg)?)
+    }
+
+    /// Like [`set_netem`](Self::set_netem), but the program acts on every IPv4 packet (TCP
+    /// too, [`bpf::netem_ipv4`]), for kernel TCP and MPTCP baselines.
+    pub fn set_netem_ipv4(&self, path: usize, cfg: NetemConfig) -> io::Result<()> {
+        Testbed4::check(path)?;
+        self.attach_netem(path, cfg, bpf::netem_ipv4(cfg)?)
+    }
+
+    fn attach_netem(&self, path: usize, cfg: NetemConfig, prog: bpf::Program) -> io::Result<()> {
         let mut all = self.netem_lock();
         let slot = &mut all[path];
         if let Some(old) = slot.attached.take() {

@@ -13,6 +13,7 @@ mod hostile;
 mod loopback;
 mod netns;
 mod netns_faults;
+mod netns_paths;
 mod sim_e2e;
 mod support;
 mod telemetry;

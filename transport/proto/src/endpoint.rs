@@ -374,6 +374,9 @@ struct SentPkt {
     lost: bool,
     /// Sent more than once: an acknowledgement may be for an earlier copy.
     retransmitted: bool,
+    /// Path and send time of the first copy, to tell which copy an ACK's echo measured.
+    first_path: u8,
+    first_ts: Timestamp,
     hold_until: Timestamp,
     /// Its loss was reported to the controller, for the transmission sent at this time.
     cc_loss_ts: Option<Timestamp>,
@@ -401,8 +404,12 @@ struct AckFeedback {
     /// Send time of the newest packet the peer accepted (`u64::MAX` when unknown).
     echo_ts_ns: u64,
     echo_psn: u32,
-    /// Logical path of the echoed packet.
+    /// Logical path of the echoed copy of the packet, if known.
     echo_path: u8,
+    echo_known: bool,
+    /// The echo measured the packet's latest transmission (not an earlier copy that arrived
+    /// late, after the packet was declared lost and sent again on another path).
+    echo_latest: bool,
     /// Full round trip and fabric delay (holding time removed) of the echoed packet.
     rtt_ns: Option<u64>,
     fabric_ns: Option<u64>,
@@ -418,6 +425,8 @@ impl AckFeedback {
         echo_ts_ns: u64::MAX,
         echo_psn: 0,
         echo_path: 0,
+        echo_known: false,
+        echo_latest: false,
         rtt_ns: None,
         fabric_ns: None,
         ce: false,
@@ -1463,6 +1472,8 @@ impl Qp {
             acked: false,
             lost: false,
             retransmitted: false,
+            first_path: path,
+            first_ts: now,
             hold_until: Timestamp::ZERO,
             cc_loss_ts: None,
         });
@@ -1946,17 +1957,27 @@ impl Qp {
         // Path scoring hears about every packet; the echoed one carries the measurements.
         let mut sample = AckSample::new(send_ts, wire_len);
         sample.path = path;
-        if psn == fb.echo_psn && fb.rtt_ns.is_some() {
+        if psn == fb.echo_psn && fb.rtt_ns.is_some() && fb.echo_latest {
             sample.rtt_ns = fb.rtt_ns;
             sample.fabric_delay_ns = fb.fabric_ns;
             sample.ecn_ce = Some(fb.ce);
         }
         self.paths.on_ack(now, &sample);
+        if psn == fb.echo_psn && fb.echo_known && !fb.echo_latest && fb.rtt_ns.is_some() {
+            // The echo measured an earlier copy, on the path it left on.
+            let mut late = AckSample::new(Timestamp::from_nanos(fb.echo_ts_ns), wire_len);
+            late.path = u16::from(fb.echo_path);
+            late.rtt_ns = fb.rtt_ns;
+            late.fabric_delay_ns = fb.fabric_ns;
+            late.ecn_ce = Some(fb.ce);
+            self.paths.on_late_copy(now, &late);
+        }
         // The controller gets the frame's delay once, seen through the connection-wide
         // signal: one slow path alone does not shrink the window.
         let mut sample = AckSample::new(send_ts, wire_len);
         sample.path = path;
         if !fb.delay_given
+            && fb.echo_known
             && let (Some(rtt), Some(fabric)) = (fb.rtt_ns, fb.fabric_ns)
         {
             sample.rtt_ns = Some(rtt);
@@ -2017,9 +2038,25 @@ impl Qp {
             sh.rtt_hist.record(rtt);
             fb.rtt_ns = Some(full);
             fb.fabric_ns = Some(rtt);
-            if let Some(i) = self.sent_index(a.echo_psn) {
-                let path = usize::from(self.sent[i].path);
-                fb.echo_path = self.sent[i].path;
+            // Which copy the echo measured: a packet declared lost and sent again on another
+            // path may still arrive first through the slow path it left on. Its delay belongs
+            // to that path, not to the retransmission's, or one slow path's queue shows up on
+            // the fast paths (and in the controller) every time it causes a spurious loss.
+            let copy = self.sent_index(a.echo_psn).and_then(|i| {
+                let p = &self.sent[i];
+                if a.echo_ts_ns == p.send_ts.as_nanos() {
+                    Some((p.path, true))
+                } else if a.echo_ts_ns == p.first_ts.as_nanos() {
+                    Some((p.first_path, false))
+                } else {
+                    None
+                }
+            });
+            fb.echo_path = copy.map_or(0, |c| c.0);
+            fb.echo_known = copy.is_some();
+            fb.echo_latest = copy.is_some_and(|c| c.1);
+            if let Some((path, _)) = copy {
+                let path = usize::from(path);
                 for ps in [&mut sh.paths[path], &mut self.path_stats[path]] {
                     ps.srtt_ns = if ps.rtt_samples == 0 {
                         rtt
@@ -2069,12 +2106,16 @@ impl Qp {
             self.cc.on_congestion_event(now, now, true, 0);
         }
         self.paths.set_delay_target_ns(self.cc.target_delay_ns());
+        // PLB: a path kept looking congested; move it to a source port no other path of this
+        // QP uses (the device has `cfg.ports` of them, by default more than the paths).
+        // Sharing a port would only concentrate traffic (and could leave a route unused), so
+        // without a spare port the path stays where it is, and keeps its statistics (taking
+        // the re-path would reset them and make the bad path look new).
+        let ports = sh.cfg.ports;
+        if (0..ports).all(|p| self.port_map.contains(&p)) {
+            self.paths.drop_repaths();
+        }
         while let Some(path) = self.paths.take_repath() {
-            // PLB: the path kept looking congested; move it to a source port no other path of
-            // this QP uses (the device has `cfg.ports` of them, more than the paths). Sharing
-            // a port would only concentrate traffic (and could leave a route unused), so
-            // without a spare port the path stays where it is.
-            let ports = sh.cfg.ports;
             let spare: Vec<u16> = (0..ports).filter(|p| !self.port_map.contains(p)).collect();
             if spare.is_empty() {
                 continue;
