@@ -12,6 +12,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 pub mod bpf;
+#[cfg(test)]
+mod conformance;
 pub mod fabric;
 pub mod sim;
 pub mod udp;

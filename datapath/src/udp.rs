@@ -729,139 +729,23 @@ pub(crate) fn read_ecn(hdr: &libc::msghdr) -> Ecn {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::{BTreeMap, BTreeSet};
-    use std::sync::Arc;
+    use crate::conformance::{self, Backend, recv_all, send_all};
+
+    impl Backend for UdpDatapath {
+        const KIND: &'static str = "udp";
+        fn bind(config: UdpConfig) -> io::Result<Self> {
+            UdpDatapath::bind(config)
+        }
+        fn source_of(&self, path: u16) -> Option<SocketAddr> {
+            self.path_local_addr(path)
+        }
+    }
+
+    conformance::conformance_tests!(UdpDatapath);
+    use std::collections::BTreeSet;
 
     fn loopback(paths: u16) -> UdpDatapath {
         UdpDatapath::bind(UdpConfig::new("127.0.0.1:0".parse().unwrap(), paths)).unwrap()
-    }
-
-    /// Receives until `count` datagrams arrived or 5 s passed.
-    fn recv_all(dp: &UdpDatapath, count: usize) -> Vec<(RecvMeta, Vec<u8>)> {
-        let mut batch = RecvBatch::new(32, 2048);
-        let mut got = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while got.len() < count && Instant::now() < deadline {
-            dp.recv(&mut batch, Some(Duration::from_millis(100)))
-                .unwrap();
-            got.extend(batch.iter().map(|(m, b)| (*m, b.to_vec())));
-        }
-        got
-    }
-
-    fn send_all(dp: &UdpDatapath, batch: &[Transmit<'_>]) {
-        let mut sent = 0;
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while sent < batch.len() && Instant::now() < deadline {
-            sent += dp.send(&batch[sent..]).unwrap();
-        }
-        assert_eq!(sent, batch.len());
-    }
-
-    #[test]
-    fn batch_on_16_paths_arrives_intact_from_16_ports() {
-        let a = loopback(16);
-        let b = loopback(16);
-        assert_eq!(a.paths(), 16);
-        assert_eq!(a.kind(), "udp");
-        assert_eq!(a.max_payload(), DEFAULT_MAX_PAYLOAD_V4);
-        let payloads: Vec<Vec<u8>> = (0..100u32)
-            .map(|i| {
-                let len = 4 + (i as usize * 37) % 1400;
-                let mut p = vec![(i % 251) as u8; len];
-                p[..4].copy_from_slice(&i.to_be_bytes());
-                p
-            })
-            .collect();
-        let batch: Vec<Transmit<'_>> = payloads
-            .iter()
-            .enumerate()
-            .map(|(i, p)| Transmit {
-                dest: b.local_addr(),
-                path: ((i / 4) % 16) as u16,
-                ecn: Ecn::NotEct,
-                contents: p,
-            })
-            .collect();
-        send_all(&a, &batch);
-        let got = recv_all(&b, 100);
-        assert_eq!(got.len(), 100);
-        let mut by_index = BTreeMap::new();
-        for (meta, bytes) in &got {
-            assert_eq!(meta.len, bytes.len());
-            let i = u32::from_be_bytes(bytes[..4].try_into().unwrap());
-            assert_eq!(bytes, &payloads[i as usize], "payload {i} damaged");
-            let path = ((i / 4) % 16) as u16;
-            assert_eq!(
-                Some(meta.src),
-                a.path_local_addr(path),
-                "datagram {i} left on the wrong path"
-            );
-            by_index.insert(i, meta.src.port());
-        }
-        assert_eq!(by_index.len(), 100);
-        let ports: BTreeSet<u16> = by_index.values().copied().collect();
-        assert_eq!(ports.len(), 16);
-        assert_eq!(a.path_local_addr(0), Some(a.local_addr()));
-        assert_eq!(a.path_local_addr(16), None);
-    }
-
-    #[test]
-    fn ecn_codepoints_survive_the_round_trip() {
-        let a = loopback(2);
-        let b = loopback(1);
-        let codepoints = [Ecn::Ect0, Ecn::Ce, Ecn::Ect1, Ecn::NotEct];
-        let payloads: Vec<[u8; 10]> = (0..codepoints.len()).map(|i| [i as u8; 10]).collect();
-        let batch: Vec<Transmit<'_>> = codepoints
-            .iter()
-            .enumerate()
-            .map(|(i, ecn)| Transmit {
-                dest: b.local_addr(),
-                path: (i % 2) as u16,
-                ecn: *ecn,
-                contents: &payloads[i],
-            })
-            .collect();
-        send_all(&a, &batch);
-        let got = recv_all(&b, codepoints.len());
-        assert_eq!(got.len(), codepoints.len());
-        for (meta, bytes) in got {
-            assert_eq!(
-                meta.ecn, codepoints[bytes[0] as usize],
-                "datagram {}",
-                bytes[0]
-            );
-        }
-    }
-
-    #[test]
-    fn ecn_works_over_ipv6() {
-        let Ok(a) = UdpDatapath::bind(UdpConfig::new("[::1]:0".parse().unwrap(), 2)) else {
-            return; // no IPv6 loopback on this machine
-        };
-        let b = UdpDatapath::bind(UdpConfig::new("[::1]:0".parse().unwrap(), 1)).unwrap();
-        assert_eq!(a.max_payload(), DEFAULT_MAX_PAYLOAD_V6);
-        let batch = [
-            Transmit {
-                dest: b.local_addr(),
-                path: 0,
-                ecn: Ecn::Ect0,
-                contents: &[0],
-            },
-            Transmit {
-                dest: b.local_addr(),
-                path: 1,
-                ecn: Ecn::Ce,
-                contents: &[1],
-            },
-        ];
-        send_all(&a, &batch);
-        let got = recv_all(&b, 2);
-        assert_eq!(got.len(), 2);
-        for (meta, bytes) in got {
-            assert_eq!(meta.ecn, batch[bytes[0] as usize].ecn);
-            assert_eq!(Some(meta.src), a.path_local_addr(u16::from(bytes[0])));
-        }
     }
 
     #[test]
@@ -930,48 +814,6 @@ mod tests {
             seen.insert(i);
         }
         assert_eq!(seen.len(), batch.len());
-    }
-
-    #[test]
-    fn wake_ends_a_blocking_recv() {
-        let dp = Arc::new(loopback(1));
-        let receiver = Arc::clone(&dp);
-        let (tx, rx) = std::sync::mpsc::channel();
-        let handle = std::thread::spawn(move || {
-            let mut batch = RecvBatch::new(4, 2048);
-            let n = receiver.recv(&mut batch, None);
-            tx.send(n.map_err(|e| e.kind())).unwrap();
-        });
-        std::thread::sleep(Duration::from_millis(50));
-        assert!(
-            rx.try_recv().is_err(),
-            "recv(None) returned before the wake-up"
-        );
-        let woken_at = Instant::now();
-        dp.wake();
-        let result = rx
-            .recv_timeout(Duration::from_secs(2))
-            .expect("recv did not wake up");
-        assert_eq!(result, Ok(0));
-        assert!(woken_at.elapsed() < Duration::from_secs(1));
-        handle.join().unwrap();
-    }
-
-    #[test]
-    fn wake_before_recv_makes_the_next_recv_return() {
-        let dp = loopback(1);
-        dp.wake();
-        dp.wake();
-        let mut batch = RecvBatch::new(4, 2048);
-        assert_eq!(dp.recv(&mut batch, None).unwrap(), 0);
-        // The wake-up was consumed: now a short timeout expires.
-        let start = Instant::now();
-        assert_eq!(
-            dp.recv(&mut batch, Some(Duration::from_millis(20)))
-                .unwrap(),
-            0
-        );
-        assert!(start.elapsed() >= Duration::from_millis(15));
     }
 
     #[test]
@@ -1051,78 +893,5 @@ mod tests {
         }
         assert_eq!(got, vec![small.to_vec(), small.to_vec()]);
         assert_eq!(b.recv(&mut rb, Some(Duration::from_millis(20))).unwrap(), 0);
-    }
-
-    #[test]
-    fn unreachable_destinations_are_skipped_not_fatal() {
-        let a = loopback(2);
-        let b = loopback(1);
-        let v6_dest: SocketAddr = "[2001:db8::1]:9".parse().unwrap();
-        let batch = [
-            Transmit {
-                dest: v6_dest,
-                path: 0,
-                ecn: Ecn::NotEct,
-                contents: &[1],
-            },
-            Transmit {
-                dest: b.local_addr(),
-                path: 0,
-                ecn: Ecn::NotEct,
-                contents: &[2],
-            },
-            Transmit {
-                dest: "127.0.0.1:0".parse().unwrap(),
-                path: 1,
-                ecn: Ecn::NotEct,
-                contents: &[3],
-            },
-            Transmit {
-                dest: b.local_addr(),
-                path: 7,
-                ecn: Ecn::NotEct,
-                contents: &[4],
-            },
-        ];
-        assert_eq!(a.send(&batch).unwrap(), batch.len());
-        let got = recv_all(&b, 2);
-        let firsts: BTreeSet<u8> = got.iter().map(|(_, bytes)| bytes[0]).collect();
-        assert_eq!(firsts, BTreeSet::from([2, 4]));
-        // Path 7 of a two-path datapath wraps to path 1.
-        let path7 = got.iter().find(|(_, bytes)| bytes[0] == 4).unwrap();
-        assert_eq!(Some(path7.0.src), a.path_local_addr(1));
-    }
-
-    #[test]
-    fn large_datagrams_pass_on_loopback() {
-        let local: SocketAddr = "127.0.0.1:0".parse().unwrap();
-        let config = UdpConfig {
-            max_payload: 8972,
-            ..UdpConfig::new(local, 1)
-        };
-        let a = UdpDatapath::bind(config).unwrap();
-        let b = UdpDatapath::bind(config).unwrap();
-        let payload: Vec<u8> = (0..8972u32).map(|i| (i % 253) as u8).collect();
-        send_all(
-            &a,
-            &[Transmit {
-                dest: b.local_addr(),
-                path: 0,
-                ecn: Ecn::Ect1,
-                contents: &payload,
-            }],
-        );
-        let mut rb = RecvBatch::new(2, 9000);
-        let mut n = 0;
-        for _ in 0..50 {
-            n = b.recv(&mut rb, Some(Duration::from_millis(100))).unwrap();
-            if n > 0 {
-                break;
-            }
-        }
-        assert_eq!(n, 1);
-        let (meta, bytes) = rb.iter().next().unwrap();
-        assert_eq!(bytes, &payload[..]);
-        assert_eq!(meta.ecn, Ecn::Ect1);
     }
 }

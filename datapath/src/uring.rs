@@ -1260,8 +1260,21 @@ fn write_send_control(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::udp::{DEFAULT_MAX_PAYLOAD_V4, UdpDatapath};
-    use std::collections::{BTreeMap, BTreeSet};
+    use crate::conformance::{self, Backend, index_of, numbered, recv_all, send_all};
+
+    impl Backend for UringDatapath {
+        const KIND: &'static str = "uring";
+        fn bind(config: UdpConfig) -> io::Result<Self> {
+            UringDatapath::bind(config)
+        }
+        fn source_of(&self, path: u16) -> Option<SocketAddr> {
+            self.path_local_addr(path)
+        }
+    }
+
+    conformance::conformance_tests!(UringDatapath);
+    use crate::udp::UdpDatapath;
+    use std::collections::BTreeSet;
     use std::sync::Arc;
     use std::sync::atomic::AtomicUsize;
 
@@ -1271,88 +1284,6 @@ mod tests {
 
     fn loopback(paths: u16) -> UringDatapath {
         UringDatapath::bind(v4_config(paths)).unwrap()
-    }
-
-    /// Receives until `count` datagrams arrived or 5 s passed.
-    fn recv_all(dp: &dyn Datapath, count: usize) -> Vec<(RecvMeta, Vec<u8>)> {
-        let mut batch = RecvBatch::new(32, 2048);
-        let mut got = Vec::new();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while got.len() < count && Instant::now() < deadline {
-            dp.recv(&mut batch, Some(Duration::from_millis(100)))
-                .unwrap();
-            got.extend(batch.iter().map(|(m, b)| (*m, b.to_vec())));
-        }
-        got
-    }
-
-    fn send_all(dp: &dyn Datapath, batch: &[Transmit<'_>]) {
-        let mut sent = 0;
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while sent < batch.len() && Instant::now() < deadline {
-            sent += dp.send(&batch[sent..]).unwrap();
-        }
-        assert_eq!(sent, batch.len());
-    }
-
-    fn numbered(i: u32, len: usize) -> Vec<u8> {
-        let mut p = vec![(i % 251) as u8; len.max(4)];
-        p[..4].copy_from_slice(&i.to_be_bytes());
-        p
-    }
-
-    fn index_of(bytes: &[u8]) -> usize {
-        u32::from_be_bytes(bytes[..4].try_into().unwrap()) as usize
-    }
-
-    #[test]
-    fn batch_of_200_on_16_paths_arrives_intact_from_16_ports() {
-        let a = loopback(16);
-        let b = loopback(16);
-        assert_eq!(a.kind(), "uring");
-        assert_eq!(a.paths(), 16);
-        assert_eq!(a.max_payload(), DEFAULT_MAX_PAYLOAD_V4);
-        // Runs of 8 equal-sized datagrams on one path (GSO material), then a size change.
-        let payloads: Vec<Vec<u8>> = (0..200u32)
-            .map(|i| numbered(i, 4 + ((i as usize / 8) * 37) % 1400))
-            .collect();
-        let path_of = |i: usize| ((i / 8) % 16) as u16;
-        let batch: Vec<Transmit<'_>> = payloads
-            .iter()
-            .enumerate()
-            .map(|(i, p)| Transmit {
-                dest: b.local_addr(),
-                path: path_of(i),
-                ecn: Ecn::NotEct,
-                contents: p,
-            })
-            .collect();
-        send_all(&a, &batch);
-        let got = recv_all(&b, 200);
-        assert_eq!(got.len(), 200);
-        let mut by_index = BTreeMap::new();
-        for (meta, bytes) in &got {
-            assert_eq!(meta.len, bytes.len());
-            let i = index_of(bytes);
-            assert_eq!(bytes, &payloads[i], "payload {i} damaged");
-            assert_eq!(
-                Some(meta.src),
-                a.path_local_addr(path_of(i)),
-                "datagram {i} left on the wrong path"
-            );
-            by_index.insert(i, meta.src.port());
-        }
-        assert_eq!(by_index.len(), 200);
-        let ports: BTreeSet<u16> = by_index.values().copied().collect();
-        assert_eq!(ports.len(), 16);
-        assert_eq!(a.path_local_addr(0), Some(a.local_addr()));
-        assert_eq!(a.path_local_addr(16), None);
-        if a.uses_gso() {
-            assert!(
-                a.gso_sends.load(Ordering::Relaxed) > 0,
-                "no GSO send was made"
-            );
-        }
     }
 
     #[test]
@@ -1430,62 +1361,6 @@ mod tests {
         // One socket, one receive: arrival order is send order, and nothing is lost
         // or repeated across the held-back completions.
         assert_eq!(order, (0..20).collect::<Vec<_>>());
-    }
-
-    #[test]
-    fn ecn_codepoints_survive_the_round_trip() {
-        let a = loopback(2);
-        let b = loopback(1);
-        let codepoints = [Ecn::Ect0, Ecn::Ce, Ecn::Ect1, Ecn::NotEct];
-        // Four single datagrams, then a run of four equal CE datagrams (one GSO send).
-        let payloads: Vec<[u8; 10]> = (0..8).map(|i| [i as u8; 10]).collect();
-        let ecn_of = |i: usize| if i < 4 { codepoints[i] } else { Ecn::Ce };
-        let batch: Vec<Transmit<'_>> = payloads
-            .iter()
-            .enumerate()
-            .map(|(i, p)| Transmit {
-                dest: b.local_addr(),
-                path: if i < 4 { (i % 2) as u16 } else { 1 },
-                ecn: ecn_of(i),
-                contents: p,
-            })
-            .collect();
-        send_all(&a, &batch);
-        let got = recv_all(&b, batch.len());
-        assert_eq!(got.len(), batch.len());
-        for (meta, bytes) in got {
-            let i = usize::from(bytes[0]);
-            assert_eq!(meta.ecn, ecn_of(i), "datagram {i}");
-        }
-    }
-
-    #[test]
-    fn ecn_works_over_ipv6() {
-        let Ok(a) = UringDatapath::bind(UdpConfig::new("[::1]:0".parse().unwrap(), 2)) else {
-            return; // no IPv6 loopback on this machine
-        };
-        let b = UringDatapath::bind(UdpConfig::new("[::1]:0".parse().unwrap(), 1)).unwrap();
-        let batch = [
-            Transmit {
-                dest: b.local_addr(),
-                path: 0,
-                ecn: Ecn::Ect0,
-                contents: &[0],
-            },
-            Transmit {
-                dest: b.local_addr(),
-                path: 1,
-                ecn: Ecn::Ce,
-                contents: &[1],
-            },
-        ];
-        send_all(&a, &batch);
-        let got = recv_all(&b, 2);
-        assert_eq!(got.len(), 2);
-        for (meta, bytes) in got {
-            assert_eq!(meta.ecn, batch[usize::from(bytes[0])].ecn);
-            assert_eq!(Some(meta.src), a.path_local_addr(u16::from(bytes[0])));
-        }
     }
 
     #[test]
@@ -1591,48 +1466,6 @@ mod tests {
     }
 
     #[test]
-    fn wake_ends_a_blocking_recv() {
-        let dp = Arc::new(loopback(1));
-        let receiver = Arc::clone(&dp);
-        let (tx, rx) = std::sync::mpsc::channel();
-        let handle = std::thread::spawn(move || {
-            let mut batch = RecvBatch::new(4, 2048);
-            let n = receiver.recv(&mut batch, None);
-            tx.send(n.map_err(|e| e.kind())).unwrap();
-        });
-        std::thread::sleep(Duration::from_millis(50));
-        assert!(
-            rx.try_recv().is_err(),
-            "recv(None) returned before the wake-up"
-        );
-        let woken_at = Instant::now();
-        dp.wake();
-        let result = rx
-            .recv_timeout(Duration::from_secs(2))
-            .expect("recv did not wake up");
-        assert_eq!(result, Ok(0));
-        assert!(woken_at.elapsed() < Duration::from_secs(1));
-        handle.join().unwrap();
-    }
-
-    #[test]
-    fn wake_before_recv_makes_the_next_recv_return() {
-        let dp = loopback(1);
-        dp.wake();
-        dp.wake();
-        let mut batch = RecvBatch::new(4, 2048);
-        assert_eq!(dp.recv(&mut batch, None).unwrap(), 0);
-        // The wake-up was consumed: now a short timeout expires.
-        let start = Instant::now();
-        assert_eq!(
-            dp.recv(&mut batch, Some(Duration::from_millis(20)))
-                .unwrap(),
-            0
-        );
-        assert!(start.elapsed() >= Duration::from_millis(15));
-    }
-
-    #[test]
     fn a_receiver_thread_that_exits_leaves_a_working_datapath() {
         // The first thread arms the receive and exits; the kernel then ends it and the next
         // caller re-arms it from its own thread.
@@ -1698,52 +1531,6 @@ mod tests {
     }
 
     #[test]
-    fn unreachable_destinations_are_skipped_not_fatal() {
-        let a = loopback(2);
-        let b = loopback(1);
-        let v6_dest: SocketAddr = "[2001:db8::1]:9".parse().unwrap();
-        let batch = [
-            Transmit {
-                dest: v6_dest,
-                path: 0,
-                ecn: Ecn::NotEct,
-                contents: &[1],
-            },
-            Transmit {
-                dest: b.local_addr(),
-                path: 0,
-                ecn: Ecn::NotEct,
-                contents: &[2],
-            },
-            Transmit {
-                dest: "127.0.0.1:0".parse().unwrap(),
-                path: 1,
-                ecn: Ecn::NotEct,
-                contents: &[3],
-            },
-            Transmit {
-                dest: "127.0.0.1:0".parse().unwrap(),
-                path: 1,
-                ecn: Ecn::NotEct,
-                contents: &[3],
-            },
-            Transmit {
-                dest: b.local_addr(),
-                path: 7,
-                ecn: Ecn::NotEct,
-                contents: &[4],
-            },
-        ];
-        assert_eq!(a.send(&batch).unwrap(), batch.len());
-        let got = recv_all(&b, 2);
-        let firsts: BTreeSet<u8> = got.iter().map(|(_, bytes)| bytes[0]).collect();
-        assert_eq!(firsts, BTreeSet::from([2, 4]));
-        // Path 7 of a two-path datapath wraps to path 1.
-        let path7 = got.iter().find(|(_, bytes)| bytes[0] == 4).unwrap();
-        assert_eq!(Some(path7.0.src), a.path_local_addr(1));
-    }
-
-    #[test]
     fn datagrams_too_long_for_a_buffer_are_dropped() {
         // A UDP peer allowed larger datagrams than this receiver's buffers hold.
         let big_sender = UdpDatapath::bind(UdpConfig {
@@ -1773,38 +1560,6 @@ mod tests {
         }
         assert_eq!(got, vec![small.to_vec(), small.to_vec()]);
         assert_eq!(b.recv(&mut rb, Some(Duration::from_millis(20))).unwrap(), 0);
-    }
-
-    #[test]
-    fn large_datagrams_pass_on_loopback() {
-        let config = UdpConfig {
-            max_payload: MAX_DATAGRAM,
-            ..v4_config(1)
-        };
-        let a = UringDatapath::bind(config).unwrap();
-        let b = UringDatapath::bind(config).unwrap();
-        let payload: Vec<u8> = (0..MAX_DATAGRAM as u32).map(|i| (i % 253) as u8).collect();
-        send_all(
-            &a,
-            &[Transmit {
-                dest: b.local_addr(),
-                path: 0,
-                ecn: Ecn::Ect1,
-                contents: &payload,
-            }],
-        );
-        let mut rb = RecvBatch::new(2, MAX_DATAGRAM);
-        let mut n = 0;
-        for _ in 0..50 {
-            n = b.recv(&mut rb, Some(Duration::from_millis(100))).unwrap();
-            if n > 0 {
-                break;
-            }
-        }
-        assert_eq!(n, 1);
-        let (meta, bytes) = rb.iter().next().unwrap();
-        assert_eq!(bytes, &payload[..]);
-        assert_eq!(meta.ecn, Ecn::Ect1);
     }
 
     #[test]
