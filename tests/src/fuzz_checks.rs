@@ -451,6 +451,7 @@ impl EngineTarget {
             addr: addr(PEER_ADDR),
             qpn: PEER_QPN,
             psn: PEER_PSN,
+            seal_key: None,
         };
         ep.connect(qp.qpn, peer).expect("QP in Init");
         // (name, length, rights, in the QP's PD, deregistered afterwards)
@@ -2520,6 +2521,7 @@ impl Sender {
                 addr: addr(PEER_ADDR),
                 qpn: PEER_QPN,
                 psn: PEER_PSN,
+                seal_key: None,
             },
         )
         .expect("QP in Init");

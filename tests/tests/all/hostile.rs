@@ -679,6 +679,7 @@ fn connected(
         addr: "10.0.0.2:4791".parse().expect("addr"),
         qpn: 5,
         psn: 0,
+        seal_key: None,
     };
     ep.connect(qp.qpn, peer).expect("connect");
     let keys = ep
