@@ -142,7 +142,9 @@ fn whole(r: &Arc<Region>) -> Vec<u8> {
 }
 
 fn pattern(seed: u8) -> Vec<u8> {
-    (0..LEN).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect()
+    (0..LEN)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
 }
 
 /// An encrypted pair with A's source region full of a pattern and B's target region zeroed.
@@ -185,8 +187,14 @@ fn encrypted_and_plain_qps_cannot_connect() {
         Err(ResourceError::EncryptionMismatch)
     );
     // Nothing changed: both QPs are still in Init and can connect to a matching peer.
-    assert_eq!(t.a.ep.qp_stats(enc.qpn).map(|s| s.state), Some(QpState::Init));
-    assert_eq!(t.b.ep.qp_stats(plain.qpn).map(|s| s.state), Some(QpState::Init));
+    assert_eq!(
+        t.a.ep.qp_stats(enc.qpn).map(|s| s.state),
+        Some(QpState::Init)
+    );
+    assert_eq!(
+        t.b.ep.qp_stats(plain.qpn).map(|s| s.state),
+        Some(QpState::Init)
+    );
     let enc_b = t.b.qp(opts(true, 2));
     assert_eq!(t.a.ep.connect(enc.qpn, enc_b), Ok(()));
 }
@@ -198,7 +206,10 @@ fn a_low_order_peer_key_is_refused_at_connect() {
     let mut qb = t.b.qp(opts(true, 2));
     qb.seal_key = Some([0u8; 32]);
     assert_eq!(t.a.ep.connect(qa.qpn, qb), Err(ResourceError::BadPeerKey));
-    assert_eq!(t.a.ep.qp_stats(qa.qpn).map(|s| s.state), Some(QpState::Init));
+    assert_eq!(
+        t.a.ep.qp_stats(qa.qpn).map(|s| s.state),
+        Some(QpState::Init)
+    );
 }
 
 #[test]
@@ -218,7 +229,10 @@ fn every_packet_of_an_encrypted_connection_is_sealed_and_the_write_lands() {
             assert!(wire::is_sealed(d), "request not sealed");
             assert_eq!(wire::Packet::parse(d), Err(wire::Error::Sealed));
             // The payload is not in clear anywhere in the datagram.
-            assert!(!d.windows(64).any(|win| w.data.windows(64).any(|x| x == win)));
+            assert!(
+                !d.windows(64)
+                    .any(|win| w.data.windows(64).any(|x| x == win))
+            );
             w.t.b.ep.handle_datagram(w.t.now, addr(A), 0, d);
             seen += 1;
         }
@@ -268,7 +282,11 @@ fn a_tampered_datagram_is_dropped_and_counted_and_memory_is_unchanged() {
         let mut bad = orig.clone();
         bad[at] ^= 0x10;
         w.t.b.ep.handle_datagram(w.t.now, addr(A), 0, &bad);
-        assert_eq!(w.t.b.ep.stats().rx_auth_failed, i as u64 + 1, "flip at {at}");
+        assert_eq!(
+            w.t.b.ep.stats().rx_auth_failed,
+            i as u64 + 1,
+            "flip at {at}"
+        );
     }
     assert!(whole(&w.dst.0).iter().all(|&b| b == 0), "memory changed");
     assert!(w.t.b.out(w.t.now).is_empty(), "B answered a forged packet");
@@ -294,14 +312,20 @@ fn a_replayed_datagram_is_rejected_and_counted_including_acks() {
     assert_eq!(acks.len(), 1);
     w.t.a.ep.handle_datagram(w.t.now, addr(B), 0, &acks[0]);
     w.t.run();
-    assert_eq!(w.t.a.ep.poll_completion().map(|c| c.1.status), Some(WcStatus::Success));
+    assert_eq!(
+        w.t.a.ep.poll_completion().map(|c| c.1.status),
+        Some(WcStatus::Success)
+    );
     // Later: B's owner reuses the memory; a replay of the captured WRITE must not land again.
     w.t.now = w.t.now.add_nanos(1_000_000_000);
     w.dst.0.write(0, &[0xEE; 200]).expect("in bounds");
     w.t.b.ep.handle_datagram(w.t.now, addr(A), 0, &req[0]);
     assert_eq!(w.t.b.ep.stats().rx_replayed, 1);
     assert_eq!(w.t.b.ep.stats().rx_auth_failed, 0);
-    assert!(whole(&w.dst.0)[..200].iter().all(|&b| b == 0xEE), "replay landed");
+    assert!(
+        whole(&w.dst.0)[..200].iter().all(|&b| b == 0xEE),
+        "replay landed"
+    );
     assert!(w.t.b.out(w.t.now).is_empty(), "B answered a replay");
     // And a replayed ACK is refused at A.
     w.t.a.ep.handle_datagram(w.t.now, addr(B), 0, &acks[0]);
@@ -355,12 +379,18 @@ fn a_datagram_sealed_with_another_key_is_rejected() {
         .expect("room");
     t.b.ep.handle_datagram(t.now, addr(A), 0, &buf[..len]);
     assert_eq!(t.b.ep.stats().rx_auth_failed, 1);
-    assert!(whole(&dst_region.0).iter().all(|&b| b == 0), "forgery landed");
+    assert!(
+        whole(&dst_region.0).iter().all(|&b| b == 0),
+        "forgery landed"
+    );
     // The same request in clear, with a valid CRC, is refused too.
     let len = wire::emit(&mut buf, &h, &body, 64, |p| p.fill(0xAB)).expect("room");
     t.b.ep.handle_datagram(t.now, addr(A), 0, &buf[..len]);
     assert_eq!(t.b.ep.stats().rx_auth_failed, 2);
-    assert!(whole(&dst_region.0).iter().all(|&b| b == 0), "plain packet landed");
+    assert!(
+        whole(&dst_region.0).iter().all(|&b| b == 0),
+        "plain packet landed"
+    );
     assert!(t.b.out(t.now).is_empty(), "B answered a forgery");
 }
 
@@ -441,7 +471,10 @@ fn encrypted_write_read_and_atomic_over_udp_loopback() {
     let data: Vec<u8> = (0..n).map(|i| (i * 7 + i / 251) as u8).collect();
     src.write(0, &data).expect("in bounds");
     let dst = pb
-        .alloc_mr(n + 8, Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC)
+        .alloc_mr(
+            n + 8,
+            Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+        )
         .expect("mr");
     let post = |id: u64, op: SendOp, sges: Vec<Sge>| {
         qa.post_send(SendWr {
@@ -460,7 +493,11 @@ fn encrypted_write_read_and_atomic_over_udp_loopback() {
     assert!(got == data, "WRITE differs");
     // READ it back over the top of the source's first half, after clearing it.
     src.write(0, &vec![0u8; n / 2]).expect("in bounds");
-    post(2, SendOp::Read(dst.remote(8)), vec![src.sge(0, (n / 2) as u32)]);
+    post(
+        2,
+        SendOp::Read(dst.remote(8)),
+        vec![src.sge(0, (n / 2) as u32)],
+    );
     let mut back = vec![0u8; n / 2];
     src.read(0, &mut back).expect("in bounds");
     assert!(back == data[..n / 2], "READ differs");
@@ -468,7 +505,11 @@ fn encrypted_write_read_and_atomic_over_udp_loopback() {
     post(4, SendOp::FetchAdd(dst.remote(0), 5), vec![src.sge(0, 8)]);
     let mut word = [0u8; 8];
     src.read(0, &mut word).expect("in bounds");
-    assert_eq!(u64::from_ne_bytes(word), 5, "fetch-add returned the old value");
+    assert_eq!(
+        u64::from_ne_bytes(word),
+        5,
+        "fetch-add returned the old value"
+    );
     let (sa, sb) = (da.stats(), db.stats());
     assert_eq!((sa.rx_auth_failed, sb.rx_auth_failed), (0, 0));
 }
@@ -480,6 +521,12 @@ fn an_encrypted_device_qp_refuses_a_plain_one_over_udp() {
     let (ca, cb) = (da.create_cq(), db.create_cq());
     let qa = pa.create_encrypted_qp(&ca, &ca).expect("qp a");
     let qb = pb.create_qp(&cb, &cb).expect("qp b");
-    assert_eq!(qa.connect(qb.info()), Err(ResourceError::EncryptionMismatch));
-    assert_eq!(qb.connect(qa.info()), Err(ResourceError::EncryptionMismatch));
+    assert_eq!(
+        qa.connect(qb.info()),
+        Err(ResourceError::EncryptionMismatch)
+    );
+    assert_eq!(
+        qb.connect(qa.info()),
+        Err(ResourceError::EncryptionMismatch)
+    );
 }
