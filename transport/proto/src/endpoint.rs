@@ -540,7 +540,8 @@ impl Endpoint {
         &self.sh.paths
     }
 
-    /// Payload bytes carried by one full request packet.
+    /// Payload bytes carried by one full request packet of a plain QP (an encrypted QP's
+    /// carry [`wire::SEAL_OVERHEAD`] bytes less).
     pub fn chunk_size(&self) -> u32 {
         self.sh.req_chunk
     }
