@@ -648,6 +648,24 @@ fn encrypted_every_op_is_exact_with_reordering_duplication_and_corruption() {
     mixed_sealed(seed(311), 0.0, 7, &[3 * MIB + 5], 30);
 }
 
+/// Keys come from the cluster's seed, so an encrypted run replays exactly.
+#[test]
+fn an_encrypted_run_replays_exactly_from_its_seed() {
+    let runs: Vec<_> = (0..2)
+        .map(|_| {
+            let out = mixed_with(seed(317), 0.05, 20, &[MIB / 4], 10, true);
+            let c = &out.sim.c;
+            (
+                c.now,
+                c.steps,
+                c.nodes[0].ep.stats().clone(),
+                c.nodes[1].ep.stats().clone(),
+            )
+        })
+        .collect();
+    assert_eq!(runs[0], runs[1]);
+}
+
 #[test]
 fn encrypted_every_op_is_exact_at_10_percent_loss() {
     mixed_sealed(seed(313), 0.10, 20, &[MIB + 1], 30);

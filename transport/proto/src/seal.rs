@@ -471,6 +471,32 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        /// The window against a naive model: a set of accepted numbers and the highest one.
+        /// A number is accepted iff it was never accepted and is no more than REPLAY_WINDOW
+        /// below the highest accepted plus one.
+        #[test]
+        fn replay_window_matches_a_set_model(
+            steps in proptest::collection::vec((0u64..3, 0u64..2 * REPLAY_WINDOW), 1..600)
+        ) {
+            let mut w = ReplayWindow::new();
+            let mut seen = std::collections::HashSet::new();
+            let mut top = 0u64;
+            let mut base = 0u64;
+            for (jump, off) in steps {
+                // Mostly near the top (reordering), sometimes a leap forward.
+                base += jump * REPLAY_WINDOW / 2;
+                let seq = base + off;
+                let want = !seen.contains(&seq) && (seq >= top || top - seq <= REPLAY_WINDOW);
+                proptest::prop_assert_eq!(w.accept(seq), want, "seq {} top {}", seq, top);
+                if want {
+                    seen.insert(seq);
+                    top = top.max(seq + 1);
+                }
+            }
+        }
+    }
+
     #[test]
     fn both_sides_derive_matching_keys_and_directions_differ() {
         let (sa, sb) = ([1u8; 32], [2u8; 32]);
