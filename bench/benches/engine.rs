@@ -5,14 +5,20 @@
 //! its completion: A packetizes (gathering from its region, CRC), B parses, checks, places and
 //! acknowledges, A processes the ACKs and completes. Throughput is reported per data packet.
 //!
+//! The `_sealed` variants run the same on an encrypted QP pair (`braid_proto::seal`): every
+//! data packet and ACK is sealed with AES-256-GCM and opened on the other side. Their datagrams
+//! are `SEAL_OVERHEAD` (20) bytes longer, so each packet carries the same payload as the plain
+//! variant of the same name.
+//!
 //! `cargo bench -p braid-bench --bench engine`
 use std::hint::black_box;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use braid::proto::wire::SEAL_OVERHEAD;
 use braid::proto::{
-    Access, CqId, Endpoint, EndpointConfig, Region, RemoteAddr, SendOp, SendWr, Sge, Timestamp,
-    WcStatus,
+    Access, CqId, Endpoint, EndpointConfig, QpOptions, Region, RemoteAddr, SendOp, SendWr, Sge,
+    Timestamp, WcStatus,
 };
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
@@ -40,7 +46,10 @@ struct Pair {
 }
 
 impl Pair {
-    fn new(max_datagram: usize, msg_len: u32) -> Pair {
+    /// A connected pair whose WRITEs carry `payload` bytes per packet, encrypted if `sealed`.
+    fn new(payload: usize, msg_len: u32, sealed: bool) -> Pair {
+        let extra = if sealed { SEAL_OVERHEAD } else { 0 };
+        let max_datagram = payload + WRITE_OVERHEAD + extra;
         let a_addr: SocketAddr = "10.0.0.1:4791".parse().expect("literal");
         let b_addr: SocketAddr = "10.0.0.2:4791".parse().expect("literal");
         let cfg = |seed| EndpointConfig {
@@ -53,12 +62,19 @@ impl Pair {
         assert_eq!(
             a.chunk_size() as usize,
             max_datagram - WRITE_OVERHEAD,
-            "chunk size"
+            "chunk size of a plain QP"
         );
         let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
         let (ca, cb) = (a.create_cq(), b.create_cq());
-        let qa = a.create_qp(pa, ca, ca).expect("qp");
-        let qb = b.create_qp(pb, cb, cb).expect("qp");
+        let opts = |key: u8| {
+            if sealed {
+                QpOptions::encrypted([key; 32])
+            } else {
+                QpOptions::default()
+            }
+        };
+        let qa = a.create_qp_with(pa, ca, ca, opts(1)).expect("qp");
+        let qb = b.create_qp_with(pb, cb, cb, opts(2)).expect("qp");
         a.connect(qa.qpn, qb).expect("connect");
         b.connect(qb.qpn, qa).expect("connect");
         let src = Region::new(msg_len as usize);
@@ -149,13 +165,14 @@ fn bench_engine(c: &mut Criterion) {
     g.sample_size(10)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(2));
-    for (name, max_datagram) in [
-        ("4KiB_payload", 4096 + WRITE_OVERHEAD),
-        ("1408B_payload", 1472),
-        ("64B_payload", 64 + WRITE_OVERHEAD),
+    for (name, payload, sealed) in [
+        ("4KiB_payload", 4096, false),
+        ("4KiB_payload_sealed", 4096, true),
+        ("1408B_payload", 1408, false),
+        ("1408B_payload_sealed", 1408, true),
+        ("64B_payload", 64, false),
     ] {
-        let chunk = (max_datagram - WRITE_OVERHEAD) as u32;
-        let mut pair = Pair::new(max_datagram, chunk * PACKETS as u32);
+        let mut pair = Pair::new(payload, payload as u32 * PACKETS as u32, sealed);
         // Warm-up message; also checks that exactly PACKETS data packets leave A.
         assert_eq!(pair.write_once(), PACKETS, "{name}: packets per WRITE");
         g.throughput(Throughput::Elements(PACKETS));
@@ -164,11 +181,14 @@ fn bench_engine(c: &mut Criterion) {
         });
     }
     // One-packet WRITE: the per-message fixed cost (post, packetize, place, ACK, complete).
-    let mut pair = Pair::new(1472, 8);
-    g.throughput(Throughput::Elements(1));
-    g.bench_function("8B_single_packet_message", |b| {
-        b.iter(|| black_box(pair.write_once()))
-    });
+    for (name, sealed) in [
+        ("8B_single_packet_message", false),
+        ("8B_single_packet_message_sealed", true),
+    ] {
+        let mut pair = Pair::new(1408, 8, sealed);
+        g.throughput(Throughput::Elements(1));
+        g.bench_function(name, |b| b.iter(|| black_box(pair.write_once())));
+    }
     g.finish();
 }
 

@@ -277,6 +277,8 @@ pub struct ClientReport {
     pub max_datagram: usize,
     /// Message size (the largest, for a sweep).
     pub size: u64,
+    /// Whether the connection was encrypted (`--encrypt`).
+    pub encrypted: bool,
     /// Messages or round trips completed (for a sweep: summed).
     pub iterations: u64,
     /// Bandwidth, Gbit/s (bandwidth tests; for latency tests, the payload rate achieved).

@@ -23,6 +23,9 @@ pub struct WireQp {
     pub qpn: u32,
     /// First PSN.
     pub psn: u32,
+    /// X25519 public key of an encrypted QP (absent for a plain one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seal_key: Option<[u8; 32]>,
 }
 
 impl From<QpInfo> for WireQp {
@@ -31,6 +34,7 @@ impl From<QpInfo> for WireQp {
             addr: q.addr,
             qpn: q.qpn,
             psn: q.psn,
+            seal_key: q.seal_key,
         }
     }
 }
@@ -41,6 +45,7 @@ impl From<WireQp> for QpInfo {
             addr: q.addr,
             qpn: q.qpn,
             psn: q.psn,
+            seal_key: q.seal_key,
         }
     }
 }

@@ -285,13 +285,51 @@ fn check_parse(d: &[u8]) {
     );
 }
 
+fn check_sealed(data: &[u8]) {
+    use braid::proto::seal::{Party, Sealer, public_key};
+    assert_eq!(Packet::parse(data), Err(wire::Error::Sealed));
+    if let Ok(peek) = wire::peek_sealed(data) {
+        assert!(data.len() >= wire::HEADER_LEN + wire::SEAL_SEQ_LEN + wire::SEAL_TAG_LEN);
+        assert_eq!(peek.dst_qpn.to_be_bytes(), data[4..8]);
+    }
+    if let Ok(p) = Packet::parse_opened(data) {
+        assert_ne!(p.header.flags & wire::FLAG_SEALED, 0);
+        let start = wire::HEADER_LEN + wire::SEAL_SEQ_LEN + p.body.len();
+        assert_eq!(p.payload.len(), data.len() - start);
+        assert!(!p.to_string().is_empty());
+    }
+    if !cfg!(fuzzing) {
+        let (sa, sb) = ([3u8; 32], [4u8; 32]);
+        let a = Party {
+            public: public_key(&sa),
+            qpn: 1,
+            psn: 0,
+        };
+        let b = Party {
+            public: public_key(&sb),
+            qpn: 2,
+            psn: 0,
+        };
+        let mut s = Sealer::new(&sa, a, b).expect("good keys");
+        assert!(s.open(data, &mut Vec::new()).is_err());
+    }
+}
+
 /// Raw bytes into the packet parser and printer. Checked on every input: parsing never panics;
 /// a short datagram is `Truncated`; on stable, a wrong trailer is `BadCrc` before any field is
 /// looked at; and for every input that parses (as given, and with its trailer recomputed) the
 /// header, body, payload and trailer make up the datagram exactly, the payload is borrowed
 /// from its place, each kind's length rule holds, the SACK accessor agrees with the bitmap,
 /// printing works, and emit(parse(x)) reproduces x apart from reserved fields.
+///
+/// A datagram that claims to be sealed is refused by the plain parser with `Sealed`; its
+/// clear fields are peeked, its bytes go through the plaintext parser as if decrypted, and
+/// (on stable) a sealer with a fixed key refuses it, since no input forges a tag.
 pub fn packet(data: &[u8]) {
+    if wire::is_sealed(data) && data.len() >= wire::HEADER_LEN + wire::TRAILER_LEN {
+        check_sealed(data);
+        return;
+    }
     check_parse(data);
     let mut fixed = data.to_vec();
     fix_crc(&mut fixed);
@@ -451,6 +489,7 @@ impl EngineTarget {
             addr: addr(PEER_ADDR),
             qpn: PEER_QPN,
             psn: PEER_PSN,
+            seal_key: None,
         };
         ep.connect(qp.qpn, peer).expect("QP in Init");
         // (name, length, rights, in the QP's PD, deregistered afterwards)
@@ -2520,6 +2559,7 @@ impl Sender {
                 addr: addr(PEER_ADDR),
                 qpn: PEER_QPN,
                 psn: PEER_PSN,
+                seal_key: None,
             },
         )
         .expect("QP in Init");

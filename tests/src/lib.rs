@@ -61,7 +61,16 @@ pub fn parse_info(line: &str) -> Option<(QpInfo, u32, u64)> {
     let psn = it.next()?.parse().ok()?;
     let rkey = it.next()?.parse().ok()?;
     let len = it.next()?.parse().ok()?;
-    Some((QpInfo { addr, qpn, psn }, rkey, len))
+    Some((
+        QpInfo {
+            addr,
+            qpn,
+            psn,
+            seal_key: None,
+        },
+        rkey,
+        len,
+    ))
 }
 
 #[cfg(test)]
@@ -74,6 +83,7 @@ mod tests {
             addr: "127.0.0.1:4791".parse().unwrap(),
             qpn: 77,
             psn: u32::MAX,
+            seal_key: None,
         };
         assert_eq!(
             parse_info(&format_info(&info, 9, 1 << 20)),

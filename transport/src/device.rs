@@ -30,7 +30,8 @@ use braid_datapath::xdp::{XdpConfig, XdpDatapath};
 use braid_datapath::{Datapath, Ecn, RecvBatch};
 use braid_proto::{
     Access, Completion, CqId, Endpoint, EndpointConfig, EndpointStats, MrKeys, PathStats, PdId,
-    PostError, QpInfo, QpStats, RecvWr, Region, RemoteAddr, ResourceError, SendWr, Sge, Timestamp,
+    PostError, QpInfo, QpOptions, QpStats, RecvWr, Region, RemoteAddr, ResourceError, SendWr, Sge,
+    Timestamp,
 };
 use braid_sync::{Consumer, Event, Mpsc, Pool, Producer, Ring};
 
@@ -826,12 +827,34 @@ impl ProtectionDomain {
         send_cq: &CompletionQueue,
         recv_cq: &CompletionQueue,
     ) -> Result<QueuePair, ResourceError> {
+        self.create_qp_with(send_cq, recv_cq, QpOptions::default())
+    }
+
+    /// Creates a QP as [`create_qp`](Self::create_qp) does, but encrypted: every packet is
+    /// sealed with AES-256-GCM under keys agreed at `connect` (see `braid_proto::seal`). Its
+    /// X25519 private key is drawn from the OS; the peer QP must be encrypted too.
+    pub fn create_encrypted_qp(
+        &self,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+    ) -> Result<QueuePair, ResourceError> {
+        let mut secret = [0u8; 32];
+        getrandom::getrandom(&mut secret).map_err(|_| ResourceError::Entropy)?;
+        self.create_qp_with(send_cq, recv_cq, QpOptions::encrypted(secret))
+    }
+
+    fn create_qp_with(
+        &self,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+        opts: QpOptions,
+    ) -> Result<QueuePair, ResourceError> {
         let info = self
             .dev
             .inner()
             .lock()
             .ep
-            .create_qp(self.pd, send_cq.id, recv_cq.id)?;
+            .create_qp_with(self.pd, send_cq.id, recv_cq.id, opts)?;
         Ok(QueuePair {
             dev: self.dev.clone(),
             info,

@@ -47,8 +47,8 @@ pub mod testing;
 
 pub use braid_proto::{
     Access, Completion, EndpointConfig, EndpointStats, MAX_PATHS, MemError, PathStats, PostError,
-    QpInfo, QpState, QpStats, RecvWr, Region, RemoteAddr, ResourceError, RttSummary, SendOp,
-    SendWr, Sge, Timestamp, WcOpcode, WcStatus,
+    QpInfo, QpOptions, QpState, QpStats, RecvWr, Region, RemoteAddr, ResourceError, RttSummary,
+    SendOp, SendWr, Sge, Timestamp, WcOpcode, WcStatus,
 };
 pub use device::{
     CompletionQueue, DatapathKind, Device, DeviceConfig, MemoryRegion, OpenError, ProtectionDomain,

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use braid_datapath::sim::{LinkConfig, SimNet};
 use braid_datapath::{Ecn, Transmit};
 use braid_proto::{
-    Access, Completion, CqId, Endpoint, EndpointConfig, MrKeys, PdId, QpInfo, Region, Timestamp,
+    Access, Completion, CqId, Endpoint, EndpointConfig, MrKeys, PdId, QpInfo, QpOptions, Region,
+    Timestamp,
 };
 
 /// One simulated device.
@@ -37,6 +38,10 @@ pub struct Cluster {
     /// Steps taken so far.
     pub steps: u64,
     buf: Vec<u8>,
+    /// Seed of the run, from which encrypted QPs' private keys are derived.
+    seed: u64,
+    /// Private keys drawn so far.
+    keys_drawn: u64,
 }
 
 /// One side of a connected QP pair built by [`Cluster::connect`].
@@ -91,24 +96,20 @@ impl Cluster {
             nodes,
             steps: 0,
             buf: vec![0u8; 65_536],
+            seed,
+            keys_drawn: 0,
         }
     }
 
     /// Creates a PD, a CQ and a QP on nodes `a` and `b` and connects the two QPs.
     pub fn connect(&mut self, a: usize, b: usize) -> (Side, Side) {
-        let mut mk = |n: usize| {
-            let ep = &mut self.nodes[n].ep;
-            let pd = ep.alloc_pd();
-            let cq = ep.create_cq();
-            let qp = ep.create_qp(pd, cq, cq).expect("fresh PD and CQ");
-            Side {
-                node: n,
-                pd,
-                cq,
-                qp,
-            }
-        };
-        let (sa, sb) = (mk(a), mk(b));
+        self.connect_with(a, b, false)
+    }
+
+    /// [`connect`](Self::connect), with both QPs encrypted when `encrypted` is set. Their
+    /// private keys derive from the cluster's seed, so the run stays replayable.
+    pub fn connect_with(&mut self, a: usize, b: usize, encrypted: bool) -> (Side, Side) {
+        let (sa, sb) = (self.new_side(a, encrypted), self.new_side(b, encrypted));
         self.nodes[a]
             .ep
             .connect(sa.qp.qpn, sb.qp)
@@ -118,6 +119,42 @@ impl Cluster {
             .connect(sb.qp.qpn, sa.qp)
             .expect("QP in Init");
         (sa, sb)
+    }
+
+    /// A 32-byte private key derived from the seed (splitmix64; test keys only).
+    pub fn draw_secret(&mut self) -> [u8; 32] {
+        let mut out = [0u8; 32];
+        for chunk in out.chunks_mut(8) {
+            self.keys_drawn += 1;
+            let mut z = self
+                .seed
+                .wrapping_add(self.keys_drawn.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            chunk.copy_from_slice(&(z ^ (z >> 31)).to_le_bytes());
+        }
+        out
+    }
+
+    /// Creates a PD, a CQ and an (optionally encrypted) QP on node `n`, not connected.
+    pub fn new_side(&mut self, n: usize, encrypted: bool) -> Side {
+        let opts = if encrypted {
+            QpOptions::encrypted(self.draw_secret())
+        } else {
+            QpOptions::default()
+        };
+        let ep = &mut self.nodes[n].ep;
+        let pd = ep.alloc_pd();
+        let cq = ep.create_cq();
+        let qp = ep
+            .create_qp_with(pd, cq, cq, opts)
+            .expect("fresh PD and CQ");
+        Side {
+            node: n,
+            pd,
+            cq,
+            qp,
+        }
     }
 
     /// Allocates and registers a zeroed region of `len` bytes on `side`'s node.

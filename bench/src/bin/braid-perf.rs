@@ -7,6 +7,9 @@
 //!   length, one JSON line each way; see `braid_bench::wire`); the data moves over Braid. The
 //!   server serves clients one after another, each on a fresh device, until killed (or after
 //!   the first one with `--once`).
+//! * `--encrypt` (demo, client): the connection is encrypted and authenticated (AES-256-GCM
+//!   under keys agreed with X25519 at connect; see `braid_proto::seal`). The server follows the
+//!   client's choice, or refuses plain clients when started with `--encrypt` itself.
 use std::io::{BufReader, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::process::ExitCode;
@@ -68,6 +71,33 @@ struct Engine {
     /// one core busy).
     #[arg(long)]
     progress_busy_poll: bool,
+    /// Encrypt and authenticate the connection (AES-256-GCM, keys agreed at connect); each
+    /// packet then carries 20 bytes less payload.
+    #[arg(long)]
+    encrypt: bool,
+}
+
+/// A QP on `pd` reporting to `cq`, encrypted if asked.
+fn make_qp(
+    pd: &braid::ProtectionDomain,
+    cq: &braid::CompletionQueue,
+    encrypt: bool,
+) -> Result<braid::QueuePair, braid::ResourceError> {
+    if encrypt {
+        pd.create_encrypted_qp(cq, cq)
+    } else {
+        pd.create_qp(cq, cq)
+    }
+}
+
+/// Payload bytes per packet of a QP on `dev`: sealed packets carry `SEAL_OVERHEAD` less.
+fn payload_per_packet(dev: &Device, encrypt: bool) -> u32 {
+    let seal = if encrypt {
+        braid::proto::wire::SEAL_OVERHEAD as u32
+    } else {
+        0
+    };
+    dev.chunk_size() - seal
 }
 
 #[derive(Args)]
@@ -128,6 +158,10 @@ struct DatapathOnly {
     /// one core busy).
     #[arg(long)]
     progress_busy_poll: bool,
+    /// Refuse clients whose connection is not encrypted (without it, the server encrypts when
+    /// the client does).
+    #[arg(long)]
+    encrypt: bool,
 }
 
 #[derive(Copy, Clone, PartialEq, Eq, ValueEnum)]
@@ -310,6 +344,7 @@ struct DemoReport {
     paths: u16,
     max_datagram: usize,
     chunk: u32,
+    encrypted: bool,
     bw: Vec<BwResult>,
     lat: LatResult,
     paths_client: Vec<PathRow>,
@@ -332,8 +367,8 @@ fn demo(a: &DemoArgs) -> Result<bool, String> {
     let (spd, cpd) = (srv.alloc_pd(), cli.alloc_pd());
     let (scq, ccq) = (srv.create_cq(), cli.create_cq());
     let err = |e: braid::ResourceError| e.to_string();
-    let sqp = spd.create_qp(&scq, &scq).map_err(err)?;
-    let cqp = cpd.create_qp(&ccq, &ccq).map_err(err)?;
+    let sqp = make_qp(&spd, &scq, a.engine.encrypt).map_err(err)?;
+    let cqp = make_qp(&cpd, &ccq, a.engine.encrypt).map_err(err)?;
     cqp.connect(sqp.info()).map_err(err)?;
     sqp.connect(cqp.info()).map_err(err)?;
     let len = (window as u64 * a.size).max(8) as usize;
@@ -348,15 +383,20 @@ fn demo(a: &DemoArgs) -> Result<bool, String> {
     };
     if !a.json {
         println!(
-            "braid-perf demo: client {} -> server {}, datapath {}, {} paths, {} B datagrams ({} B payload per packet), {} B messages, window {}",
+            "braid-perf demo: client {} -> server {}, datapath {}, {} paths, {} B datagrams ({} B payload per packet), {} B messages, window {}{}",
             cli.local_addr(),
             srv.local_addr(),
             cli.datapath_report(),
             a.engine.paths,
             a.engine.max_datagram,
-            cli.chunk_size(),
+            payload_per_packet(&cli, a.engine.encrypt),
             a.size,
-            window
+            window,
+            if a.engine.encrypt {
+                ", encrypted (AES-256-GCM)"
+            } else {
+                ""
+            }
         );
     }
     let spec = |op| BwSpec {
@@ -409,7 +449,8 @@ fn demo(a: &DemoArgs) -> Result<bool, String> {
         datapath: cli.datapath_kind().to_string(),
         paths: a.engine.paths,
         max_datagram: a.engine.max_datagram,
-        chunk: cli.chunk_size(),
+        chunk: payload_per_packet(&cli, a.engine.encrypt),
+        encrypted: a.engine.encrypt,
         bw,
         lat,
         paths_client: report::path_rows(&cli.path_stats()),
@@ -543,14 +584,21 @@ fn serve_one(a: &ServerArgs, stream: TcpStream) -> Result<String, String> {
         max_datagram: hello.max_datagram,
         datapath: a.engine_dp.datapath,
         progress_busy_poll: a.engine_dp.progress_busy_poll,
+        encrypt: hello.qp.seal_key.is_some(),
     };
+    if a.engine_dp.encrypt && !engine.encrypt {
+        return refuse(
+            &mut writer,
+            braid::ResourceError::EncryptionMismatch.to_string() + " (server requires --encrypt)",
+        );
+    }
     let dev = match open_device(&engine, SocketAddr::new(ip, a.udp_port)) {
         Ok(d) => d,
         Err(e) => return refuse(&mut writer, e),
     };
     let pd = dev.alloc_pd();
     let cq = dev.create_cq();
-    let qp = pd.create_qp(&cq, &cq).map_err(|e| e.to_string())?;
+    let qp = make_qp(&pd, &cq, engine.encrypt).map_err(|e| e.to_string())?;
     let mr = pd
         .alloc_mr(hello.region_len as usize, Access::ALL)
         .map_err(|e| e.to_string())?;
@@ -762,7 +810,7 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
     let pd = dev.alloc_pd();
     let cq = dev.create_cq();
     let err = |e: braid::ResourceError| e.to_string();
-    let qp = pd.create_qp(&cq, &cq).map_err(err)?;
+    let qp = make_qp(&pd, &cq, a.engine.encrypt).map_err(err)?;
     let mr = pd
         .alloc_mr(
             local_len.max(8) as usize,
@@ -793,14 +841,19 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
     };
     if !a.json {
         println!(
-            "braid-perf client: {} -> {} (server device {}), datapath {}, {} paths, {} B datagrams ({} B payload per packet)",
+            "braid-perf client: {} -> {} (server device {}), datapath {}, {} paths, {} B datagrams ({} B payload per packet){}",
             dev.local_addr(),
             server_addr,
             peer_qp.addr,
             dev.datapath_report(),
             a.engine.paths,
             a.engine.max_datagram,
-            dev.chunk_size()
+            payload_per_packet(&dev, a.engine.encrypt),
+            if a.engine.encrypt {
+                ", encrypted (AES-256-GCM)"
+            } else {
+                ""
+            }
         );
     }
     let progress = !a.quiet;
@@ -810,6 +863,7 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
         paths: a.engine.paths,
         max_datagram: a.engine.max_datagram,
         size,
+        encrypted: a.engine.encrypt,
         verified: true,
         ..ClientReport::default()
     };

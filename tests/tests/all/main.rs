@@ -5,7 +5,10 @@
 //!   duplication and corruption. Every failure names its seed; replay one with
 //!   `BRAID_SEED=<seed> cargo test -p braid-tests <test name>`.
 //! - `hostile`: bad keys, bounds and rights, hostile datagrams, bad API use.
+//! - `encryption`: encrypted QPs: agreement at connect; tampered, replayed and forged
+//!   datagrams; encrypted devices over UDP.
 //! - `loopback`: devices over real UDP on 127.0.0.1, in one process and across two.
+mod encryption;
 mod fabric;
 mod fault_matrix;
 mod fuzz_corpus;

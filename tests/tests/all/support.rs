@@ -64,8 +64,13 @@ pub struct Sim {
 
 impl Sim {
     pub fn new(seed: u64, cfg: &EndpointConfig, link: LinkConfig) -> Sim {
+        Sim::new_with(seed, cfg, link, false)
+    }
+
+    /// As [`Sim::new`], with the QP pair encrypted when `encrypted` is set.
+    pub fn new_with(seed: u64, cfg: &EndpointConfig, link: LinkConfig, encrypted: bool) -> Sim {
         let mut c = Cluster::new(seed, 2, cfg, link);
-        let (a, b) = c.connect(0, 1);
+        let (a, b) = c.connect_with(0, 1, encrypted);
         Sim { c, seed, a, b }
     }
 

@@ -31,6 +31,7 @@ use rand_core::{RngCore, SeedableRng};
 use crate::coverage::Coverage;
 use crate::hist::{RttHistogram, RttSummary};
 use crate::mem::{Access, Region};
+use crate::seal::QpSeal;
 use crate::tracker::{Class, RecvTracker};
 use crate::types::*;
 use crate::wire::{self, Body, Header, Op, Syndrome};
@@ -543,6 +544,8 @@ struct Qp {
     rq_base_ssn: u32,
     /// A work request was refused: send nothing new, fail once the earlier ones finish.
     failing: bool,
+    /// Encryption of this QP's packets, if any ([`crate::seal`]).
+    seal: QpSeal,
 }
 
 /// One device's protocol state. See the module documentation for the driving order.
@@ -556,6 +559,8 @@ pub struct Endpoint {
     pds: HashMap<u32, u32>,
     cqs: Vec<u32>,
     next_id: u32,
+    /// Where sealed datagrams are decrypted (reused).
+    open_buf: Vec<u8>,
 }
 
 impl core::fmt::Debug for Endpoint {
@@ -602,6 +607,7 @@ impl Endpoint {
             pds: HashMap::new(),
             cqs: Vec::new(),
             next_id: 1,
+            open_buf: Vec::new(),
         }
     }
 
@@ -630,7 +636,8 @@ impl Endpoint {
         self.sh.rtt_hist.summary()
     }
 
-    /// Payload bytes carried by one full request packet.
+    /// Payload bytes carried by one full request packet of a plain QP (an encrypted QP's
+    /// carry [`wire::SEAL_OVERHEAD`] bytes less).
     pub fn chunk_size(&self) -> u32 {
         self.sh.req_chunk
     }
@@ -719,6 +726,17 @@ impl Endpoint {
         send_cq: CqId,
         recv_cq: CqId,
     ) -> Result<QpInfo, ResourceError> {
+        self.create_qp_with(pd, send_cq, recv_cq, QpOptions::default())
+    }
+
+    /// Creates a QP as [`create_qp`](Self::create_qp) does, with options (encryption).
+    pub fn create_qp_with(
+        &mut self,
+        pd: PdId,
+        send_cq: CqId,
+        recv_cq: CqId,
+        opts: QpOptions,
+    ) -> Result<QpInfo, ResourceError> {
         if !self.pds.contains_key(&pd.0) {
             return Err(ResourceError::UnknownPd);
         }
@@ -797,7 +815,9 @@ impl Endpoint {
             rq: VecDeque::new(),
             rq_base_ssn: 0,
             failing: false,
+            seal: QpSeal::new(opts.seal_secret),
         };
+        let seal_key = qp.seal.public_key();
         self.qps.insert(qpn, qp);
         self.order.push(qpn);
         if let Some(n) = self.pds.get_mut(&pd.0) {
@@ -807,6 +827,7 @@ impl Endpoint {
             addr: self.local,
             qpn,
             psn,
+            seal_key,
         })
     }
 
@@ -816,15 +837,18 @@ impl Endpoint {
             addr: self.local,
             qpn,
             psn: q.initial_psn,
+            seal_key: q.seal.public_key(),
         })
     }
 
-    /// Connects `qpn` (in `Init`) to the peer QP described by `peer`.
+    /// Connects `qpn` (in `Init`) to the peer QP described by `peer`. An encrypted QP agrees
+    /// its keys here; both sides must encrypt or neither ([`ResourceError::EncryptionMismatch`]).
     pub fn connect(&mut self, qpn: u32, peer: QpInfo) -> Result<(), ResourceError> {
         let qp = self.qps.get_mut(&qpn).ok_or(ResourceError::UnknownQp)?;
         if qp.state != QpState::Init {
             return Err(ResourceError::BadState);
         }
+        qp.seal.connect(qp.qpn, qp.initial_psn, &peer)?;
         qp.peer = Some(peer);
         qp.rx = RecvTracker::new(peer.psn);
         qp.state = QpState::Connected;
@@ -1114,6 +1138,10 @@ impl Endpoint {
     /// and dropped; nothing here panics or touches memory outside registered regions.
     pub fn handle_datagram(&mut self, now: Timestamp, src: SocketAddr, ecn: u8, datagram: &[u8]) {
         self.sh.stats.rx_datagrams += 1;
+        if wire::is_sealed(datagram) {
+            self.handle_sealed(now, src, ecn, datagram);
+            return;
+        }
         let pkt = match wire::Packet::parse(datagram) {
             Ok(p) => p,
             Err(wire::Error::BadCrc) => {
@@ -1136,16 +1164,54 @@ impl Endpoint {
                 return;
             }
         }
-        let h = pkt.header;
-        match pkt.body {
-            Body::Ack(a) => qp.on_ack(now, &a, h.flags, &mut self.sh),
-            Body::Nak(n) => qp.on_nak(now, &n, &mut self.sh),
-            Body::Request(r) => qp.on_request(now, &h, &r, pkt.payload, ecn, &mut self.sh),
-            Body::ReadResponse(r) => {
-                qp.on_read_response(now, &h, &r, pkt.payload, ecn, &mut self.sh)
-            }
-            Body::AtomicResponse(r) => qp.on_atomic_response(now, &h, &r, ecn, &mut self.sh),
+        if qp.seal.is_on() {
+            // A plain packet on an encrypted connection: unauthenticated, so refused.
+            self.sh.stats.rx_auth_failed += 1;
+            return;
         }
+        qp.dispatch(now, ecn, &pkt, &mut self.sh);
+    }
+
+    /// [`handle_datagram`](Self::handle_datagram) for a sealed datagram: the QP and peer are
+    /// read from the clear header, then the tag is verified, the replay window consulted and
+    /// the plaintext parsed before the QP sees anything.
+    fn handle_sealed(&mut self, now: Timestamp, src: SocketAddr, ecn: u8, datagram: &[u8]) {
+        let Ok(peek) = wire::peek_sealed(datagram) else {
+            self.sh.stats.rx_malformed += 1;
+            return;
+        };
+        let Some(qp) = self.qps.get_mut(&peek.dst_qpn) else {
+            self.sh.stats.rx_unknown_qp += 1;
+            return;
+        };
+        match qp.peer {
+            Some(p) if p.addr.ip() == src.ip() && p.qpn == peek.src_qpn => {}
+            _ => {
+                self.sh.stats.rx_wrong_peer += 1;
+                return;
+            }
+        }
+        let Some(sealer) = qp.seal.sealer() else {
+            // A sealed packet for a plain QP: no key can authenticate it.
+            self.sh.stats.rx_auth_failed += 1;
+            return;
+        };
+        let pkt = match sealer.open(datagram, &mut self.open_buf) {
+            Ok(p) => p,
+            Err(crate::seal::OpenError::Replayed) => {
+                self.sh.stats.rx_replayed += 1;
+                return;
+            }
+            Err(crate::seal::OpenError::BadPlaintext(_)) => {
+                self.sh.stats.rx_malformed += 1;
+                return;
+            }
+            Err(_) => {
+                self.sh.stats.rx_auth_failed += 1;
+                return;
+            }
+        };
+        qp.dispatch(now, ecn, &pkt, &mut self.sh);
     }
 
     /// Runs the timers that are due at `now`: retransmit timeouts and RNR waits.
@@ -1191,6 +1257,18 @@ impl Endpoint {
 }
 
 impl Qp {
+    /// Hands a parsed, authenticated packet from the connected peer to its handler.
+    fn dispatch(&mut self, now: Timestamp, ecn: u8, pkt: &wire::Packet<'_>, sh: &mut Shared) {
+        let h = pkt.header;
+        match pkt.body {
+            Body::Ack(a) => self.on_ack(now, &a, h.flags, sh),
+            Body::Nak(n) => self.on_nak(now, &n, sh),
+            Body::Request(r) => self.on_request(now, &h, &r, pkt.payload, ecn, sh),
+            Body::ReadResponse(r) => self.on_read_response(now, &h, &r, pkt.payload, ecn, sh),
+            Body::AtomicResponse(r) => self.on_atomic_response(now, &h, &r, ecn, sh),
+        }
+    }
+
     fn rto_ns(&self, cfg: &EndpointConfig) -> u64 {
         let base = if self.rtt.samples == 0 {
             cfg.rto_initial_ns
@@ -1307,14 +1385,15 @@ impl Qp {
                 } else {
                     (0, None)
                 };
-                wire::emit(buf, &h, &body, plen, |p| match ops {
-                    Some((a, b)) => {
-                        p[..8].copy_from_slice(&a.to_be_bytes());
-                        p[8..16].copy_from_slice(&b.to_be_bytes());
-                    }
-                    None => gather(&w.segs, u64::from(*offset), p),
-                })
-                .ok()
+                self.seal
+                    .emit(buf, &h, &body, plen, |p| match ops {
+                        Some((a, b)) => {
+                            p[..8].copy_from_slice(&a.to_be_bytes());
+                            p[8..16].copy_from_slice(&b.to_be_bytes());
+                        }
+                        None => gather(&w.segs, u64::from(*offset), p),
+                    })
+                    .ok()
             }
             SentWhat::ReadResp {
                 msn,
@@ -1330,11 +1409,12 @@ impl Qp {
                     offset: *offset,
                     msg_len: *msg_len,
                 });
-                wire::emit(buf, &h, &body, *len as usize, |p| {
-                    // Bounds were checked when the READ was accepted.
-                    let _ = region.read(base + u64::from(*offset), p);
-                })
-                .ok()
+                self.seal
+                    .emit(buf, &h, &body, *len as usize, |p| {
+                        // Bounds were checked when the READ was accepted.
+                        let _ = region.read(base + u64::from(*offset), p);
+                    })
+                    .ok()
             }
             SentWhat::AtomicResp { msn, original } => {
                 let h = self.header(wire::Kind::AtomicResponse, psn, path, now, flags)?;
@@ -1342,7 +1422,7 @@ impl Qp {
                     msn: *msn,
                     original: *original,
                 });
-                wire::emit(buf, &h, &body, 0, |_| {}).ok()
+                self.seal.emit(buf, &h, &body, 0, |_| {}).ok()
             }
         }
     }
@@ -1357,7 +1437,7 @@ impl Qp {
         if let Some(nak) = self.naks.pop_front() {
             let path = self.next_path(sh);
             let h = self.header(wire::Kind::Nak, 0, path, now, 0)?;
-            let len = wire::emit(buf, &h, &Body::Nak(nak), 0, |_| {}).ok()?;
+            let len = self.seal.emit(buf, &h, &Body::Nak(nak), 0, |_| {}).ok()?;
             sh.stats.naks_sent += 1;
             return Some(self.transmit(&peer, len, path, 0));
         }
@@ -1383,7 +1463,7 @@ impl Qp {
             };
             self.dup_since_ack = false;
             let h = self.header(wire::Kind::Ack, 0, path, now, flags)?;
-            let len = wire::emit(buf, &h, &Body::Ack(ack), 0, |_| {}).ok()?;
+            let len = self.seal.emit(buf, &h, &Body::Ack(ack), 0, |_| {}).ok()?;
             return Some(self.transmit(&peer, len, path, 0));
         }
         // Retransmissions first: they are not limited by the window.
@@ -1513,7 +1593,7 @@ impl Qp {
                     next_offset,
                 } => {
                     let offset = *next_offset;
-                    let len = (*msg_len - offset).min(sh.resp_chunk);
+                    let len = (*msg_len - offset).min(sh.resp_chunk - self.seal.overhead());
                     let what = SentWhat::ReadResp {
                         msn: *msn,
                         region: region.clone(),
@@ -1549,7 +1629,7 @@ impl Qp {
         }
         let offset = w.next_offset;
         let len = if w.op.carries_data() {
-            (w.len - offset).min(sh.req_chunk)
+            (w.len - offset).min(sh.req_chunk - self.seal.overhead())
         } else {
             0
         };

@@ -6,13 +6,15 @@
 //! What it does: the wire format ([`wire`]), memory regions and direct placement ([`mem`]),
 //! per-connection sequence numbers, selective ACKs, time-based loss detection, retransmit
 //! timeouts, RNR retries, response replay for READ and atomics, and the verbs-like queue pair
-//! state machine ([`Endpoint`]). Congestion control is delegated to `braid-cc`.
+//! state machine ([`Endpoint`]), and optional per-connection authenticated encryption
+//! ([`seal`]). Congestion control is delegated to `braid-cc`.
 #![warn(missing_docs, unreachable_pub)]
 
 mod coverage;
 pub mod endpoint;
 pub mod hist;
 pub mod mem;
+pub mod seal;
 pub mod tracker;
 pub mod types;
 pub mod wire;

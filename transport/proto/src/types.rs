@@ -114,6 +114,39 @@ pub struct QpInfo {
     pub qpn: u32,
     /// The first PSN this QP will send.
     pub psn: u32,
+    /// The QP's X25519 public key when it encrypts its traffic ([`crate::seal`]); `None` for
+    /// a plain QP. Both sides of a connection must agree: `connect` refuses a mismatch with
+    /// [`ResourceError::EncryptionMismatch`].
+    pub seal_key: Option<[u8; 32]>,
+}
+
+/// Options for creating a QP. `Default` is a plain (unencrypted) QP.
+#[derive(Clone, Default)]
+#[non_exhaustive]
+pub struct QpOptions {
+    /// Encrypt and authenticate every packet of the connection with AES-256-GCM, keyed by an
+    /// X25519 agreement at `connect` from this 32-byte private key ([`crate::seal`]). The
+    /// engine draws no OS entropy: the runtime passes fresh random bytes, a simulation bytes
+    /// derived from its seed.
+    pub seal_secret: Option<[u8; 32]>,
+}
+
+impl QpOptions {
+    /// Options for an encrypted QP with this X25519 private key.
+    pub fn encrypted(secret: [u8; 32]) -> QpOptions {
+        QpOptions {
+            seal_secret: Some(secret),
+        }
+    }
+}
+
+impl core::fmt::Debug for QpOptions {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        // Never print the private key.
+        f.debug_struct("QpOptions")
+            .field("encrypted", &self.seal_secret.is_some())
+            .finish()
+    }
 }
 
 /// A local scatter/gather entry: `len` bytes at `offset` in the region with key `lkey`.
@@ -319,6 +352,12 @@ pub enum ResourceError {
     Limit,
     /// The resource is still in use (e.g. a PD with regions or QPs).
     Busy,
+    /// One side of the connection encrypts and the other does not (see [`QpInfo::seal_key`]).
+    EncryptionMismatch,
+    /// The peer's public key gives no usable shared secret (a low-order point).
+    BadPeerKey,
+    /// The OS random generator failed while drawing a QP's private key.
+    Entropy,
 }
 
 impl core::fmt::Display for ResourceError {
@@ -331,6 +370,11 @@ impl core::fmt::Display for ResourceError {
             ResourceError::BadState => "queue pair is in the wrong state",
             ResourceError::Limit => "resource limit reached",
             ResourceError::Busy => "resource still in use",
+            ResourceError::EncryptionMismatch => {
+                "one side of the connection encrypts, the other not"
+            }
+            ResourceError::BadPeerKey => "the peer's public key is unusable",
+            ResourceError::Entropy => "the OS random generator failed",
         })
     }
 }
@@ -387,6 +431,12 @@ pub struct EndpointStats {
     pub naks_received: u64,
     /// Retransmit timeouts fired.
     pub rto_fired: u64,
+    /// Datagrams dropped on an encrypted QP because they failed authentication: a bad tag
+    /// (forged, tampered with, or sealed with another key), or not sealed at all.
+    pub rx_auth_failed: u64,
+    /// Sealed datagrams dropped as replays: their tag verified, but their sealing sequence
+    /// number was seen before or is older than the anti-replay window.
+    pub rx_replayed: u64,
 }
 
 /// Counters for one path (summed over the endpoint's QPs).

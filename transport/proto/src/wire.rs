@@ -4,6 +4,12 @@
 //! optional payload, and a 4-byte CRC32C trailer computed over everything before it (like
 //! RoCE's ICRC). All integers are big-endian (network order).
 //!
+//! A QP created with encryption sends every packet *sealed* instead (requests, READ and atomic
+//! responses, ACKs and NAKs alike): the `FLAG_SEALED` bit is set in the common header, an
+//! 8-byte sealing sequence number follows the header in clear, the per-kind header and payload
+//! are AES-256-GCM ciphertext, and a 16-byte tag replaces the CRC32C trailer (the tag covers
+//! integrity, so no CRC is computed or checked). See the diagram at the end and [`crate::seal`].
+//!
 //! ```text
 //! Common header (24 bytes), in every packet:
 //!  0                   1                   2                   3
@@ -92,10 +98,27 @@
 //! |   syndrome    |                  reserved (0)                 |
 //! +---------------+-----------------------------------------------+
 //!
-//! Trailer, in every packet:
+//! Trailer, in every packet that is not sealed:
 //! +---------------------------------------------------------------+
 //! |   CRC32C (Castagnoli) of every byte before it                 |
 //! +---------------------------------------------------------------+
+//!
+//! A sealed packet (flags & FLAG_SEALED), any kind:
+//! +---------------------------------------------------------------+
+//! |   common header (24 bytes, as above, FLAG_SEALED set)         |  authenticated (AAD),
+//! |                                                               |  in clear
+//! +---------------------------------------------------------------+
+//! |   sealing sequence number (64 bits), per direction, from 0,   |  authenticated (AAD),
+//! |   fresh for every datagram sent, retransmissions included      |  in clear
+//! +---------------------------------------------------------------+
+//! |   per-kind header and payload, exactly as above               |  AES-256-GCM
+//! |   (the same length: GCM is a stream mode)                     |  ciphertext
+//! +---------------------------------------------------------------+
+//! |   GCM authentication tag (16 bytes)                           |
+//! |                                                               |
+//! +---------------------------------------------------------------+
+//!   nonce (12 bytes) = direction (1 byte: 0 from the lower party, 1 from the higher; see
+//!   crate::seal) || 3 zero bytes || sealing sequence number (8 bytes)
 //! ```
 //!
 //! Parsing never panics: every read goes through a bounds-checked cursor, and a packet that is
@@ -125,6 +148,12 @@ pub const ACK_LEN: usize = 24 + SACK_BITS as usize / 8;
 pub const NAK_LEN: usize = 12;
 /// Bytes of an atomic request's payload (operand, compare).
 pub const ATOMIC_OPERANDS_LEN: usize = 16;
+/// Bytes of the sealing sequence number that follows the common header of a sealed packet.
+pub const SEAL_SEQ_LEN: usize = 8;
+/// Bytes of the AES-GCM tag that ends a sealed packet (in place of the CRC32C trailer).
+pub const SEAL_TAG_LEN: usize = 16;
+/// Bytes a sealed packet has beyond the plain packet with the same body and payload.
+pub const SEAL_OVERHEAD: usize = SEAL_SEQ_LEN + SEAL_TAG_LEN - TRAILER_LEN;
 
 /// Why a packet could not be parsed. Tiny and `Copy`, as smoltcp's.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
@@ -146,6 +175,9 @@ pub enum Error {
     BadLength,
     /// The output buffer is too small.
     BufferTooSmall,
+    /// The packet is sealed: it can only be read with its connection's key
+    /// ([`crate::seal::Sealer::open`]).
+    Sealed,
 }
 
 impl fmt::Display for Error {
@@ -159,6 +191,7 @@ impl fmt::Display for Error {
             Error::BadSyndrome => "unknown NAK syndrome",
             Error::BadLength => "inconsistent length field",
             Error::BufferTooSmall => "output buffer too small",
+            Error::Sealed => "sealed packet (needs its connection's key)",
         };
         f.write_str(s)
     }
@@ -264,6 +297,9 @@ pub const FLAG_RETRANSMIT: u8 = 0x01;
 /// retransmission that was not needed, or network duplication), like TCP's D-SACK. The
 /// sender widens its reordering window on it.
 pub const FLAG_DUPLICATE: u8 = 0x02;
+/// Common header flag: the packet is sealed (encrypted and authenticated, see
+/// [`crate::seal`]); a sealing sequence number follows the header and a tag ends it.
+pub const FLAG_SEALED: u8 = 0x04;
 
 /// The common header.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
@@ -492,14 +528,37 @@ pub fn verify_crc(datagram: &[u8]) -> bool {
 
 impl<'a> Packet<'a> {
     /// Parses and checks one datagram: length, CRC32C, version, kind and every field's range.
+    ///
+    /// A sealed packet is refused with [`Error::Sealed`] before its CRC is looked at.
     pub fn parse(datagram: &'a [u8]) -> Result<Packet<'a>, Error> {
         if datagram.len() < HEADER_LEN + TRAILER_LEN {
             return Err(Error::Truncated);
+        }
+        if is_sealed(datagram) {
+            return Err(Error::Sealed);
         }
         if !verify_crc(datagram) {
             return Err(Error::BadCrc);
         }
         let content = &datagram[..datagram.len() - TRAILER_LEN]; // len checked above
+        Packet::parse_content(content, 0)
+    }
+
+    /// Parses the plaintext of a sealed packet once its tag has been verified and its bytes
+    /// decrypted: common header, sealing sequence number, per-kind header and payload, with
+    /// the tag already cut off. The header must carry `FLAG_SEALED`.
+    pub fn parse_opened(plaintext: &'a [u8]) -> Result<Packet<'a>, Error> {
+        if plaintext.len() < HEADER_LEN + SEAL_SEQ_LEN {
+            return Err(Error::Truncated);
+        }
+        if !is_sealed(plaintext) {
+            return Err(Error::BadLength);
+        }
+        Packet::parse_content(plaintext, SEAL_SEQ_LEN)
+    }
+
+    /// Parses header, `ext_len` bytes of extension after it (skipped), body and payload.
+    fn parse_content(content: &'a [u8], ext_len: usize) -> Result<Packet<'a>, Error> {
         let mut r = Reader { buf: content };
         if r.u8()? != VERSION {
             return Err(Error::BadVersion);
@@ -511,6 +570,7 @@ impl<'a> Packet<'a> {
         let src_qpn = r.u32()?;
         let psn = r.u32()?;
         let send_ts_ns = r.u64()?;
+        r.take(ext_len)?;
         let (kind, body) = match kind {
             1 => {
                 let op = Op::from_u8(r.u8()?)?;
@@ -619,14 +679,95 @@ pub fn emit(
         return Err(Error::BufferTooSmall);
     }
     let mut w = Writer { buf, pos: 0 };
+    write_header(&mut w, header, header.flags & !FLAG_SEALED, body);
+    write_body(&mut w, body);
+    debug_assert_eq!(w.pos, start);
+    fill_payload(&mut buf[start..start + payload_len]);
+    let crc = crc32c::crc32c(&buf[..start + payload_len]);
+    buf[start + payload_len..total].copy_from_slice(&crc.to_be_bytes());
+    Ok(total)
+}
+
+/// Writes the plaintext of a sealed packet into `buf`: the header with `FLAG_SEALED` set, the
+/// sealing sequence number `seq`, the body and `payload_len` bytes filled by `fill_payload`,
+/// and leaves [`SEAL_TAG_LEN`] bytes for the tag. Returns the sealed datagram's length. The
+/// caller encrypts it in place ([`crate::seal::Sealer::emit`] does both).
+pub fn emit_for_seal(
+    buf: &mut [u8],
+    header: &Header,
+    seq: u64,
+    body: &Body,
+    payload_len: usize,
+    fill_payload: impl FnOnce(&mut [u8]),
+) -> Result<usize, Error> {
+    let start = HEADER_LEN + SEAL_SEQ_LEN + body.len();
+    let total = start + payload_len + SEAL_TAG_LEN;
+    if buf.len() < total {
+        return Err(Error::BufferTooSmall);
+    }
+    let mut w = Writer { buf, pos: 0 };
+    write_header(&mut w, header, header.flags | FLAG_SEALED, body);
+    w.u64(seq);
+    write_body(&mut w, body);
+    debug_assert_eq!(w.pos, start);
+    fill_payload(&mut buf[start..start + payload_len]);
+    Ok(total)
+}
+
+/// Whether a datagram's common header says it is sealed (false if too short to say).
+pub fn is_sealed(datagram: &[u8]) -> bool {
+    datagram.get(3).is_some_and(|f| f & FLAG_SEALED != 0)
+}
+
+/// What can be read of a sealed datagram without its key.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+pub struct SealedPeek {
+    /// Receiving QP.
+    pub dst_qpn: u32,
+    /// Sending QP.
+    pub src_qpn: u32,
+    /// Sealing sequence number.
+    pub seq: u64,
+}
+
+/// Reads the clear fields of a sealed datagram: checks its length (header, sequence number
+/// and tag at least), version and `FLAG_SEALED`. Authenticates nothing.
+pub fn peek_sealed(datagram: &[u8]) -> Result<SealedPeek, Error> {
+    if datagram.len() < HEADER_LEN + SEAL_SEQ_LEN + SEAL_TAG_LEN {
+        return Err(Error::Truncated);
+    }
+    let mut r = Reader { buf: datagram };
+    if r.u8()? != VERSION {
+        return Err(Error::BadVersion);
+    }
+    r.u8()?;
+    r.u8()?;
+    if r.u8()? & FLAG_SEALED == 0 {
+        return Err(Error::BadLength);
+    }
+    let dst_qpn = r.u32()?;
+    let src_qpn = r.u32()?;
+    r.take(12)?;
+    let seq = r.u64()?;
+    Ok(SealedPeek {
+        dst_qpn,
+        src_qpn,
+        seq,
+    })
+}
+
+fn write_header(w: &mut Writer<'_>, header: &Header, flags: u8, body: &Body) {
     w.u8(VERSION);
     w.u8(body.kind() as u8);
     w.u8(header.path);
-    w.u8(header.flags);
+    w.u8(flags);
     w.u32(header.dst_qpn);
     w.u32(header.src_qpn);
     w.u32(header.psn);
     w.u64(header.send_ts_ns);
+}
+
+fn write_body(w: &mut Writer<'_>, body: &Body) {
     match body {
         Body::Request(r) => {
             w.put(&[r.op as u8, 0, 0, 0]);
@@ -663,16 +804,16 @@ pub fn emit(
             w.put(&[n.syndrome as u8, 0, 0, 0]);
         }
     }
-    debug_assert_eq!(w.pos, start);
-    fill_payload(&mut buf[start..start + payload_len]);
-    let crc = crc32c::crc32c(&buf[..start + payload_len]);
-    buf[start + payload_len..total].copy_from_slice(&crc.to_be_bytes());
-    Ok(total)
 }
 
 /// Bytes of a packet with this body and payload.
 pub fn packet_len(body: &Body, payload_len: usize) -> usize {
     HEADER_LEN + body.len() + payload_len + TRAILER_LEN
+}
+
+/// Bytes of a sealed packet with this body and payload.
+pub fn sealed_packet_len(body: &Body, payload_len: usize) -> usize {
+    packet_len(body, payload_len) + SEAL_OVERHEAD
 }
 
 impl fmt::Display for Packet<'_> {
@@ -684,6 +825,9 @@ impl fmt::Display for Packet<'_> {
         }
         if h.flags & FLAG_DUPLICATE != 0 {
             f.write_str("dup ")?;
+        }
+        if h.flags & FLAG_SEALED != 0 {
+            f.write_str("sealed ")?;
         }
         match &self.body {
             Body::Request(r) => write!(
