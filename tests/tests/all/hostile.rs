@@ -322,6 +322,16 @@ fn assert_write_works(sim: &mut Sim, dst: &Mr, src: &Mr, wr_id: u64) {
     );
 }
 
+/// One datagram: `h`, `body` and `payload`, with its CRC.
+fn datagram(h: &Header, body: &Body, payload: &[u8]) -> Vec<u8> {
+    let mut buf = vec![0u8; wire::packet_len(body, payload.len())];
+    wire::emit(&mut buf, h, body, payload.len(), |p| {
+        p.copy_from_slice(payload)
+    })
+    .expect("sized");
+    buf
+}
+
 /// A request packet from `src_qpn` to `dst_qpn` with sequence number `psn`, writing
 /// `payload` at `offset` of region `rkey`.
 fn forged_write(
@@ -351,12 +361,7 @@ fn forged_write(
         offset: 0,
         remote_offset: offset,
     });
-    let mut buf = vec![0u8; wire::packet_len(&body, payload.len())];
-    wire::emit(&mut buf, &h, &body, payload.len(), |p| {
-        p.copy_from_slice(payload)
-    })
-    .expect("sized");
-    buf
+    datagram(&h, &body, payload)
 }
 
 #[test]
@@ -1171,12 +1176,7 @@ fn from_peer(dst_qpn: u32, kind: Kind, psn: u32, body: Body, payload: &[u8]) -> 
         psn,
         send_ts_ns: 1,
     };
-    let mut buf = vec![0u8; wire::packet_len(&body, payload.len())];
-    wire::emit(&mut buf, &h, &body, payload.len(), |p| {
-        p.copy_from_slice(payload)
-    })
-    .expect("sized");
-    buf
+    datagram(&h, &body, payload)
 }
 
 #[test]

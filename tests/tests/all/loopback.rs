@@ -9,9 +9,8 @@ use braid::{
     QueuePair, RecvWr, SendOp, SendWr, WcOpcode, WcStatus,
 };
 use braid_tests::{PEER_RECV_LEN, PEER_REGION_LEN, fnv1a, format_info, parse_info, pattern_byte};
-use rand_core::RngCore;
 
-use crate::support::{below, rng};
+use crate::support::{below, random_mr, rng};
 
 const WAIT: Duration = Duration::from_secs(20);
 const PATHS: u16 = 16;
@@ -38,19 +37,6 @@ fn pair() -> (End, End) {
     a.qp.connect(b.qp.info()).expect("connect a");
     b.qp.connect(a.qp.info()).expect("connect b");
     (a, b)
-}
-
-fn random_mr(
-    pd: &ProtectionDomain,
-    len: usize,
-    access: Access,
-    seed: u64,
-) -> (MemoryRegion, Vec<u8>) {
-    let mr = pd.alloc_mr(len, access).expect("alloc_mr");
-    let mut data = vec![0u8; len];
-    rng(seed).fill_bytes(&mut data);
-    mr.write(0, &data).expect("in bounds");
-    (mr, data)
 }
 
 fn contents(mr: &MemoryRegion) -> Vec<u8> {

@@ -19,9 +19,8 @@ use braid_netns::{
     NetemConfig, Netns, PathCounters, TESTBED_PATHS, Testbed4, VethPair, path_delta, require_root,
     setup,
 };
-use rand_core::RngCore;
 
-use crate::support::rng;
+use crate::support::random_mr;
 
 /// The UDP port every device binds (each namespace has its own port space).
 const PORT: u16 = 4791;
@@ -104,20 +103,6 @@ fn testbed_hosts(t: &Testbed4) -> (Host<'_>, Host<'_>) {
             ip: t.ip_b(),
         },
     )
-}
-
-/// A region of `len` seeded random bytes, and a copy of them.
-fn random_mr(
-    pd: &ProtectionDomain,
-    len: usize,
-    access: Access,
-    seed: u64,
-) -> (MemoryRegion, Vec<u8>) {
-    let mr = pd.alloc_mr(len, access).expect("alloc_mr");
-    let mut data = vec![0u8; len];
-    rng(seed).fill_bytes(&mut data);
-    mr.write(0, &data).expect("in bounds");
-    (mr, data)
 }
 
 fn contents(mr: &MemoryRegion) -> Vec<u8> {

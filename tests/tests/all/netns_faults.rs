@@ -29,9 +29,8 @@ use braid::{
 };
 use braid_netns::{NetemConfig, Netns, TESTBED_PATHS, Testbed4, path_delta, require_root, setup};
 use braid_tests::{PEER_REGION_LEN, fnv1a, format_info, parse_info, pattern_byte};
-use rand_core::RngCore;
 
-use crate::support::rng;
+use crate::support::random_mr;
 
 /// The port devices bind (the child peer's, and the requester's).
 const PORT: u16 = 4791;
@@ -357,19 +356,6 @@ fn contents(mr: &MemoryRegion) -> Vec<u8> {
     let mut v = vec![0u8; mr.len()];
     mr.read(0, &mut v).expect("whole region");
     v
-}
-
-fn random_mr(
-    pd: &ProtectionDomain,
-    len: usize,
-    access: Access,
-    seed: u64,
-) -> (MemoryRegion, Vec<u8>) {
-    let mr = pd.alloc_mr(len, access).expect("alloc_mr");
-    let mut data = vec![0u8; len];
-    rng(seed).fill_bytes(&mut data);
-    mr.write(0, &data).expect("in bounds");
-    (mr, data)
 }
 
 /// How the requester's work must end.

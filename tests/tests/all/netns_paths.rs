@@ -28,9 +28,8 @@ use braid::{
     QpStats, QueuePair, SendOp, SendWr, WcStatus,
 };
 use braid_netns::{NetemConfig, Netns, TESTBED_PATHS, Testbed4, path_delta, require_root, setup};
-use rand_core::RngCore;
 
-use crate::support::rng;
+use crate::support::random_mr;
 
 /// The port both devices bind.
 const PORT: u16 = 4791;
@@ -137,19 +136,6 @@ fn wr(wr_id: u64, op: SendOp, sge: braid::Sge) -> SendWr {
         sges: vec![sge],
         signaled: true,
     }
-}
-
-fn random_mr(
-    pd: &ProtectionDomain,
-    len: usize,
-    access: Access,
-    seed: u64,
-) -> (MemoryRegion, Vec<u8>) {
-    let mr = pd.alloc_mr(len, access).expect("alloc_mr");
-    let mut data = vec![0u8; len];
-    rng(seed).fill_bytes(&mut data);
-    mr.write(0, &data).expect("in bounds");
-    (mr, data)
 }
 
 /// `MSGS` WRITEs of `MSG` seeded random bytes, each to its own place in the target (a 13-byte

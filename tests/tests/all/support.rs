@@ -156,3 +156,17 @@ pub fn sge(mr: &Mr, offset: u64, len: u32) -> Sge {
 pub fn snapshot(region: &Arc<Region>) -> Vec<u8> {
     region.to_vec(0, region.len()).expect("whole region")
 }
+
+/// A region of `len` bytes on a device, filled with bytes from `seed`, and a copy of them.
+pub fn random_mr(
+    pd: &braid::ProtectionDomain,
+    len: usize,
+    access: Access,
+    seed: u64,
+) -> (braid::MemoryRegion, Vec<u8>) {
+    let mr = pd.alloc_mr(len, access).expect("alloc_mr");
+    let mut data = vec![0u8; len];
+    rng(seed).fill_bytes(&mut data);
+    mr.write(0, &data).expect("in bounds");
+    (mr, data)
+}

@@ -308,6 +308,37 @@ struct SendWqe {
 }
 
 impl SendWqe {
+    /// A work request not yet sent, without buffers (`segs`, `len` are set by the caller).
+    fn new(
+        wr_id: u64,
+        signaled: bool,
+        (op, remote, imm, operands): (Op, RemoteAddr, u32, (u64, u64)),
+        msn: u32,
+        ssn: u32,
+    ) -> SendWqe {
+        SendWqe {
+            wr_id,
+            op,
+            segs: Vec::new(),
+            len: 0,
+            remote,
+            imm,
+            operands,
+            signaled,
+            msn,
+            ssn,
+            next_offset: 0,
+            packetized: false,
+            unacked_pkts: 0,
+            read_placed: Coverage::default(),
+            got_resp: false,
+            atomic_result: None,
+            rnr_retries: 0,
+            rnr_until: Timestamp::ZERO,
+            status: None,
+        }
+    }
+
     fn is_done(&self) -> bool {
         match self.op {
             Op::Read => self.got_resp && self.read_placed.covered() == u64::from(self.len),
@@ -961,27 +992,9 @@ impl Endpoint {
         } else {
             0
         };
-        let wqe = SendWqe {
-            wr_id: wr.wr_id,
-            op,
-            segs,
-            len: if op.is_atomic() { 8 } else { len },
-            remote,
-            imm,
-            operands,
-            signaled: wr.signaled,
-            msn,
-            ssn,
-            next_offset: 0,
-            packetized: false,
-            unacked_pkts: 0,
-            read_placed: Coverage::default(),
-            got_resp: false,
-            atomic_result: None,
-            rnr_retries: 0,
-            rnr_until: Timestamp::ZERO,
-            status: None,
-        };
+        let len = if op.is_atomic() { 8 } else { len };
+        let wqe = SendWqe::new(wr.wr_id, wr.signaled, (op, remote, imm, operands), msn, ssn);
+        let wqe = SendWqe { segs, len, ..wqe };
         if state == QpState::Error {
             qp.sq_base_msn = qp.next_msn;
             let c = Completion {
@@ -1032,25 +1045,8 @@ impl Endpoint {
         let msn = qp.next_msn;
         qp.next_msn = msn.wrapping_add(1);
         qp.sq.push_back(SendWqe {
-            wr_id,
-            op,
-            segs: Vec::new(),
-            len: 0,
-            remote,
-            imm,
-            operands,
-            signaled,
-            msn,
-            ssn: 0,
-            next_offset: 0,
-            packetized: false,
-            unacked_pkts: 0,
-            read_placed: Coverage::default(),
-            got_resp: false,
-            atomic_result: None,
-            rnr_retries: 0,
-            rnr_until: Timestamp::ZERO,
             status: Some(status),
+            ..SendWqe::new(wr_id, signaled, (op, remote, imm, operands), msn, 0)
         });
         qp.complete_sq(&mut self.sh);
     }
