@@ -70,8 +70,11 @@ struct Side {
 }
 
 fn open(kind: DatapathKind, ns: &Netns, ifname: &str, ip: Ipv4Addr) -> Side {
+    // No spare ports: weights are mapped to links by each path's port, so a path that PLB
+    // moved to a spare port would be counted on the wrong link.
     let cfg = DeviceConfig::udp(SocketAddr::from((ip, PORT)))
         .paths(PATHS)
+        .ports(PATHS)
         .datapath(kind)
         .interface(ifname);
     let dev = ns
