@@ -13,9 +13,11 @@
 use std::io::{BufReader, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use braid::proto::cc::{ControllerFactory, DcqcnConfig, FixedWindowConfig, SwiftConfig};
 use braid::{
     Access, DatapathKind, Device, DeviceConfig, MemoryRegion, RemoteAddr, SendOp, SendWr, WcStatus,
 };
@@ -75,6 +77,34 @@ struct Engine {
     /// packet then carries 20 bytes less payload.
     #[arg(long)]
     encrypt: bool,
+    /// Congestion controller of this side's QPs: swift (the default, `software_host()`
+    /// settings), fixed (a fixed window of --fixed-packets) or dcqcn.
+    #[arg(long, default_value = "swift", value_parser = ["swift", "fixed", "dcqcn"])]
+    cc: String,
+    /// Window of `--cc fixed`, packets.
+    #[arg(long, default_value_t = 256)]
+    fixed_packets: u32,
+    /// Swift's headroom above the lowest measured delay, µs (default: the runtime's).
+    #[arg(long)]
+    swift_headroom_us: Option<u64>,
+}
+
+impl Engine {
+    fn controller(&self) -> Arc<dyn ControllerFactory> {
+        match self.cc.as_str() {
+            "fixed" => Arc::new(FixedWindowConfig {
+                packets: self.fixed_packets,
+            }),
+            "dcqcn" => Arc::new(DcqcnConfig::default()),
+            _ => {
+                let mut c = SwiftConfig::software_host();
+                if let Some(us) = self.swift_headroom_us {
+                    c.base_target_ns = us * 1000;
+                }
+                Arc::new(c)
+            }
+        }
+    }
 }
 
 /// A QP on `pd` reporting to `cq`, encrypted if asked.
@@ -296,6 +326,7 @@ fn open_device(engine: &Engine, local: SocketAddr) -> Result<Device, String> {
         .max_datagram(engine.max_datagram);
     cfg.datapath = engine.datapath;
     cfg.busy_poll = engine.progress_busy_poll;
+    cfg.engine.cc = engine.controller();
     Device::open(cfg).map_err(|e| format!("opening a Braid device on {local}: {e}"))
 }
 
@@ -585,6 +616,9 @@ fn serve_one(a: &ServerArgs, stream: TcpStream) -> Result<String, String> {
         datapath: a.engine_dp.datapath,
         progress_busy_poll: a.engine_dp.progress_busy_poll,
         encrypt: hello.qp.seal_key.is_some(),
+        cc: "swift".into(),
+        fixed_packets: 256,
+        swift_headroom_us: None,
     };
     if a.engine_dp.encrypt && !engine.encrypt {
         return refuse(

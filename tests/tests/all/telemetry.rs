@@ -267,8 +267,13 @@ fn spurious_loss_proofs_name_losses_the_controller_heard_of_at_most_once_each() 
     );
 }
 
-/// Virtual time a 4 MiB WRITE takes on 8 paths where 5% of packets are held back 400 us (no
-/// loss at all), with Swift's spurious-loss undo on or off.
+/// Virtual time a 4 MiB WRITE takes on 8 paths where 5% of packets are held back 2 ms (no
+/// loss at all), with Swift's spurious-loss undo on or off. 2 ms is beyond what the reordering
+/// window reaches (its cap is the smoothed RTT plus four deviations, at least the 500 us RTO
+/// floor), so late packets keep being declared lost and the undo has decreases to give back.
+/// (At 400 us, as when this was written, the window has covered the delay since it may grow
+/// to its cap: 33-48 retransmits a seed instead of 127-145, and the same time with or without
+/// undo, 22.3 ms for the four seeds, where it was 21.2 ms with undo and 38.1 without.)
 fn reordered_write_ns(seed: u64, undo: bool) -> (u64, u64) {
     use braid::datapath::sim::LinkConfig;
     use braid::proto::cc::SwiftConfig;
@@ -280,7 +285,7 @@ fn reordered_write_ns(seed: u64, undo: bool) -> (u64, u64) {
     let link = LinkConfig {
         delay_ns: 10_000,
         reorder: 0.05,
-        reorder_extra_ns: 400_000,
+        reorder_extra_ns: 2_000_000,
         ..LinkConfig::default()
     };
     let mut sim = Sim::new(seed, &cfg, link);
@@ -307,6 +312,7 @@ fn undoing_spurious_loss_decreases_speeds_up_a_reordered_transfer() {
         "total: undo on {on} ns, off {off} ns, ratio {:.3}",
         on as f64 / off as f64
     );
-    // Measured at 0.59 when written: a decrease for a packet that was only late is given back.
-    assert!(on < off - off / 5, "undo on {on} ns, off {off} ns");
+    // Measured at 0.87 (59.2 against 67.9 ms): a decrease for a packet that was only late is
+    // given back.
+    assert!(on < off - off / 20, "undo on {on} ns, off {off} ns");
 }
