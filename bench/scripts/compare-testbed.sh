@@ -185,8 +185,9 @@ for run in $(seq 1 "$RUNS"); do
         rc=0
         inA iperf3 -c "$IPB" -p "$IPERF_PORT" --cport "$p" -t "$DURATION" -J >"$TMP/tcp.json" 2>&1 || rc=$?
         a=$(counters)
-        if [ "$rc" -ne 0 ]; then
-            log "run $run: TCP port $p FAILED"
+        # iperf3 can exit 0 with a JSON that has no result (server busy): count it as failed.
+        if [ "$rc" -ne 0 ] || ! jq -e .end.sum_received.bits_per_second "$TMP/tcp.json" >/dev/null 2>&1; then
+            log "run $run: TCP port $p FAILED: $(head -c 300 "$TMP/tcp.json")"
             continue
         fi
         links=$(delta "$b" "$a")
@@ -222,7 +223,7 @@ for run in $(seq 1 "$RUNS"); do
     wait "$mp" || rc=$?
     a=$(counters)
     joins=$(inA nstat -az MPTcpExtMPJoinSynAckRx 2>/dev/null | awk '/MPTcpExtMPJoinSynAckRx/ {print $2}')
-    if [ "$rc" -ne 0 ]; then
+    if [ "$rc" -ne 0 ] || ! jq -e .end.sum_received.bits_per_second "$TMP/mptcp.json" >/dev/null 2>&1; then
         log "run $run: MPTCP FAILED: $(head -c 300 "$TMP/mptcp.json")"
         continue
     fi
