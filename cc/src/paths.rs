@@ -310,24 +310,9 @@ impl PathSet {
         }
         self.next_round(i, now, s.sent_at);
         let p = &mut self.paths[i];
+        p.absorb(&cfg, s);
         if let Some(d) = s.delay_ns() {
-            let d = d as f64;
-            p.delay_ns = if p.delay_samples == 0 {
-                d
-            } else {
-                p.delay_ns + cfg.delay_gain * (d - p.delay_ns)
-            };
-            p.delay_samples = p.delay_samples.saturating_add(1);
-            p.round.delay_sum += d;
-            p.round.delay_n += 1;
-            self.min_delay_ns = Some(self.min_delay_ns.map_or(d as u64, |m| m.min(d as u64)));
-        }
-        if let Some(ce) = s.ecn_ce {
-            let x = if ce { 1.0 } else { 0.0 };
-            p.ecn_frac += cfg.ecn_gain * (x - p.ecn_frac);
-            p.ecn_samples = p.ecn_samples.saturating_add(1);
-            p.round.ecn_known += 1;
-            p.round.marked += u32::from(ce);
+            self.min_delay_ns = Some(self.min_delay_ns.map_or(d, |m| m.min(d)));
         }
         p.loss_rate -= cfg.loss_gain * p.loss_rate;
         p.outcomes = p.outcomes.saturating_add(1);
@@ -348,26 +333,9 @@ impl PathSet {
         if s.sent_at < p.epoch {
             return;
         }
+        p.absorb(&cfg, s);
         self.dirty = true;
         self.events_since_refresh = self.events_since_refresh.saturating_add(1);
-        if let Some(d) = s.delay_ns() {
-            let d = d as f64;
-            p.delay_ns = if p.delay_samples == 0 {
-                d
-            } else {
-                p.delay_ns + cfg.delay_gain * (d - p.delay_ns)
-            };
-            p.delay_samples = p.delay_samples.saturating_add(1);
-            p.round.delay_sum += d;
-            p.round.delay_n += 1;
-        }
-        if let Some(ce) = s.ecn_ce {
-            let x = if ce { 1.0 } else { 0.0 };
-            p.ecn_frac += cfg.ecn_gain * (x - p.ecn_frac);
-            p.ecn_samples = p.ecn_samples.saturating_add(1);
-            p.round.ecn_known += 1;
-            p.round.marked += u32::from(ce);
-        }
         let _ = now;
     }
 
@@ -662,6 +630,30 @@ struct Path {
     congested_rounds: u32,
     repath_pending: bool,
     repaths: u32,
+}
+
+impl Path {
+    /// Takes in the delay and CE mark one acknowledged (or late) packet measured.
+    fn absorb(&mut self, cfg: &PathConfig, s: &AckSample) {
+        if let Some(d) = s.delay_ns() {
+            let d = d as f64;
+            self.delay_ns = if self.delay_samples == 0 {
+                d
+            } else {
+                self.delay_ns + cfg.delay_gain * (d - self.delay_ns)
+            };
+            self.delay_samples = self.delay_samples.saturating_add(1);
+            self.round.delay_sum += d;
+            self.round.delay_n += 1;
+        }
+        if let Some(ce) = s.ecn_ce {
+            let x = if ce { 1.0 } else { 0.0 };
+            self.ecn_frac += cfg.ecn_gain * (x - self.ecn_frac);
+            self.ecn_samples = self.ecn_samples.saturating_add(1);
+            self.round.ecn_known += 1;
+            self.round.marked += u32::from(ce);
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default)]
