@@ -1,8 +1,7 @@
 //! Real UDP on 127.0.0.1: two devices in this process, and a device in a child process
 //! (`braid-test-peer`) driven over its stdin and stdout.
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 use braid::{
     Access, Completion, CompletionQueue, Device, DeviceConfig, MemoryRegion, ProtectionDomain,
@@ -10,7 +9,7 @@ use braid::{
 };
 use braid_tests::{PEER_RECV_LEN, PEER_REGION_LEN, fnv1a, format_info, parse_info, pattern_byte};
 
-use crate::support::{below, random_mr, rng};
+use crate::support::{Peer, below, random_mr, rng};
 
 const WAIT: Duration = Duration::from_secs(20);
 const PATHS: u16 = 16;
@@ -227,81 +226,14 @@ fn many_messages_spread_over_16_paths() {
     );
 }
 
-/// The child peer process; killed (and reaped) when dropped, so a failing test never leaves
-/// it behind.
-struct Peer {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    stdout: BufReader<ChildStdout>,
-}
-
-impl Peer {
-    fn spawn() -> Peer {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_braid-test-peer"))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn braid-test-peer");
-        let stdin = child.stdin.take();
-        let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
-        Peer {
-            child,
-            stdin,
-            stdout,
-        }
-    }
-
-    fn send(&mut self, line: &str) {
-        let w = self.stdin.as_mut().expect("stdin open");
-        writeln!(w, "{line}")
-            .and_then(|()| w.flush())
-            .expect("write to the peer");
-    }
-
-    fn recv(&mut self) -> String {
-        let mut line = String::new();
-        let n = self
-            .stdout
-            .read_line(&mut line)
-            .expect("read from the peer");
-        assert!(n > 0, "the peer closed its stdout");
-        line.trim_end().to_string()
-    }
-
-    fn ask(&mut self, line: &str) -> String {
-        self.send(line);
-        self.recv()
-    }
-
-    /// Closes stdin after `QUIT` and waits (bounded) for a clean exit.
-    fn quit(mut self) {
-        self.send("QUIT");
-        drop(self.stdin.take());
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                assert!(status.success(), "peer exited with {status}");
-                return;
-            }
-            assert!(Instant::now() < deadline, "peer did not exit after QUIT");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
+/// `braid-test-peer` as a child of this process.
+fn spawn_peer() -> Peer {
+    Peer::spawn(Command::new(env!("CARGO_BIN_EXE_braid-test-peer")))
 }
 
 #[test]
 fn write_read_and_send_to_another_process() {
-    let mut peer = Peer::spawn();
+    let mut peer = spawn_peer();
     let (info, rkey, len) = parse_info(&peer.recv()).expect("the peer's QP line");
     assert_eq!(len, PEER_REGION_LEN);
     let me = open();
@@ -375,5 +307,5 @@ fn write_read_and_send_to_another_process() {
     let want: Vec<u8> = (half - 8..half).map(pattern_byte).collect();
     assert_eq!(&orig[..], &want[..], "fetch-add returned the original word");
 
-    peer.quit();
+    peer.quit(WAIT);
 }

@@ -15,9 +15,8 @@
 //! `cargo test -p braid-tests netns_faults -- --nocapture`; `BRAID_SCENARIO=<part of a name>`
 //! runs only the matching rows. The numbers move from run to run (wall clock, real kernel), so
 //! unlike the simulator's table this one is printed, not snapshotted.
-use std::io::{BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, SocketAddr};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::process::Command;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -30,7 +29,7 @@ use braid::{
 use braid_netns::{NetemConfig, Netns, TESTBED_PATHS, Testbed4, path_delta, require_root, setup};
 use braid_tests::{PEER_REGION_LEN, fnv1a, format_info, parse_info, pattern_byte};
 
-use crate::support::random_mr;
+use crate::support::{Peer, random_mr};
 
 /// The port devices bind (the child peer's, and the requester's).
 const PORT: u16 = 4791;
@@ -904,85 +903,29 @@ fn in_process(s: &Scenario, bed: &Testbed4) -> Row {
     }
 }
 
-/// The child peer process (`braid-test-peer`) in hostB's namespace; killed and reaped when
-/// dropped, so a failing test never leaves it behind.
-struct Peer {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    stdout: BufReader<ChildStdout>,
+/// `braid-test-peer` in hostB's namespace, bound to `addr`.
+fn spawn_peer(ns: &Netns, addr: SocketAddr) -> Peer {
+    let mut cmd = Command::new("ip");
+    cmd.args([
+        "netns",
+        "exec",
+        ns.name(),
+        env!("CARGO_BIN_EXE_braid-test-peer"),
+    ])
+    .arg(addr.to_string());
+    Peer::spawn(cmd)
 }
 
-impl Peer {
-    fn spawn(ns: &Netns, addr: SocketAddr) -> Peer {
-        let mut child = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                ns.name(),
-                env!("CARGO_BIN_EXE_braid-test-peer"),
-            ])
-            .arg(addr.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn braid-test-peer in hostB");
-        let stdin = child.stdin.take();
-        let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
-        Peer {
-            child,
-            stdin,
-            stdout,
-        }
-    }
-
-    fn send(&mut self, line: &str) {
-        let w = self.stdin.as_mut().expect("stdin open");
-        writeln!(w, "{line}")
-            .and_then(|()| w.flush())
-            .expect("write to the peer");
-    }
-
-    fn recv(&mut self) -> String {
-        let mut line = String::new();
-        let n = self
-            .stdout
-            .read_line(&mut line)
-            .expect("read from the peer");
-        assert!(n > 0, "the peer closed its stdout");
-        line.trim_end().to_string()
-    }
-
-    fn ask(&mut self, line: &str) -> String {
-        self.send(line);
-        self.recv()
-    }
-
-    /// The peer's drop counters: unknown QP, wrong peer, duplicates, out of window, bad CRC.
-    fn stats(&mut self) -> [u64; 5] {
-        let line = self.ask("STATS");
-        let v: Vec<u64> = line
-            .split_whitespace()
-            .skip(1)
-            .map(|w| w.parse().expect("a number"))
-            .collect();
-        v.try_into()
-            .unwrap_or_else(|v| panic!("STATS line {line:?}: {v:?}"))
-    }
-
-    /// SIGKILL, and reap.
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            self.kill();
-        }
-    }
+/// The peer's drop counters: unknown QP, wrong peer, duplicates, out of window, bad CRC.
+fn peer_stats(peer: &mut Peer) -> [u64; 5] {
+    let line = peer.ask("STATS");
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|w| w.parse().expect("a number"))
+        .collect();
+    v.try_into()
+        .unwrap_or_else(|v| panic!("STATS line {line:?}: {v:?}"))
 }
 
 /// A QP on `dev` connected to a freshly started child peer; returns it with the peer's rkey.
@@ -1099,7 +1042,7 @@ fn peer_killed(s: &Scenario, bed: &Testbed4) -> Row {
     let (ha, hb) = hosts(bed);
     let local = open(s.kind, ha, PORT, s.retry_limit);
     let live = open(DatapathKind::Udp, hb, PORT_LIVE, s.retry_limit);
-    let mut peer = Peer::spawn(hb.ns, SocketAddr::from((hb.ip, PORT)));
+    let mut peer = spawn_peer(hb.ns, SocketAddr::from((hb.ip, PORT)));
     let (to_peer, rkey) = connect_child(&local, &mut peer);
     let (to_live, at_live) = connect(&local, &live);
     let before = [local.dev.stats(), live.dev.stats()];
@@ -1179,13 +1122,13 @@ fn peer_restarted(s: &Scenario, bed: &Testbed4) -> Row {
     let (ha, hb) = hosts(bed);
     let local = open(s.kind, ha, PORT, s.retry_limit);
     let at = SocketAddr::from((hb.ip, PORT));
-    let mut old = Peer::spawn(hb.ns, at);
+    let mut old = spawn_peer(hb.ns, at);
     let (to_old, rkey) = connect_child(&local, &mut old);
     let before = [local.dev.stats()];
     let new: Mutex<Option<Peer>> = Mutex::new(None);
     let restart = || {
         old.kill();
-        *new.lock().expect("lock") = Some(Peer::spawn(hb.ns, at));
+        *new.lock().expect("lock") = Some(spawn_peer(hb.ns, at));
     };
     let (ran, read_bytes, restarted) = child_stream(&tag, &to_old, rkey, 400, 100, restart);
     let result = gave_up(&tag, &ran, restarted);
@@ -1281,7 +1224,7 @@ fn peer_restarted(s: &Scenario, bed: &Testbed4) -> Row {
 
     // What reached the new process from the old connection: dropped and counted, never
     // accepted (its only QP is connected to the new local QP).
-    let [unknown, wrong, dups, oow, crc] = new.stats();
+    let [unknown, wrong, dups, oow, crc] = peer_stats(&mut new);
     assert_eq!(crc, 0, "{tag}");
     let (retransmits, rto_fired, bad_crc) = diff_sum(&before, &[local.dev.stats()]);
     Row {

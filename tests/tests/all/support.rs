@@ -1,6 +1,9 @@
 //! Shared helpers for the simulated tests: a two-node cluster, seeded data, and waiting for
 //! completions with the seed in every failure message.
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use braid::datapath::sim::LinkConfig;
 use braid::proto::{Access, Completion, EndpointConfig, PostError, RecvWr, Region, SendWr, Sge};
@@ -169,4 +172,83 @@ pub fn random_mr(
     rng(seed).fill_bytes(&mut data);
     mr.write(0, &data).expect("in bounds");
     (mr, data)
+}
+
+/// The child peer process (`braid-test-peer`), spoken to line by line over its stdin and
+/// stdout; killed and reaped when dropped, so a failing test never leaves it behind.
+pub struct Peer {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Peer {
+    /// Starts `cmd` (which runs `braid-test-peer`, possibly through `ip netns exec`) with
+    /// piped stdin and stdout.
+    pub fn spawn(mut cmd: Command) -> Peer {
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn braid-test-peer");
+        let stdin = child.stdin.take();
+        let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+        Peer {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    pub fn send(&mut self, line: &str) {
+        let w = self.stdin.as_mut().expect("stdin open");
+        writeln!(w, "{line}")
+            .and_then(|()| w.flush())
+            .expect("write to the peer");
+    }
+
+    pub fn recv(&mut self) -> String {
+        let mut line = String::new();
+        let n = self
+            .stdout
+            .read_line(&mut line)
+            .expect("read from the peer");
+        assert!(n > 0, "the peer closed its stdout");
+        line.trim_end().to_string()
+    }
+
+    pub fn ask(&mut self, line: &str) -> String {
+        self.send(line);
+        self.recv()
+    }
+
+    /// Closes stdin after `QUIT` and waits (up to `wait`) for a clean exit.
+    pub fn quit(mut self, wait: Duration) {
+        self.send("QUIT");
+        drop(self.stdin.take());
+        let deadline = Instant::now() + wait;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                assert!(status.success(), "peer exited with {status}");
+                return;
+            }
+            assert!(Instant::now() < deadline, "peer did not exit after QUIT");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// SIGKILL, and reap.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.kill();
+        }
+    }
 }
