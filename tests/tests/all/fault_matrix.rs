@@ -35,7 +35,7 @@ use braid::testing::{Cluster, Mr, Node, Side};
 use rand_chacha::ChaCha8Rng;
 use rand_core::RngCore;
 
-use crate::support::{below, rng, seed, sge, snapshot};
+use crate::support::{below, rng, seed, sge, snapshot, split};
 
 /// Paths per device.
 const PATHS: u16 = 8;
@@ -1977,22 +1977,6 @@ impl Workload {
             bytes,
         }
     }
-}
-
-/// Splits `len` into up to `max_k` pieces (a zero-length message gets no entry or one empty
-/// entry).
-fn split(rng: &mut ChaCha8Rng, len: u32, max_k: u64) -> Vec<u32> {
-    if len == 0 {
-        return if below(rng, 2) == 0 { vec![] } else { vec![0] };
-    }
-    let k = 1 + below(rng, max_k) as usize;
-    let mut cuts: Vec<u32> = (1..k)
-        .map(|_| below(rng, u64::from(len) + 1) as u32)
-        .collect();
-    cuts.push(0);
-    cuts.push(len);
-    cuts.sort_unstable();
-    cuts.windows(2).map(|w| w[1] - w[0]).collect()
 }
 
 /// The bytes a gather list reads from `init`.

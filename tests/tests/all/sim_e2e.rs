@@ -10,7 +10,7 @@ use braid::testing::Mr;
 use rand_chacha::ChaCha8Rng;
 use rand_core::RngCore;
 
-use crate::support::{Sim, below, config, hostile_link, rng, seed, sge, snapshot};
+use crate::support::{Sim, below, config, hostile_link, rng, seed, sge, snapshot, split};
 
 const MIB: u32 = 1 << 20;
 /// The value each fetch-and-add adds.
@@ -34,22 +34,6 @@ const DATA_KINDS: [Kind; 5] = [
     Kind::WriteImm,
     Kind::Read,
 ];
-
-/// Splits `len` bytes into up to `max_k` scatter/gather pieces (a zero-length message gets
-/// either no entry or one empty entry).
-fn split(rng: &mut ChaCha8Rng, len: u32, max_k: u64) -> Vec<u32> {
-    if len == 0 {
-        return if below(rng, 2) == 0 { vec![] } else { vec![0] };
-    }
-    let k = 1 + below(rng, max_k) as usize;
-    let mut cuts: Vec<u32> = (1..k)
-        .map(|_| below(rng, u64::from(len) + 1) as u32)
-        .collect();
-    cuts.push(0);
-    cuts.push(len);
-    cuts.sort_unstable();
-    cuts.windows(2).map(|w| w[1] - w[0]).collect()
-}
 
 /// A region plus the model of what it must hold, and a bump allocator over it.
 struct Tracked {
