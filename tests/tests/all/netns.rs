@@ -430,6 +430,23 @@ impl Writes {
     }
 }
 
+/// A testbed (root only: `None` after saying why), a pair of devices across it and its
+/// busiest path with every path's share (see [`busiest_path`]).
+fn testbed_with_busiest_path(
+    test: &str,
+    kind_a: DatapathKind,
+    kind_b: DatapathKind,
+) -> Option<(Testbed4, Side, Side, usize, [f64; TESTBED_PATHS])> {
+    if !require_root(test) {
+        return None;
+    }
+    let bed = setup(test, Testbed4::new())?;
+    let (ha, hb) = testbed_hosts(&bed);
+    let (a, b) = pair(kind_a, ha, kind_b, hb);
+    let (path, share) = busiest_path(&bed, &a, &b);
+    Some((bed, a, b, path, share))
+}
+
 /// Sends `bytes` of WRITEs through the testbed and returns the path that carried most of
 /// them towards hostB, with each path's share of the packets. Braid sprays 16 source ports
 /// and the routers hash them onto 4 links unevenly (and differently each run, since the
@@ -498,15 +515,9 @@ fn forward(d: &[PathCounters; TESTBED_PATHS]) -> [u64; TESTBED_PATHS] {
 ///   At 5% loss a lossy port's weight drops to about a third of a clean one's, so the link's
 ///   share falls well below the bound (15 runs: at most 0.77 of the warm-up share).
 fn writes_survive_loss_on_one_path(test: &str, kind_a: DatapathKind, kind_b: DatapathKind) {
-    if !require_root(test) {
-        return;
-    }
-    let Some(bed) = setup(test, Testbed4::new()) else {
+    let Some((bed, a, b, lossy, share)) = testbed_with_busiest_path(test, kind_a, kind_b) else {
         return;
     };
-    let (ha, hb) = testbed_hosts(&bed);
-    let (a, b) = pair(kind_a, ha, kind_b, hb);
-    let (lossy, share) = busiest_path(&bed, &a, &b);
     bed.set_netem(
         lossy,
         NetemConfig {
@@ -581,15 +592,9 @@ fn testbed_udp_writes_are_byte_exact_with_5_percent_loss_on_one_path() {
 /// retransmitted at least as many packets as were swallowed (see
 /// [`writes_survive_loss_on_one_path`] for why that bound holds).
 fn transfer_survives_a_black_hole(test: &str, kind_a: DatapathKind, kind_b: DatapathKind) {
-    if !require_root(test) {
-        return;
-    }
-    let Some(bed) = setup(test, Testbed4::new()) else {
+    let Some((bed, a, b, hole, share)) = testbed_with_busiest_path(test, kind_a, kind_b) else {
         return;
     };
-    let (ha, hb) = testbed_hosts(&bed);
-    let (a, b) = pair(kind_a, ha, kind_b, hb);
-    let (hole, share) = busiest_path(&bed, &a, &b);
     // Attach a harmless netem now, so the flip mid-transfer only swaps programs.
     bed.set_netem(hole, NetemConfig::default())
         .expect("attach netem");
@@ -656,15 +661,9 @@ fn testbed_udp_transfer_survives_a_path_black_holed_mid_transfer() {
 /// WRITEs still complete byte-exact. Asserted besides: the slow path carried part of the
 /// transfer.
 fn transfer_completes_over_a_slow_path(test: &str, kind_a: DatapathKind, kind_b: DatapathKind) {
-    if !require_root(test) {
-        return;
-    }
-    let Some(bed) = setup(test, Testbed4::new()) else {
+    let Some((bed, a, b, slow, share)) = testbed_with_busiest_path(test, kind_a, kind_b) else {
         return;
     };
-    let (ha, hb) = testbed_hosts(&bed);
-    let (a, b) = pair(kind_a, ha, kind_b, hb);
-    let (slow, share) = busiest_path(&bed, &a, &b);
     const FAST_MBIT: u32 = 400;
     for k in 0..TESTBED_PATHS {
         let mbit = if k == slow { FAST_MBIT / 10 } else { FAST_MBIT };
