@@ -496,6 +496,70 @@ impl Rtt {
     }
 }
 
+/// A set of source ports (`0..MAX_PATHS`), one bit each.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct PortSet([u64; MAX_PATHS as usize / 64]);
+
+impl PortSet {
+    /// Ports `0..n`.
+    fn first(n: u16) -> PortSet {
+        let mut s = PortSet::default();
+        for p in 0..n.min(MAX_PATHS) {
+            s.insert(p);
+        }
+        s
+    }
+
+    fn insert(&mut self, port: u16) {
+        if let Some(w) = self.0.get_mut(usize::from(port) / 64) {
+            *w |= 1 << (port % 64);
+        }
+    }
+
+    fn remove(&mut self, port: u16) {
+        if let Some(w) = self.0.get_mut(usize::from(port) / 64) {
+            *w &= !(1 << (port % 64));
+        }
+    }
+
+    /// How many of the ports `0..n` are not in the set.
+    fn free_below(&self, n: u16) -> u16 {
+        let n = usize::from(n.min(MAX_PATHS));
+        let mut used = 0;
+        for (i, w) in self.0.iter().enumerate() {
+            let lo = i * 64;
+            if lo >= n {
+                break;
+            }
+            let mask = if n - lo >= 64 {
+                u64::MAX
+            } else {
+                (1u64 << (n - lo)) - 1
+            };
+            used += (w & mask).count_ones() as usize;
+        }
+        (n - used) as u16
+    }
+
+    /// The `k`-th smallest port not in the set (`k` below [`free_below`](Self::free_below)).
+    fn nth_free(&self, k: u16) -> u16 {
+        let mut k = u32::from(k);
+        for (i, w) in self.0.iter().enumerate() {
+            let free = !w;
+            let c = free.count_ones();
+            if k < c {
+                let mut f = free;
+                for _ in 0..k {
+                    f &= f - 1;
+                }
+                return (i * 64) as u16 + f.trailing_zeros() as u16;
+            }
+            k -= c;
+        }
+        MAX_PATHS
+    }
+}
+
 struct Qp {
     qpn: u32,
     pd: u32,
@@ -541,6 +605,8 @@ struct Qp {
     /// Logical path → device path (source port). Re-pathing moves a logical path to a
     /// fresh port.
     port_map: Vec<u16>,
+    /// The ports `port_map` holds (each at most once), for finding a spare one in O(1).
+    ports_used: PortSet,
     repaths: u64,
     /// CE marks the peer reported for our packets.
     ce_marks: u64,
@@ -585,13 +651,112 @@ struct Qp {
     seal: QpSeal,
 }
 
+/// The QPs of an endpoint, in creation order (the round-robin order of transmission and the
+/// order timers run in), each with its next deadline cached beside it.
+///
+/// Every mutable access goes through a [`QpMut`], which recomputes the QP's deadline when it
+/// is dropped, so [`QpTable::next_deadline`] is a scan of cached values rather than of every
+/// QP's timers, and `handle_timeout` visits only the QPs that are due. Debug builds check the
+/// cache against a fresh computation on every `next_deadline`.
+#[derive(Default)]
+struct QpTable {
+    qps: Vec<Qp>,
+    deadlines: Vec<Option<Timestamp>>,
+    index: HashMap<u32, usize>,
+}
+
+/// Mutable access to one QP of a [`QpTable`]; refreshes its cached deadline when dropped.
+struct QpMut<'a> {
+    qp: &'a mut Qp,
+    deadline: &'a mut Option<Timestamp>,
+}
+
+impl core::ops::Deref for QpMut<'_> {
+    type Target = Qp;
+    fn deref(&self) -> &Qp {
+        self.qp
+    }
+}
+
+impl core::ops::DerefMut for QpMut<'_> {
+    fn deref_mut(&mut self) -> &mut Qp {
+        self.qp
+    }
+}
+
+impl Drop for QpMut<'_> {
+    fn drop(&mut self) {
+        *self.deadline = self.qp.next_deadline();
+    }
+}
+
+impl QpTable {
+    fn len(&self) -> usize {
+        self.qps.len()
+    }
+
+    fn contains(&self, qpn: u32) -> bool {
+        self.index.contains_key(&qpn)
+    }
+
+    fn insert(&mut self, qpn: u32, qp: Qp) {
+        self.index.insert(qpn, self.qps.len());
+        self.deadlines.push(qp.next_deadline());
+        self.qps.push(qp);
+    }
+
+    fn remove(&mut self, qpn: u32) -> Option<Qp> {
+        let i = self.index.remove(&qpn)?;
+        self.deadlines.remove(i);
+        let qp = self.qps.remove(i);
+        for slot in self.index.values_mut() {
+            if *slot > i {
+                *slot -= 1;
+            }
+        }
+        Some(qp)
+    }
+
+    fn get(&self, qpn: u32) -> Option<&Qp> {
+        self.index.get(&qpn).map(|&i| &self.qps[i])
+    }
+
+    fn get_mut(&mut self, qpn: u32) -> Option<QpMut<'_>> {
+        let i = *self.index.get(&qpn)?;
+        Some(self.at_mut(i))
+    }
+
+    /// The `i`-th QP in creation order (`i < len`).
+    fn at_mut(&mut self, i: usize) -> QpMut<'_> {
+        QpMut {
+            qp: &mut self.qps[i],
+            deadline: &mut self.deadlines[i],
+        }
+    }
+
+    /// The cached deadline of the `i`-th QP.
+    fn deadline(&self, i: usize) -> Option<Timestamp> {
+        self.deadlines[i]
+    }
+
+    fn next_deadline(&self) -> Option<Timestamp> {
+        debug_assert!(
+            self.qps
+                .iter()
+                .zip(&self.deadlines)
+                .all(|(q, &d)| q.next_deadline() == d),
+            "a QP changed without refreshing its cached deadline"
+        );
+        self.deadlines.iter().flatten().min().copied()
+    }
+}
+
 /// One device's protocol state. See the module documentation for the driving order.
 pub struct Endpoint {
     local: SocketAddr,
     sh: Shared,
-    qps: HashMap<u32, Qp>,
-    /// QP numbers in creation order, for round-robin transmission.
-    order: Vec<u32>,
+    qps: QpTable,
+    /// Where the next round-robin pass of `poll_transmit` starts (an index into `qps`).
     cursor: usize,
     pds: HashMap<u32, u32>,
     cqs: Vec<u32>,
@@ -638,8 +803,7 @@ impl Endpoint {
         Endpoint {
             local,
             sh,
-            qps: HashMap::new(),
-            order: Vec::new(),
+            qps: QpTable::default(),
             cursor: 0,
             pds: HashMap::new(),
             cqs: Vec::new(),
@@ -785,7 +949,7 @@ impl Endpoint {
         }
         let qpn = loop {
             let q = self.sh.random_nonzero() & 0x00ff_ffff;
-            if q != 0 && !self.qps.contains_key(&q) {
+            if q != 0 && !self.qps.contains(q) {
                 break q;
             }
         };
@@ -826,6 +990,7 @@ impl Endpoint {
             cc,
             paths: PathSet::new(self.sh.cfg.paths),
             port_map: (0..self.sh.cfg.paths).collect(),
+            ports_used: PortSet::first(self.sh.cfg.paths),
             repaths: 0,
             ce_marks: 0,
             pacer: Pacer::new(),
@@ -856,7 +1021,6 @@ impl Endpoint {
         };
         let seal_key = qp.seal.public_key();
         self.qps.insert(qpn, qp);
-        self.order.push(qpn);
         if let Some(n) = self.pds.get_mut(&pd.0) {
             *n += 1;
         }
@@ -870,7 +1034,7 @@ impl Endpoint {
 
     /// What a peer needs to connect to `qpn`.
     pub fn qp_info(&self, qpn: u32) -> Option<QpInfo> {
-        self.qps.get(&qpn).map(|q| QpInfo {
+        self.qps.get(qpn).map(|q| QpInfo {
             addr: self.local,
             qpn,
             psn: q.initial_psn,
@@ -881,7 +1045,8 @@ impl Endpoint {
     /// Connects `qpn` (in `Init`) to the peer QP described by `peer`. An encrypted QP agrees
     /// its keys here; both sides must encrypt or neither ([`ResourceError::EncryptionMismatch`]).
     pub fn connect(&mut self, qpn: u32, peer: QpInfo) -> Result<(), ResourceError> {
-        let qp = self.qps.get_mut(&qpn).ok_or(ResourceError::UnknownQp)?;
+        let mut guard = self.qps.get_mut(qpn).ok_or(ResourceError::UnknownQp)?;
+        let qp = &mut *guard;
         if qp.state != QpState::Init {
             return Err(ResourceError::BadState);
         }
@@ -894,15 +1059,15 @@ impl Endpoint {
 
     /// Moves `qpn` to the error state: every outstanding work request completes as flushed.
     pub fn set_error(&mut self, qpn: u32) -> Result<(), ResourceError> {
-        let qp = self.qps.get_mut(&qpn).ok_or(ResourceError::UnknownQp)?;
+        let mut guard = self.qps.get_mut(qpn).ok_or(ResourceError::UnknownQp)?;
+        let qp = &mut *guard;
         qp.enter_error(&mut self.sh);
         Ok(())
     }
 
     /// Destroys `qpn` without generating completions.
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), ResourceError> {
-        let qp = self.qps.remove(&qpn).ok_or(ResourceError::UnknownQp)?;
-        self.order.retain(|&q| q != qpn);
+        let qp = self.qps.remove(qpn).ok_or(ResourceError::UnknownQp)?;
         if let Some(n) = self.pds.get_mut(&qp.pd) {
             *n = n.saturating_sub(1);
         }
@@ -911,7 +1076,7 @@ impl Endpoint {
 
     /// State and counters of `qpn`.
     pub fn qp_stats(&self, qpn: u32) -> Option<QpStats> {
-        self.qps.get(&qpn).map(|q| QpStats {
+        self.qps.get(qpn).map(|q| QpStats {
             state: q.state,
             srtt_ns: q.rtt.srtt_ns,
             min_rtt_ns: q.rtt.min_ns,
@@ -969,7 +1134,7 @@ impl Endpoint {
     /// completes at once as flushed.
     pub fn post_send(&mut self, qpn: u32, wr: SendWr) -> Result<(), PostError> {
         let (pd, state, depth) = {
-            let qp = self.qps.get(&qpn).ok_or(PostError::UnknownQp)?;
+            let qp = self.qps.get(qpn).ok_or(PostError::UnknownQp)?;
             (qp.pd, qp.state, qp.sq.len())
         };
         if state == QpState::Init {
@@ -988,7 +1153,8 @@ impl Endpoint {
         if op.is_atomic() && (segs.len() != 1 || len != 8 || remote.offset % 8 != 0) {
             return Err(PostError::BadAtomic);
         }
-        let qp = self.qps.get_mut(&qpn).ok_or(PostError::UnknownQp)?;
+        let mut guard = self.qps.get_mut(qpn).ok_or(PostError::UnknownQp)?;
+        let qp = &mut *guard;
         let msn = qp.next_msn;
         qp.next_msn = msn.wrapping_add(1);
         let ssn = if op.consumes_recv() {
@@ -1032,7 +1198,7 @@ impl Endpoint {
             return;
         };
         let status = refused_status(e);
-        let qp = match self.qps.get_mut(&qpn) {
+        let mut guard = match self.qps.get_mut(qpn) {
             Some(qp) if status != WcStatus::Flushed && qp.state == QpState::Connected => qp,
             _ => {
                 // Nowhere to queue it, or the QP already failed: it completes now.
@@ -1048,6 +1214,7 @@ impl Endpoint {
                 return;
             }
         };
+        let qp = &mut *guard;
         let msn = qp.next_msn;
         qp.next_msn = msn.wrapping_add(1);
         qp.sq.push_back(SendWqe {
@@ -1070,9 +1237,9 @@ impl Endpoint {
         let status = refused_status(e);
         let queue = self
             .qps
-            .get_mut(&qpn)
+            .get_mut(qpn)
             .filter(|qp| qp.state != QpState::Error);
-        let Some(qp) = queue.filter(|_| status != WcStatus::Flushed) else {
+        let Some(mut qp) = queue.filter(|_| status != WcStatus::Flushed) else {
             // Nowhere to queue it, or the QP already failed (nothing before it is pending):
             // it completes now.
             let c = Completion {
@@ -1103,14 +1270,15 @@ impl Endpoint {
     /// state it is accepted and completes at once as flushed.
     pub fn post_recv(&mut self, qpn: u32, wr: RecvWr) -> Result<(), PostError> {
         let (pd, state, depth) = {
-            let qp = self.qps.get(&qpn).ok_or(PostError::UnknownQp)?;
+            let qp = self.qps.get(qpn).ok_or(PostError::UnknownQp)?;
             (qp.pd, qp.state, qp.rq.len())
         };
         if depth >= self.sh.cfg.max_recv_wr {
             return Err(PostError::QueueFull);
         }
         let (segs, cap) = self.resolve(pd, &wr.sges, Access::LOCAL_WRITE)?;
-        let qp = self.qps.get_mut(&qpn).ok_or(PostError::UnknownQp)?;
+        let mut guard = self.qps.get_mut(qpn).ok_or(PostError::UnknownQp)?;
+        let qp = &mut *guard;
         if state == QpState::Error {
             let c = Completion {
                 wr_id: wr.wr_id,
@@ -1155,10 +1323,11 @@ impl Endpoint {
                 return;
             }
         };
-        let Some(qp) = self.qps.get_mut(&pkt.header.dst_qpn) else {
+        let Some(mut guard) = self.qps.get_mut(pkt.header.dst_qpn) else {
             self.sh.stats.rx_unknown_qp += 1;
             return;
         };
+        let qp = &mut *guard;
         match qp.peer {
             Some(p) if p.addr.ip() == src.ip() && p.qpn == pkt.header.src_qpn => {}
             _ => {
@@ -1182,10 +1351,11 @@ impl Endpoint {
             self.sh.stats.rx_malformed += 1;
             return;
         };
-        let Some(qp) = self.qps.get_mut(&peek.dst_qpn) else {
+        let Some(mut guard) = self.qps.get_mut(peek.dst_qpn) else {
             self.sh.stats.rx_unknown_qp += 1;
             return;
         };
+        let qp = &mut *guard;
         match qp.peer {
             Some(p) if p.addr.ip() == src.ip() && p.qpn == peek.src_qpn => {}
             _ => {
@@ -1218,22 +1388,20 @@ impl Endpoint {
 
     /// Runs the timers that are due at `now`: retransmit timeouts and RNR waits.
     pub fn handle_timeout(&mut self, now: Timestamp) {
-        for qp in self.qps.values_mut() {
-            qp.on_timeout(now, &mut self.sh);
+        for i in 0..self.qps.len() {
+            if self.qps.deadline(i).is_some_and(|d| d <= now) {
+                self.qps.at_mut(i).on_timeout(now, &mut self.sh);
+            }
         }
     }
 
     /// The next datagram to send, written at the start of `buf` (which must hold
     /// `config().max_datagram` bytes). QPs take turns, one datagram each.
     pub fn poll_transmit(&mut self, now: Timestamp, buf: &mut [u8]) -> Option<Transmit> {
-        let n = self.order.len();
+        let n = self.qps.len();
         for i in 0..n {
             let idx = (self.cursor + i) % n;
-            let qpn = self.order[idx];
-            let Some(qp) = self.qps.get_mut(&qpn) else {
-                continue;
-            };
-            if let Some(t) = qp.poll_transmit(now, buf, &mut self.sh) {
+            if let Some(t) = self.qps.at_mut(idx).poll_transmit(now, buf, &mut self.sh) {
                 self.cursor = (idx + 1) % n;
                 self.sh.stats.tx_datagrams += 1;
                 return Some(t);
@@ -1249,7 +1417,7 @@ impl Endpoint {
 
     /// When `handle_timeout` must next be called, if any timer is armed.
     pub fn poll_timeout(&self) -> Option<Timestamp> {
-        self.qps.values().filter_map(|q| q.next_deadline()).min()
+        self.qps.next_deadline()
     }
 
     /// Number of QPs.
@@ -2194,16 +2362,19 @@ impl Qp {
         // without a spare port the path stays where it is, and keeps its statistics (taking
         // the re-path would reset them and make the bad path look new).
         let ports = sh.cfg.ports;
-        if (0..ports).all(|p| self.port_map.contains(&p)) {
+        if self.ports_used.free_below(ports) == 0 {
             self.paths.drop_repaths();
         }
         while let Some(path) = self.paths.take_repath() {
-            let spare: Vec<u16> = (0..ports).filter(|p| !self.port_map.contains(p)).collect();
-            if spare.is_empty() {
+            let spare = self.ports_used.free_below(ports);
+            if spare == 0 {
                 continue;
             }
-            let port = spare[(sh.rng.next_u32() as usize) % spare.len()];
+            let k = (sh.rng.next_u32() as usize) % usize::from(spare);
+            let port = self.ports_used.nth_free(k as u16);
             if let Some(slot) = self.port_map.get_mut(usize::from(path)) {
+                self.ports_used.remove(*slot);
+                self.ports_used.insert(port);
                 *slot = port;
                 self.repaths += 1;
             }
@@ -2532,5 +2703,38 @@ impl Qp {
         self.rto_deadline = None;
         self.reorder_deadline = None;
         self.ack_pending = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The port set answers what a plain list of ports would: how many of `0..n` are
+        /// spare, and which is the k-th spare one in increasing order.
+        #[test]
+        fn port_set_matches_a_list(
+            moves in proptest::collection::vec((0u16..MAX_PATHS, 0u16..MAX_PATHS), 0..64),
+            initial in 1u16..=MAX_PATHS,
+            n in 1u16..=MAX_PATHS,
+        ) {
+            let mut set = PortSet::first(initial);
+            let mut list: Vec<u16> = (0..initial).collect();
+            for (out, inn) in moves {
+                set.remove(out);
+                list.retain(|&p| p != out);
+                set.insert(inn);
+                if !list.contains(&inn) {
+                    list.push(inn);
+                }
+                let spare: Vec<u16> = (0..n).filter(|p| !list.contains(p)).collect();
+                prop_assert_eq!(usize::from(set.free_below(n)), spare.len());
+                for (k, &p) in spare.iter().enumerate() {
+                    prop_assert_eq!(set.nth_free(k as u16), p);
+                }
+            }
+        }
     }
 }
