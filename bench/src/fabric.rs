@@ -204,7 +204,20 @@ impl Mode {
         }
     }
 
-    /// The mode called `name` (`ecmp`, `ecmp-fixed`, `ecmp-dcqcn`, `spray`, `spray-cc`).
+    /// (c') Spraying over `paths` paths with the runtime's default Swift
+    /// ([`SwiftConfig::software_host`], what `braid-perf` runs) and path management: for
+    /// slow, software-paced links such as the namespace testbed's.
+    pub fn spray_host(paths: u16) -> Mode {
+        Mode {
+            name: "spray-host".into(),
+            paths,
+            ports: 0,
+            cc: Cc::Swift(SwiftConfig::software_host()),
+        }
+    }
+
+    /// The mode called `name` (`ecmp`, `ecmp-fixed`, `ecmp-dcqcn`, `spray`, `spray-cc`,
+    /// `spray-host`).
     pub fn by_name(name: &str, paths: u16, fixed_window_packets: u32) -> Option<Mode> {
         Some(match name {
             "ecmp" | "a" => Mode::ecmp(),
@@ -212,6 +225,7 @@ impl Mode {
             "ecmp-dcqcn" => Mode::ecmp_dcqcn(),
             "spray" | "b" => Mode::spray(paths, fixed_window_packets),
             "spray-cc" | "c" => Mode::spray_cc(paths),
+            "spray-host" => Mode::spray_host(paths),
             _ => return None,
         })
     }
@@ -319,6 +333,26 @@ pub struct Scenario {
     pub series_interval_ns: u64,
     /// Virtual time after which the run gives up, ns.
     pub max_sim_ns: u64,
+    /// Changes to the links from the spines down to leaf 0 (the routes towards host 0, the
+    /// incast receiver), applied once the fabric is built: degraded routes.
+    pub downlinks: Vec<LinkChange>,
+}
+
+/// A change to the link from one spine down to leaf 0, to model a degraded route towards
+/// the hosts of leaf 0 (as on the namespace testbed: a slow link, a lossy one, a heavily
+/// marked one). Fields left `None` keep the fabric's value.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LinkChange {
+    /// The spine the link comes from.
+    pub spine: usize,
+    /// Link rate, Gbit/s.
+    pub gbps: Option<f64>,
+    /// Output queue limit, bytes.
+    pub queue_bytes: Option<usize>,
+    /// Probability a packet is dropped.
+    pub loss: Option<f64>,
+    /// Probability an ECN-capable packet is marked CE.
+    pub ce_mark: Option<f64>,
 }
 
 impl Scenario {
@@ -332,6 +366,7 @@ impl Scenario {
             engine: EngineKnobs::default(),
             series_interval_ns: 10_000,
             max_sim_ns: 1_000_000_000,
+            downlinks: Vec::new(),
         }
     }
 
@@ -456,12 +491,12 @@ impl Report {
     /// One markdown table row: every deterministic figure of the run.
     pub fn row(&self) -> String {
         format!(
-            "| {} | {} | {:.1}% | {:.1}% | {:.1} Gb/s | {} | {} | {} | {} | {} | {} | {} | {:.0} KB ({:.0} KB) | {:.1} KB | {:.2} | {} | {} |",
+            "| {} | {} | {:.1}% | {:.1}% | {} | {} | {} | {} | {} | {} | {} | {} | {:.0} KB ({:.0} KB) | {:.1} KB | {:.2} | {} | {} |",
             self.workload,
             self.mode,
             self.effective_bw * 100.0,
             self.flow_effective_bw * 100.0,
-            self.goodput_gbps_per_sender,
+            rate(self.goodput_gbps_per_sender),
             us(self.mct_p50_ns),
             us(self.mct_p99_ns),
             self.retransmits,
@@ -480,6 +515,15 @@ impl Report {
                 format!("no ({} failed)", self.failed)
             },
         )
+    }
+}
+
+/// A rate in Gbit/s, in Mbit/s below 1 Gbit/s (slow links, as the testbed twin's).
+fn rate(gbps: f64) -> String {
+    if gbps < 1.0 {
+        format!("{:.1} Mb/s", gbps * 1000.0)
+    } else {
+        format!("{gbps:.1} Gb/s")
     }
 }
 
@@ -605,6 +649,27 @@ impl Sim {
         let ls = &scenario.fabric;
         let mut fabric = ls.build(scenario.seed);
         fabric.enable_series(scenario.series_interval_ns);
+        // The links into leaf 0 come first among the spine-to-leaf ports, one per spine in
+        // order.
+        let into_leaf0 = fabric.tier_ports(1, 0);
+        for c in &scenario.downlinks {
+            let Some(&port) = into_leaf0.get(c.spine) else {
+                continue;
+            };
+            let cfg = fabric.port_mut(port);
+            if let Some(g) = c.gbps {
+                cfg.bandwidth_bps = (g * 1e9).round() as u64;
+            }
+            if let Some(q) = c.queue_bytes {
+                cfg.queue_bytes = q;
+            }
+            if let Some(l) = c.loss {
+                cfg.loss = l;
+            }
+            if let Some(m) = c.ce_mark {
+                cfg.ce_mark = m;
+            }
+        }
         let n = ls.hosts();
         let cfg = scenario.endpoint_config();
         let plan = plan(&scenario.workload, n, ls.hosts_per_leaf, scenario.seed);
@@ -1438,6 +1503,69 @@ mod tests {
             leaves: 2,
             spines: 2,
             ..LeafSpine::default()
+        }
+    }
+
+    /// The testbed twin's knobs reach the links into leaf 0 and only those: the marked
+    /// link marks, the lossy one loses, the slow one queues and drops, and the transfer still
+    /// completes byte for byte (the engine repairs the losses).
+    #[test]
+    fn downlink_changes_degrade_the_routes_into_leaf_0() {
+        let ls = LeafSpine {
+            hosts_per_leaf: 1,
+            leaves: 2,
+            spines: 4,
+            link_gbps: 10.0,
+            host_link_gbps: 10.0,
+            ecn_threshold_bytes: None,
+            ..LeafSpine::default()
+        };
+        let w = Workload::Incast {
+            senders: 1,
+            bytes_per_sender: 4 << 20,
+            msg_bytes: 256 << 10,
+            outstanding: 2,
+        };
+        let mut s = Scenario::new(ls, w, Mode::spray_host(16), 1);
+        s.engine.max_datagram = 1472;
+        s.downlinks = vec![
+            LinkChange {
+                spine: 0,
+                gbps: Some(0.05),
+                queue_bytes: Some(20_000),
+                ..LinkChange::default()
+            },
+            LinkChange {
+                spine: 1,
+                loss: Some(0.05),
+                ..LinkChange::default()
+            },
+            LinkChange {
+                spine: 2,
+                ce_mark: Some(1.0),
+                ..LinkChange::default()
+            },
+        ];
+        let mut sim = Sim::new(&s);
+        sim.run();
+        assert!(sim.done(), "the transfer completes");
+        let into0 = sim.fabric.tier_ports(1, 0);
+        let st = |i: usize| sim.fabric.port_stats(into0[i]).clone();
+        let (slow, lossy, marked, healthy) = (st(0), st(1), st(2), st(3));
+        assert!(
+            slow.packets > 0 && slow.max_queue_bytes > 10_000,
+            "{slow:?}"
+        );
+        assert!(lossy.lost > 0 && lossy.ecn_marks == 0, "{lossy:?}");
+        assert!(marked.ecn_marks > 0 && marked.lost == 0, "{marked:?}");
+        assert!(
+            healthy.lost == 0 && healthy.ecn_marks == 0 && healthy.drops == 0,
+            "{healthy:?}"
+        );
+        // Links into leaf 1 (the ACKs' way back) are untouched.
+        for &p in &into0[4..] {
+            let o = sim.fabric.port_stats(p);
+            assert!(o.lost == 0 && o.ecn_marks == 0, "{o:?}");
         }
     }
 

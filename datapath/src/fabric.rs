@@ -144,6 +144,9 @@ pub struct PortConfig {
     pub trim: bool,
     /// Probability that a packet is dropped at this port (a bad link).
     pub loss: f64,
+    /// Probability that an ECN-capable packet is marked CE at this port whatever the queue
+    /// (a link an AQM or a middlebox marks heavily, as the namespace testbed's marked link).
+    pub ce_mark: f64,
     /// Drop every packet (a failed link).
     pub blackhole: bool,
 }
@@ -159,6 +162,7 @@ impl PortConfig {
             ecn_threshold_bytes: None,
             trim: false,
             loss: 0.0,
+            ce_mark: 0.0,
             blackhole: false,
         }
     }
@@ -540,6 +544,7 @@ impl LeafSpine {
             ecn_threshold_bytes: self.ecn_threshold_bytes,
             trim: self.trim,
             loss: 0.0,
+            ce_mark: 0.0,
             blackhole: false,
         };
         let host_bps = gbps_to_bps(self.host_link_gbps);
@@ -1056,7 +1061,8 @@ impl Fabric {
         }
         let ahead = port.queued;
         if matches!(pkt.ecn, Ecn::Ect0 | Ecn::Ect1)
-            && port.cfg.ecn_threshold_bytes.is_some_and(|k| ahead > k)
+            && (port.cfg.ecn_threshold_bytes.is_some_and(|k| ahead > k)
+                || port.cfg.ce_mark > 0.0 && unit(splitmix64(&mut port.rng)) < port.cfg.ce_mark)
         {
             pkt.ecn = Ecn::Ce;
             port.stats.ecn_marks += 1;

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use braid::datapath::fabric::LeafSpine;
-use braid_bench::fabric::{self, EngineKnobs, Mode, Report, Scenario, Workload};
+use braid_bench::fabric::{self, EngineKnobs, LinkChange, Mode, Report, Scenario, Workload};
 use clap::Parser;
 use plotters::prelude::*;
 
@@ -75,7 +75,8 @@ struct Cli {
     /// Incast senders (default: half the hosts).
     #[arg(long)]
     senders: Option<usize>,
-    /// Modes, comma-separated: ecmp (a), spray (b), spray-cc (c), ecmp-fixed, ecmp-dcqcn.
+    /// Modes, comma-separated: ecmp (a), spray (b), spray-cc (c), ecmp-fixed, ecmp-dcqcn,
+    /// spray-host (spraying with the runtime's default Swift, as braid-perf runs).
     #[arg(long, default_value = "ecmp,spray,spray-cc")]
     modes: String,
     /// Paths per connection when spraying (at most 256, the engine's limit).
@@ -114,6 +115,13 @@ struct Cli {
     /// Override Swift's flow-scaling range, µs.
     #[arg(long)]
     swift_fs_us: Option<u64>,
+    /// Degrades the link from one spine down to leaf 0 (towards host 0, the incast receiver):
+    /// `SPINE:KEY=VALUE[,KEY=VALUE...]` with keys
+    /// `gbps` (rate), `queue-kb` (output queue, KB), `loss` (drop probability) and `ce`
+    /// (probability an ECN-capable packet is marked). Repeatable. The namespace testbed's
+    /// twin: `--downlink 0:gbps=0.01,queue-kb=12.5 --downlink 1:loss=0.01 --downlink 2:ce=0.4`.
+    #[arg(long, value_parser = parse_downlink)]
+    downlink: Vec<LinkChange>,
     /// Seed of everything.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -267,6 +275,7 @@ fn main() -> ExitCode {
             let mut s = Scenario::new(ls.clone(), workload.clone(), mode.clone(), cli.seed);
             s.engine = engine.clone();
             s.series_interval_ns = cli.bucket_us.max(1) * 1000;
+            s.downlinks = cli.downlink.clone();
             let r = fabric::run(&s);
             println!("{}", r.row());
             reports.push(r);
@@ -594,4 +603,38 @@ fn plot_queue(path: &Path, w: &str, rs: &[&Report]) -> Res<()> {
         "KB",
         &series,
     )
+}
+
+fn parse_downlink(arg: &str) -> Result<LinkChange, String> {
+    let (spine, kvs) = arg
+        .split_once(':')
+        .ok_or_else(|| format!("{arg:?}: expected SPINE:KEY=VALUE[,...]"))?;
+    let mut c = LinkChange {
+        spine: spine
+            .parse()
+            .map_err(|e| format!("{arg:?}: spine {spine:?}: {e}"))?,
+        ..LinkChange::default()
+    };
+    for kv in kvs.split(',') {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| format!("{arg:?}: {kv:?} is not KEY=VALUE"))?;
+        let x: f64 = v.parse().map_err(|e| format!("{arg:?}: {k}={v:?}: {e}"))?;
+        if !x.is_finite() || x < 0.0 {
+            return Err(format!("{arg:?}: {k}={v} must be a non-negative number"));
+        }
+        match k {
+            "gbps" => c.gbps = Some(x),
+            "queue-kb" => c.queue_bytes = Some((x * 1000.0).round() as usize),
+            "loss" if x <= 1.0 => c.loss = Some(x),
+            "ce" if x <= 1.0 => c.ce_mark = Some(x),
+            "loss" | "ce" => return Err(format!("{arg:?}: {k}={v} is not a probability")),
+            _ => {
+                return Err(format!(
+                    "{arg:?}: unknown key {k:?} (gbps, queue-kb, loss, ce)"
+                ));
+            }
+        }
+    }
+    Ok(c)
 }
