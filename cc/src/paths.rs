@@ -8,12 +8,16 @@
 //! - **spraying weights** ([`PathSet::weights`]): a path's health is
 //!
 //!   ```text
-//!   h = 1 / (1 + k_delay × max(0, delay / min_delay − 1 − delay_tolerance)
+//!   h = b / (1 + k_delay × max(0, delay / min_delay − 1 − delay_tolerance)
 //!              + k_ecn × max(0, ecn_frac − median ecn_frac) + k_loss × loss_rate)
 //!   share = probe_floor / N + (1 − probe_floor) × h / Σh
 //!   ```
 //!
-//!   where `min_delay` is the lowest smoothed delay among the paths. Only the *relative*
+//!   where `min_delay` is the lowest smoothed delay among the paths and `b`, the *balance*
+//!   factor, is an EWMA (gain `balance_gain`, per delay sample) of `median delay / sample`
+//!   taken in the log domain, within `1/balance_range..balance_range`: it evens out moderate
+//!   delay differences the tolerance ignores, such as a link that carries more of the
+//!   connection's paths than the others (ports hash onto links unevenly). Only the *relative*
 //!   delay and marking matter: congestion every path shares (at the receiver's downlink, say)
 //!   is the congestion controller's business, not a reason to move traffic. The `probe_floor` keeps
 //!   a share of `probe_floor / N` on every path, so a path that recovered is noticed.
@@ -25,7 +29,11 @@
 //!   is about one round trip of that path. A round is *congested* when at least
 //!   `plb_ecn_threshold` of its ECN-reporting packets were marked, or more than
 //!   `plb_loss_threshold` of its packets were lost, or its mean delay exceeded the delay
-//!   target. After `plb_rounds` consecutive congested rounds the path is queued for
+//!   target, *and* the path is an [outlier](PathSet::is_outlier) against the connection's
+//!   median: congestion all paths share would follow a path to any port (on the four-link
+//!   testbed's twin, re-pathing on shared delay moved a path every few milliseconds, often
+//!   onto the slow link, and the resulting stalls cost most of the retransmit timeouts).
+//!   After `plb_rounds` consecutive congested rounds the path is queued for
 //!   re-pathing; [`PathSet::take_repath`] hands its index to the engine (which gives it a fresh
 //!   random source port) and resets its statistics.
 //! - **a connection-wide signal** ([`PathSet::connection_signal`]) and per-path outlier
@@ -119,6 +127,16 @@ pub struct PathConfig {
     /// Samples a path needs (since its last reset) before it can be called an outlier.
     /// Default 4.
     pub min_samples: u32,
+    /// Gain of the balance term, per delay sample (0 turns it off). Default 0.05. Each
+    /// sample moves the path's balance factor by `(median delay / sample)^balance_gain`, so
+    /// paths whose packets wait longer than the connection's typical packet lose share and
+    /// faster ones gain it until the delays even out: ports hash onto links unevenly (four
+    /// links and sixteen paths can split 10/3/2/1), and a link that carries more of the
+    /// connection's paths queues more. The health formula alone ignores moderate delay
+    /// differences (see `delay_tolerance`); this term removes them slowly.
+    pub balance_gain: f64,
+    /// Largest factor the balance term may give or take away. Default 16.
+    pub balance_range: f64,
 }
 
 impl Default for PathConfig {
@@ -140,6 +158,8 @@ impl Default for PathConfig {
             outlier_ecn_margin: 0.2,
             outlier_loss_margin: 0.05,
             min_samples: 4,
+            balance_gain: 0.05,
+            balance_range: 16.0,
         }
     }
 }
@@ -311,6 +331,7 @@ impl PathSet {
         self.next_round(i, now, s.sent_at);
         let p = &mut self.paths[i];
         p.absorb(&cfg, s);
+        p.balance(&cfg, s, self.signal.delay_ns);
         if let Some(d) = s.delay_ns() {
             self.min_delay_ns = Some(self.min_delay_ns.map_or(d, |m| m.min(d)));
         }
@@ -334,6 +355,7 @@ impl PathSet {
             return;
         }
         p.absorb(&cfg, s);
+        p.balance(&cfg, s, self.signal.delay_ns);
         self.dirty = true;
         self.events_since_refresh = self.events_since_refresh.saturating_add(1);
         let _ = now;
@@ -459,6 +481,11 @@ impl PathSet {
     /// should not pass ECN and loss events from outlier paths to the controller.
     pub fn is_outlier(&mut self, path: u16) -> bool {
         self.maybe_refresh();
+        self.outlier(path)
+    }
+
+    /// [`is_outlier`](PathSet::is_outlier) against the signal as last refreshed.
+    fn outlier(&self, path: u16) -> bool {
         self.delay_outlier(path) || {
             let Some(p) = self.paths.get(usize::from(path)) else {
                 return false;
@@ -510,6 +537,8 @@ impl PathSet {
                 .map(|m| m as f64 * self.cfg.plb_delay_factor)
         });
         let cfg = self.cfg;
+        // `i < len ≤ MAX_PATHS`.
+        let outlier = self.outlier(u16::try_from(i).unwrap_or(0));
         let p = &mut self.paths[i];
         let Some(start) = p.round.start else {
             p.round.start = Some(now);
@@ -518,7 +547,10 @@ impl PathSet {
         if sent_at < start {
             return;
         }
-        let congested = p.round.congested(&cfg, delay_target);
+        // Only a path congested beyond the others is worth moving: congestion the paths
+        // share (the receiver's link, or every link busy with this connection's own window)
+        // would follow it to any port, and a move resets what is known about it.
+        let congested = p.round.congested(&cfg, delay_target) && outlier;
         p.round = Round {
             start: Some(now),
             ..Round::default()
@@ -565,7 +597,15 @@ impl PathSet {
             // business, and an ACK's CE report covers every packet since the previous ACK, so
             // some of one path's marks land on the paths whose packets the ACKs echo.
             let ecn = (p.ecn_frac - ecn_median).max(0.0);
-            let h = 1.0 / (1.0 + c.k_delay * excess + c.k_ecn * ecn + c.k_loss * p.loss_rate);
+            // A path marked more than the median is not fast, whatever its delay (a marking
+            // AQM keeps its queue short): the balance term may only take share from it.
+            let balance = if ecn > 0.0 {
+                p.balance_log.min(0.0)
+            } else {
+                p.balance_log
+            };
+            let h =
+                balance.exp() / (1.0 + c.k_delay * excess + c.k_ecn * ecn + c.k_loss * p.loss_rate);
             let h = if h.is_finite() && h > 0.0 { h } else { 0.0 };
             *s = h;
             sum += h;
@@ -630,9 +670,26 @@ struct Path {
     congested_rounds: u32,
     repath_pending: bool,
     repaths: u32,
+    /// Natural log of the balance factor (see [`PathConfig::balance_gain`]).
+    balance_log: f64,
 }
 
 impl Path {
+    /// Moves the balance factor by one delay sample against the connection's median delay.
+    fn balance(&mut self, cfg: &PathConfig, s: &AckSample, median_ns: Option<u64>) {
+        let (Some(d), Some(m)) = (s.delay_ns(), median_ns) else {
+            return;
+        };
+        if d == 0 || m == 0 || cfg.balance_gain <= 0.0 {
+            return;
+        }
+        let range = cfg.balance_range.max(1.0).ln();
+        let x = (m as f64 / d as f64).ln();
+        if x.is_finite() {
+            self.balance_log += cfg.balance_gain * (x.clamp(-range, range) - self.balance_log);
+        }
+    }
+
     /// Takes in the delay and CE mark one acknowledged (or late) packet measured.
     fn absorb(&mut self, cfg: &PathConfig, s: &AckSample) {
         if let Some(d) = s.delay_ns() {
@@ -731,12 +788,19 @@ mod tests {
             for k in 0..per_path {
                 for p in 0..n {
                     let t = us(1000 * (r + 1) + k);
-                    ps.on_sent(p, t);
+                    send(ps, p, t);
                     let s = sample(p, t, Some(delay_us(p)), Some(ce(p, r * per_path + k)));
                     ps.on_ack(t.add_nanos(1), &s);
                 }
             }
         }
+    }
+
+    /// A packet leaves on `p` at `t`. The engine picks a path for every packet it sends,
+    /// which keeps the weights and the connection signal fresh; so does this.
+    fn send(ps: &mut PathSet, p: u16, t: Timestamp) {
+        let _ = ps.pick(0);
+        ps.on_sent(p, t);
     }
 
     fn fair(ps: &PathSet) -> f64 {
@@ -883,13 +947,17 @@ mod tests {
     /// One round on `path`: a few packets sent at `t`, acknowledged just after, all marked or
     /// all clean. The first ACK ends the previous round (its packet was sent after that round
     /// began) and opens this one.
+    /// Four ACKs on `path`, CE-marked or not, and four unmarked ones on every other path
+    /// (the rest of the connection stays clean, so `path` stands out when marked).
     fn ecn_round(ps: &mut PathSet, path: u16, t: u64, marked: bool) {
-        for k in 0..4 {
-            ps.on_sent(path, us(t));
-            ps.on_ack(
-                us(t + 10 + k),
-                &sample(path, us(t), Some(100), Some(marked)),
-            );
+        for p in 0..ps.len() as u16 {
+            for k in 0..4 {
+                send(ps, p, us(t));
+                ps.on_ack(
+                    us(t + 10 + k),
+                    &sample(p, us(t), Some(100), Some(marked && p == path)),
+                );
+            }
         }
     }
 
@@ -924,25 +992,84 @@ mod tests {
 
     #[test]
     fn plb_flags_a_path_whose_delay_exceeds_the_target() {
-        let mut ps = PathSet::new(2);
+        let mut ps = PathSet::new(4);
         ps.set_delay_target_ns(Some(200_000));
-        for r in 0..4u64 {
-            let t = us(1000 * r);
-            ps.on_sent(0, t);
-            ps.on_ack(t.add_nanos(1), &sample(0, t, Some(500), None));
+        for r in 0..10u64 {
+            for p in 0..4 {
+                let t = us(1000 * r + u64::from(p));
+                send(&mut ps, p, t);
+                let d = if p == 0 { 500 } else { 100 };
+                ps.on_ack(t.add_nanos(1), &sample(p, t, Some(d), None));
+            }
         }
         assert_eq!(ps.take_repath(), Some(0));
+        assert_eq!(ps.take_repath(), None);
     }
 
     #[test]
     fn plb_flags_a_black_holed_path_through_its_losses() {
-        let mut ps = PathSet::new(2);
-        for r in 0..4u64 {
-            let t = us(1000 * r);
-            ps.on_sent(1, t);
-            ps.on_loss(t.add_nanos(500_000), 1, t);
+        let mut ps = PathSet::new(4);
+        for r in 0..8u64 {
+            for p in 0..4 {
+                let t = us(1000 * r + u64::from(p));
+                send(&mut ps, p, t);
+                if p == 1 {
+                    ps.on_loss(t.add_nanos(500_000), 1, t);
+                } else {
+                    ps.on_ack(t.add_nanos(1), &sample(p, t, Some(100), None));
+                }
+            }
         }
         assert_eq!(ps.take_repath(), Some(1));
+        assert_eq!(ps.take_repath(), None);
+    }
+
+    /// Congestion every path sees (a shared bottleneck, or every link busy with this
+    /// connection's own window) would follow a path to any port: nothing is re-pathed, though
+    /// every round of every path is congested.
+    #[test]
+    fn plb_leaves_paths_alone_when_all_share_the_congestion() {
+        let mut ps = PathSet::new(4);
+        ps.set_delay_target_ns(Some(200_000));
+        for r in 0..10u64 {
+            for p in 0..4 {
+                let t = us(1000 * r + u64::from(p));
+                send(&mut ps, p, t);
+                let s = sample(p, t, Some(400 + 10 * u64::from(p)), Some(true));
+                ps.on_ack(t.add_nanos(1), &s);
+            }
+        }
+        assert!(ps.stats(0).unwrap().outcomes >= 10);
+        assert_eq!(ps.take_repath(), None);
+    }
+
+    /// A path 1.5 times slower than the others, inside the delay tolerance the health formula
+    /// ignores, still loses share through the balance term; without it, it keeps its share.
+    #[test]
+    fn balance_moves_share_off_a_moderately_slower_path() {
+        for gain in [0.05, 0.0] {
+            let cfg = PathConfig {
+                balance_gain: gain,
+                ..PathConfig::default()
+            };
+            let mut ps = PathSet::with_config(8, cfg);
+            feed(
+                &mut ps,
+                20,
+                4,
+                |p| if p == 0 { 150 } else { 100 },
+                |_, _| false,
+            );
+            let w = ps.weights().to_vec();
+            let f = fair(&ps);
+            if gain > 0.0 {
+                assert!(w[0] < 0.8 * f, "gain {gain}: {w:?}");
+                assert!(w[1..].iter().all(|&x| x > f), "gain {gain}: {w:?}");
+            } else {
+                assert!((w[0] - f).abs() < 0.01 * f, "gain {gain}: {w:?}");
+            }
+            assert!((w.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+        }
     }
 
     #[test]
