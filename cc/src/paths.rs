@@ -221,6 +221,10 @@ pub struct PathSet {
     shares: Vec<f64>,
     /// Cumulative quantized shares: path `i` owns `[cum[i] - q[i], cum[i])`.
     cum: Vec<u64>,
+    /// Where a choice starts looking in `cum`: `guide[j]` is the path owning
+    /// `j × total / guide.len()`, so a choice scans a path or two from there instead of a
+    /// binary search's chain of dependent loads (a cache miss each, with hundreds of QPs).
+    guide: Vec<u16>,
     signal: ConnectionSignal,
     dirty: bool,
     events_since_refresh: u32,
@@ -262,6 +266,7 @@ impl PathSet {
             paths: vec![Path::default(); n],
             shares: vec![0.0; n],
             cum: vec![0; n],
+            guide: vec![0; n.next_power_of_two()],
             signal: ConnectionSignal::default(),
             dirty: true,
             events_since_refresh: 0,
@@ -521,10 +526,33 @@ impl PathSet {
                 .is_some_and(|m| p.delay_ns > self.cfg.outlier_delay_ratio * m as f64)
     }
 
+    /// The path owning `x` (`x < total`): the first `i` with `cum[i] > x`.
     fn index_at(&self, x: u64) -> u16 {
-        let i = self.cum.partition_point(|&c| c <= x);
-        // `x < total`, so `i < len ≤ MAX_PATHS`, which fits in u16.
-        u16::try_from(i.min(self.paths.len() - 1)).unwrap_or(0)
+        let total = self.cum.last().copied().unwrap_or(1).max(1);
+        let g = self.guide.len() as u64;
+        // `guide[j]` owns `j × total / g ≤ x`, so the answer is at or after it.
+        let j = (x * g / total).min(g - 1) as usize;
+        let mut i = usize::from(self.guide[j]);
+        let last = self.paths.len() - 1;
+        while i < last && self.cum[i] <= x {
+            i += 1;
+        }
+        // `i ≤ last < MAX_PATHS`, which fits in u16.
+        u16::try_from(i).unwrap_or(0)
+    }
+
+    fn rebuild_guide(&mut self) {
+        let total = self.cum.last().copied().unwrap_or(1).max(1);
+        let g = self.guide.len() as u64;
+        let mut i = 0;
+        for (j, slot) in self.guide.iter_mut().enumerate() {
+            let x = j as u64 * total / g;
+            while i + 1 < self.cum.len() && self.cum[i] <= x {
+                i += 1;
+            }
+            // `i < len ≤ MAX_PATHS`.
+            *slot = u16::try_from(i).unwrap_or(0);
+        }
     }
 
     /// Called before feedback is counted: ends the path's round if the feedback is for a
@@ -617,6 +645,7 @@ impl PathSet {
             acc += ((*s * SHARE_SCALE).round() as u64).max(1);
             *cum = acc;
         }
+        self.rebuild_guide();
         self.signal = ConnectionSignal {
             delay_ns: self
                 .median(|p| (p.delay_samples > 0).then_some(p.delay_ns))
@@ -903,6 +932,36 @@ mod tests {
         );
         // And the weights really differ, so the test means something.
         assert!(shares[0] > 2.0 * shares[7]);
+    }
+
+    /// The guided choice gives exactly the path a binary search over the cumulative shares
+    /// would, for uneven shares and every set size.
+    #[test]
+    fn guided_choice_matches_a_binary_search() {
+        let mut rng = Lcg(7);
+        for n in [1u16, 2, 3, 7, 16, 100, 256] {
+            let mut ps = PathSet::new(n);
+            for round in 0..20u64 {
+                for p in 0..n {
+                    let t = us(1000 * (round + 1) + u64::from(p));
+                    ps.on_sent(p, t);
+                    let d = 100 + u64::from(rng.next() % 2000);
+                    let ce = rng.next() % 7 == 0;
+                    ps.on_ack(t.add_nanos(1), &sample(p, t, Some(d), Some(ce)));
+                }
+                let _ = ps.weights();
+                let total = *ps.cum.last().unwrap();
+                for _ in 0..500 {
+                    let x = u64::from(rng.next()) * total >> 32;
+                    let expect = ps.cum.partition_point(|&c| c <= x).min(usize::from(n) - 1);
+                    assert_eq!(usize::from(ps.index_at(x)), expect, "n {n} x {x}");
+                }
+                for x in [0, total - 1] {
+                    let expect = ps.cum.partition_point(|&c| c <= x).min(usize::from(n) - 1);
+                    assert_eq!(usize::from(ps.index_at(x)), expect, "n {n} x {x}");
+                }
+            }
+        }
     }
 
     #[test]
