@@ -946,13 +946,13 @@ mod tests {
                     let t = us(1000 * (round + 1) + u64::from(p));
                     ps.on_sent(p, t);
                     let d = 100 + u64::from(rng.next() % 2000);
-                    let ce = rng.next() % 7 == 0;
+                    let ce = rng.next().is_multiple_of(7);
                     ps.on_ack(t.add_nanos(1), &sample(p, t, Some(d), Some(ce)));
                 }
                 let _ = ps.weights();
                 let total = *ps.cum.last().unwrap();
                 for _ in 0..500 {
-                    let x = u64::from(rng.next()) * total >> 32;
+                    let x = (u64::from(rng.next()) * total) >> 32;
                     let expect = ps.cum.partition_point(|&c| c <= x).min(usize::from(n) - 1);
                     assert_eq!(usize::from(ps.index_at(x)), expect, "n {n} x {x}");
                 }
