@@ -2064,6 +2064,8 @@ impl Qp {
         {
             sample.rtt_ns = Some(rtt);
             sample.fabric_delay_ns = Some(self.paths.cc_delay_ns(u16::from(fb.echo_path), fabric));
+            // Marked: the delay includes a queue, and must not become the base delay.
+            sample.ecn_ce = Some(fb.ce);
             fb.delay_given = true;
         }
         self.cc.on_ack_with(now, &sample);
