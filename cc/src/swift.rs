@@ -828,7 +828,6 @@ mod tests {
         assert_eq!(c.target_ns(), 30_000 + 50_000 + c.flow_scaling_ns(w));
     }
 
-
     fn ack_marked(c: &mut Swift, now: Timestamp, delay_us: u64, ce: bool) {
         let mut s = AckSample::new(now, MTU);
         s.fabric_delay_ns = Some(delay_us * 1000);
