@@ -52,8 +52,10 @@ pub struct AckSample {
     /// Switch hops the packet crossed (from the IP TTL the receiver saw), if known.
     pub hops: Option<u8>,
     /// Whether the packet arrived CE-marked, if the receiver reported it for this packet.
-    /// Only path scoring reads this; controllers learn about ECN through
-    /// [`Controller::on_congestion_event`] with `is_ecn`, never through this field.
+    /// Path scoring reads it as a congestion signal; controllers learn about ECN as a
+    /// congestion signal through [`Controller::on_congestion_event`] with `is_ecn`, and may
+    /// read this field only to qualify the delay sample (a marked packet crossed a queue
+    /// above the marking threshold, so its delay is not a base delay).
     pub ecn_ce: Option<bool>,
     /// The path (index into the connection's path set) the packet was sent on.
     pub path: u16,

@@ -56,11 +56,22 @@
 //! The median is weighted by each path's share of the traffic: it is the delay that half of
 //! the connection's packets see or less. The engine therefore feeds the controller:
 //!
-//! - delay samples through [`PathSet::cc_delay_ns`], which passes a sample through unless its
-//!   path is an outlier (smoothed delay above `outlier_delay_ratio` × the median), in which
-//!   case it is replaced by the median: a sudden shared rise reaches the controller at once,
-//!   while a lone slow path does not;
+//! - delay samples through [`PathSet::cc_delay_ns`], which first replaces a sample by the
+//!   median if its path is an outlier (smoothed delay above `outlier_delay_ratio` × the
+//!   median), then hands the controller the median of the samples of the last round trip
+//!   (at most [`RECENT_DELAYS`]): a shared rise reaches the controller as soon as it covers
+//!   half the round trip's packets, while a queue that only some paths cross does not;
+//!   with one path the sample passes as it is;
 //! - ECN and loss events only from paths that are not [outliers](PathSet::is_outlier).
+//!
+//! The per-sample median is what makes the split hold with many paths. The per-path outlier
+//! test needs a few samples on the same path, and a connection spraying over 256 source
+//! ports sees each one about once every 256 packets, so with many paths almost nothing is an
+//! outlier and raw samples reached the controller: on a 64-host leaf-spine under permutation
+//! traffic, 3–5% of a connection's packets crossed a transiently deep spine queue, and since
+//! Swift reacts to any one sample above target (once per round trip), that was enough for a
+//! decrease in every few round trips (40–50 per 32 MiB flow), although the other 95% of the
+//! packets saw no queue. The round trip's median sees those rare samples for what they are.
 //!
 //! Per-path windows (one controller per path) would be the alternative; they split an already
 //! small window N ways and make each path's controller learn from a trickle of samples, so
@@ -74,6 +85,10 @@ use crate::AckSample;
 
 /// Most paths one connection may have.
 pub const MAX_PATHS: usize = 256;
+
+/// Most delay samples the controller's median covers ([`PathSet::cc_delay_ns`]): about one
+/// round trip of a 100 Gbit/s connection with 4 KiB packets and a 10 µs round trip.
+pub const RECENT_DELAYS: usize = 32;
 
 /// Quantization of the shares used for picking: shares become integers summing to about
 /// this, so a choice is exact integer arithmetic on the caller's random number.
@@ -233,6 +248,10 @@ pub struct PathSet {
     min_delay_ns: Option<u64>,
     delay_target_ns: Option<u64>,
     scratch: Vec<(f64, f64)>,
+    /// The latest delays handed to the controller, a ring: (ACK time ns, delay ns).
+    recent: [(u64, u64); RECENT_DELAYS],
+    recent_pos: usize,
+    recent_len: usize,
 }
 
 impl PathSet {
@@ -276,6 +295,9 @@ impl PathSet {
             min_delay_ns: None,
             delay_target_ns: None,
             scratch: Vec::with_capacity(n),
+            recent: [(0, 0); RECENT_DELAYS],
+            recent_pos: 0,
+            recent_len: 0,
         };
         set.refresh();
         set
@@ -505,14 +527,42 @@ impl PathSet {
     }
 
     /// The delay sample the connection's controller should see for a raw sample `raw_ns`
-    /// measured on `path`: `raw_ns` itself, unless the path's smoothed delay makes it an
-    /// outlier, in which case `min(raw_ns, median delay)`.
-    pub fn cc_delay_ns(&mut self, path: u16, raw_ns: u64) -> u64 {
+    /// measured on `path` at `now` (call it once per ACK, with `now` never decreasing):
+    ///
+    /// 1. `raw_ns`, or `min(raw_ns, median path delay)` if the path's smoothed delay makes it
+    ///    an outlier;
+    /// 2. with more than one path, the median of that value and those of the previous calls
+    ///    within the last `raw_ns` nanoseconds (the round trip this sample measured), at most
+    ///    [`RECENT_DELAYS`] of them. Sprayed packets of one round trip cross different queues;
+    ///    the connection's window should follow the delay most of them see, not the deepest
+    ///    queue any one of them crossed (see the [module docs](self)).
+    pub fn cc_delay_ns(&mut self, now: Timestamp, path: u16, raw_ns: u64) -> u64 {
         self.maybe_refresh();
-        match self.signal.delay_ns {
+        let d = match self.signal.delay_ns {
             Some(median) if self.delay_outlier(path) => raw_ns.min(median),
             _ => raw_ns,
+        };
+        if self.paths.len() < 2 {
+            return d;
         }
+        let at = now.as_nanos();
+        self.recent[self.recent_pos] = (at, d);
+        self.recent_pos = (self.recent_pos + 1) % RECENT_DELAYS;
+        self.recent_len = (self.recent_len + 1).min(RECENT_DELAYS);
+        // Newest first, back to one round trip ago (the newest is `d` itself, so `n ≥ 1`).
+        let mut window = [0u64; RECENT_DELAYS];
+        let mut n = 0;
+        for k in 1..=self.recent_len {
+            let (t, x) = self.recent[(self.recent_pos + RECENT_DELAYS - k) % RECENT_DELAYS];
+            if at.saturating_sub(t) > d {
+                break;
+            }
+            window[n] = x;
+            n += 1;
+        }
+        let window = &mut window[..n.max(1)];
+        let mid = window.len() / 2;
+        *window.select_nth_unstable(mid).1
     }
 
     fn delay_outlier(&self, path: u16) -> bool {
@@ -1166,9 +1216,64 @@ mod tests {
         assert!(ps.is_outlier(6));
         assert!(!ps.is_outlier(0));
         // The controller sees the median instead of the bad path's samples...
-        assert!(ps.cc_delay_ns(6, 5_000_000) <= 102_000);
-        // ...and good paths' samples untouched, even when they rise.
-        assert_eq!(ps.cc_delay_ns(0, 300_000), 300_000);
+        assert!(ps.cc_delay_ns(us(10_000), 6, 5_000_000) <= 102_000);
+        // ...and good paths' samples untouched, even when they rise (alone in their round
+        // trip, a sample is its own median).
+        assert_eq!(ps.cc_delay_ns(us(20_000), 0, 300_000), 300_000);
+    }
+
+    #[test]
+    fn a_deep_queue_on_a_few_sprayed_packets_does_not_reach_the_controller() {
+        // 256 paths, one sample each: too few for any path to be called an outlier. One
+        // packet in ten crosses a 30 µs queue; the others see the 10 µs base.
+        let mut ps = PathSet::new(256);
+        let mut worst = 0;
+        for k in 0..200u64 {
+            let raw = if k % 10 == 3 { 40_000 } else { 10_000 };
+            let path = (k % 256) as u16;
+            worst = worst.max(ps.cc_delay_ns(Timestamp::from_nanos(330 * k), path, raw));
+        }
+        assert_eq!(worst, 10_000);
+    }
+
+    #[test]
+    fn a_queue_most_sprayed_packets_cross_reaches_the_controller_within_a_round_trip() {
+        // Every packet sees the same queue build up: once half the round trip's samples are
+        // above the old level, so is what the controller sees.
+        let mut ps = PathSet::new(256);
+        let mut t = 0;
+        for k in 0..40u16 {
+            t += 330;
+            assert_eq!(ps.cc_delay_ns(Timestamp::from_nanos(t), k, 10_000), 10_000);
+        }
+        let mut seen = Vec::new();
+        for k in 0..40u16 {
+            t += 330;
+            seen.push(ps.cc_delay_ns(Timestamp::from_nanos(t), 40 + k, 30_000));
+        }
+        // 10 µs round trip = 30 samples: the median turns after about 16 of them.
+        let first_high = seen.iter().position(|&d| d == 30_000).unwrap();
+        assert!((10..=20).contains(&first_high), "{seen:?}");
+        assert!(seen[first_high..].iter().all(|&d| d == 30_000), "{seen:?}");
+    }
+
+    #[test]
+    fn with_one_path_the_controller_sees_each_sample() {
+        let mut ps = PathSet::new(1);
+        for k in 0..20u64 {
+            let raw = if k % 10 == 3 { 40_000 } else { 10_000 };
+            assert_eq!(ps.cc_delay_ns(Timestamp::from_nanos(330 * k), 0, raw), raw);
+        }
+    }
+
+    #[test]
+    fn samples_older_than_the_round_trip_are_not_in_the_median() {
+        let mut ps = PathSet::new(16);
+        for k in 0..31u64 {
+            ps.cc_delay_ns(Timestamp::from_nanos(100 * k), (k % 16) as u16, 50_000);
+        }
+        // 100 µs later, the 10 µs round trip holds only the new sample.
+        assert_eq!(ps.cc_delay_ns(us(103), 0, 10_000), 10_000);
     }
 
     #[test]

@@ -29,7 +29,7 @@ use crate::{AckSample, Controller, ControllerFactory};
 /// | `rtt_init_ns` | 100 µs | round trip assumed before the first sample |
 /// | `idle_restart_rtts` | 4 | idle longer than this restarts at `init_cwnd` at most |
 /// | `rto_reset_threshold` | 1 | every retransmit timeout resets the window to `min_cwnd` |
-/// | `min_delay_window_ns` | 10 s | a min-delay sample older than this is replaced |
+/// | `min_delay_window_ns` | 10 s | a min-delay sample older than this is replaced; CE-marked samples never set it |
 /// | `undo_spurious_losses` | `true` | a loss that proves spurious gives its decrease back |
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SwiftConfig {
@@ -138,6 +138,17 @@ impl ControllerFactory for SwiftConfig {
 ///
 /// so a flow with a tiny window tolerates up to `fs_range` more queueing than a big one, which
 /// lets many small flows (incast) share a queue fairly.
+///
+/// `min_delay` is learned only from samples that did not arrive CE-marked (when the sample
+/// says, [`AckSample::ecn_ce`]): a marked packet crossed a queue above the switch's marking
+/// threshold, so its delay is queueing, not base delay. Without this, a connection that
+/// starts while a queue already stands (the remote senders of an incast, whose first packets
+/// queue behind the nearby senders' first window) takes that queue as its base, so its target
+/// sits a whole queue higher than the others': it never sees its delay above target, keeps a
+/// window far above its share, and the connections that measured the true base (the nearby
+/// senders) are pushed down to the window floor, where a sub-packet window paces one packet
+/// per `srtt / w` (4 ms at 0.01 packets and 40 µs) and ends up the job's tail. Until an
+/// unmarked sample arrives the target is the absolute `base_target + fs(w)`.
 ///
 /// **Per acknowledged packet** of `acked` bytes, with `delay` its fabric delay (or the latest
 /// one measured, when the sample carries none):
@@ -316,9 +327,10 @@ impl Swift {
         self.has_rtt = true;
     }
 
-    fn sample_delay(&mut self, now: Timestamp, delay_ns: u64) {
+    /// Takes in a delay sample; `marked` (it arrived CE-marked) keeps it out of the minimum.
+    fn sample_delay(&mut self, now: Timestamp, delay_ns: u64, marked: bool) {
         let expired = now.nanos_since(self.min_delay_at) > self.cfg.min_delay_window_ns;
-        if self.min_delay_ns.is_none_or(|m| delay_ns <= m || expired) {
+        if !marked && self.min_delay_ns.is_none_or(|m| delay_ns <= m || expired) {
             self.min_delay_ns = Some(delay_ns);
             self.min_delay_at = now;
         }
@@ -350,7 +362,7 @@ impl Controller for Swift {
             self.sample_rtt(rtt);
         }
         if let Some(d) = s.delay_ns() {
-            self.sample_delay(now, d);
+            self.sample_delay(now, d, s.ecn_ce == Some(true));
         }
         if s.hops.is_some() {
             self.hops = s.hops;
@@ -816,6 +828,33 @@ mod tests {
         assert_eq!(c.target_ns(), 30_000 + 50_000 + c.flow_scaling_ns(w));
     }
 
+    fn ack_marked(c: &mut Swift, now: Timestamp, delay_us: u64, ce: bool) {
+        let mut s = AckSample::new(now, MTU);
+        s.fabric_delay_ns = Some(delay_us * 1000);
+        s.ecn_ce = Some(ce);
+        c.on_ack_with(now, &s);
+    }
+
+    #[test]
+    fn marked_samples_do_not_set_the_min_delay() {
+        // A connection whose first packets queue behind others' (marked): the queue must not
+        // become its base delay, or its target would sit a whole queue higher.
+        let mut c = Swift::new(SwiftConfig::default(), MTU);
+        ack_marked(&mut c, us(0), 40, true);
+        ack_marked(&mut c, us(10), 35, true);
+        assert_eq!(c.min_delay_ns(), None);
+        let w = c.cwnd_packets();
+        assert_eq!(c.target_ns(), 50_000 + c.flow_scaling_ns(w));
+        // ... but they are still the delay the window reacts to: 35 µs is below the absolute
+        // 50 µs target, 90 µs above it.
+        let before = c.cwnd_packets();
+        ack_marked(&mut c, us(400), 90, true);
+        assert!(c.cwnd_packets() < before);
+        // The first unmarked sample is the base, and a lower marked one does not replace it.
+        ack_marked(&mut c, us(500), 12, false);
+        ack_marked(&mut c, us(510), 8, true);
+        assert_eq!(c.min_delay_ns(), Some(12_000));
+    }
     #[test]
     fn samples_without_delay_reuse_the_latest_delay() {
         let mut c = Swift::new(fixed_target(), MTU);

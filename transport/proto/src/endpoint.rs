@@ -2231,7 +2231,10 @@ impl Qp {
             && let (Some(rtt), Some(fabric)) = (fb.rtt_ns, fb.fabric_ns)
         {
             sample.rtt_ns = Some(rtt);
-            sample.fabric_delay_ns = Some(self.paths.cc_delay_ns(u16::from(fb.echo_path), fabric));
+            sample.fabric_delay_ns =
+                Some(self.paths.cc_delay_ns(now, u16::from(fb.echo_path), fabric));
+            // Marked: the delay includes a queue, and must not become the base delay.
+            sample.ecn_ce = Some(fb.ce);
             fb.delay_given = true;
         }
         self.cc.on_ack_with(now, &sample);
