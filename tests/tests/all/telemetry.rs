@@ -284,7 +284,7 @@ fn reordered_write_ns(seed: u64, undo: bool) -> (u64, u64) {
     });
     let link = LinkConfig {
         delay_ns: 10_000,
-        reorder: 0.05,
+        reorder: 0.1,
         reorder_extra_ns: 2_000_000,
         ..LinkConfig::default()
     };
@@ -312,7 +312,10 @@ fn undoing_spurious_loss_decreases_speeds_up_a_reordered_transfer() {
         "total: undo on {on} ns, off {off} ns, ratio {:.3}",
         on as f64 / off as f64
     );
-    // Measured at 0.87 (59.2 against 67.9 ms): a decrease for a packet that was only late is
-    // given back.
+    // A decrease for a packet that was only late is given back. Measured at 0.64 (158 against
+    // 246 ms over the four seeds, every seed faster) with 10% of the packets 2 ms late. At 5%
+    // the gap closed to 0.96 once the controller began seeing the round trip's median delay
+    // (the late packets no longer cut the window by delay, so fewer decreases are left to
+    // undo); below that nothing is left to undo.
     assert!(on < off - off / 20, "undo on {on} ns, off {off} ns");
 }
