@@ -72,7 +72,7 @@ use std::collections::BinaryHeap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use braid::datapath::fabric::{Delivery, Fabric, HostId, LeafSpine, NodeKind, PortId};
+use braid::datapath::fabric::{Delivery, Fabric, HostId, LeafSpine, NodeKind, PortConfig, PortId};
 use braid::datapath::{Ecn, Transmit};
 use braid::proto::cc::{ControllerFactory, DcqcnConfig, FixedWindowConfig, SwiftConfig};
 use braid::proto::{
@@ -353,6 +353,24 @@ pub struct LinkChange {
     pub loss: Option<f64>,
     /// Probability an ECN-capable packet is marked CE.
     pub ce_mark: Option<f64>,
+}
+
+impl LinkChange {
+    /// Writes the fields that are set into `port`.
+    pub fn apply(&self, port: &mut PortConfig) {
+        if let Some(g) = self.gbps {
+            port.bandwidth_bps = (g * 1e9).round() as u64;
+        }
+        if let Some(q) = self.queue_bytes {
+            port.queue_bytes = q;
+        }
+        if let Some(l) = self.loss {
+            port.loss = l;
+        }
+        if let Some(m) = self.ce_mark {
+            port.ce_mark = m;
+        }
+    }
 }
 
 impl Scenario {
@@ -656,19 +674,7 @@ impl Sim {
             let Some(&port) = into_leaf0.get(c.spine) else {
                 continue;
             };
-            let cfg = fabric.port_mut(port);
-            if let Some(g) = c.gbps {
-                cfg.bandwidth_bps = (g * 1e9).round() as u64;
-            }
-            if let Some(q) = c.queue_bytes {
-                cfg.queue_bytes = q;
-            }
-            if let Some(l) = c.loss {
-                cfg.loss = l;
-            }
-            if let Some(m) = c.ce_mark {
-                cfg.ce_mark = m;
-            }
+            c.apply(fabric.port_mut(port));
         }
         let n = ls.hosts();
         let cfg = scenario.endpoint_config();

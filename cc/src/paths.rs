@@ -882,6 +882,18 @@ mod tests {
         ps.on_sent(p, t);
     }
 
+    /// `n` rounds, 1 ms apart, in which every path sends one packet and `feedback` answers
+    /// it (an ACK or a loss).
+    fn rounds(ps: &mut PathSet, n: u64, mut feedback: impl FnMut(&mut PathSet, u16, Timestamp)) {
+        for r in 0..n {
+            for p in 0..ps.len() as u16 {
+                let t = us(1000 * r + u64::from(p));
+                send(ps, p, t);
+                feedback(ps, p, t);
+            }
+        }
+    }
+
     fn fair(ps: &PathSet) -> f64 {
         1.0 / ps.len() as f64
     }
@@ -1103,14 +1115,10 @@ mod tests {
     fn plb_flags_a_path_whose_delay_exceeds_the_target() {
         let mut ps = PathSet::new(4);
         ps.set_delay_target_ns(Some(200_000));
-        for r in 0..10u64 {
-            for p in 0..4 {
-                let t = us(1000 * r + u64::from(p));
-                send(&mut ps, p, t);
-                let d = if p == 0 { 500 } else { 100 };
-                ps.on_ack(t.add_nanos(1), &sample(p, t, Some(d), None));
-            }
-        }
+        rounds(&mut ps, 10, |ps, p, t| {
+            let d = if p == 0 { 500 } else { 100 };
+            ps.on_ack(t.add_nanos(1), &sample(p, t, Some(d), None));
+        });
         assert_eq!(ps.take_repath(), Some(0));
         assert_eq!(ps.take_repath(), None);
     }
@@ -1118,17 +1126,13 @@ mod tests {
     #[test]
     fn plb_flags_a_black_holed_path_through_its_losses() {
         let mut ps = PathSet::new(4);
-        for r in 0..8u64 {
-            for p in 0..4 {
-                let t = us(1000 * r + u64::from(p));
-                send(&mut ps, p, t);
-                if p == 1 {
-                    ps.on_loss(t.add_nanos(500_000), 1, t);
-                } else {
-                    ps.on_ack(t.add_nanos(1), &sample(p, t, Some(100), None));
-                }
+        rounds(&mut ps, 8, |ps, p, t| {
+            if p == 1 {
+                ps.on_loss(t.add_nanos(500_000), 1, t);
+            } else {
+                ps.on_ack(t.add_nanos(1), &sample(p, t, Some(100), None));
             }
-        }
+        });
         assert_eq!(ps.take_repath(), Some(1));
         assert_eq!(ps.take_repath(), None);
     }
@@ -1140,14 +1144,10 @@ mod tests {
     fn plb_leaves_paths_alone_when_all_share_the_congestion() {
         let mut ps = PathSet::new(4);
         ps.set_delay_target_ns(Some(200_000));
-        for r in 0..10u64 {
-            for p in 0..4 {
-                let t = us(1000 * r + u64::from(p));
-                send(&mut ps, p, t);
-                let s = sample(p, t, Some(400 + 10 * u64::from(p)), Some(true));
-                ps.on_ack(t.add_nanos(1), &s);
-            }
-        }
+        rounds(&mut ps, 10, |ps, p, t| {
+            let s = sample(p, t, Some(400 + 10 * u64::from(p)), Some(true));
+            ps.on_ack(t.add_nanos(1), &s);
+        });
         assert!(ps.stats(0).unwrap().outcomes >= 10);
         assert_eq!(ps.take_repath(), None);
     }
