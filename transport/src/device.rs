@@ -838,9 +838,9 @@ impl ProtectionDomain {
         send_cq: &CompletionQueue,
         recv_cq: &CompletionQueue,
     ) -> Result<QueuePair, ResourceError> {
-        let mut secret = [0u8; 32];
-        getrandom::getrandom(&mut secret).map_err(|_| ResourceError::Entropy)?;
-        self.create_qp_with(send_cq, recv_cq, QpOptions::encrypted(secret))
+        let mut secret = zeroize::Zeroizing::new([0u8; 32]);
+        getrandom::getrandom(&mut secret[..]).map_err(|_| ResourceError::Entropy)?;
+        self.create_qp_with(send_cq, recv_cq, QpOptions::encrypted(*secret))
     }
 
     fn create_qp_with(

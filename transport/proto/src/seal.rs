@@ -83,6 +83,7 @@ use core::fmt;
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 use ring::hkdf::{HKDF_SHA256, Salt};
 use x25519_dalek::{PublicKey, StaticSecret};
+use zeroize::{Zeroize, Zeroizing};
 
 use crate::types::{QpInfo, ResourceError};
 use crate::wire::{self, Body, Header, SEAL_SEQ_LEN, SEAL_TAG_LEN};
@@ -330,9 +331,10 @@ impl Sealer {
 pub(crate) enum QpSeal {
     /// A plain QP.
     Off,
-    /// Encrypted, not connected yet: the private key waits for the peer's public key.
+    /// Encrypted, not connected yet: the private key waits for the peer's public key. It is
+    /// wiped when the QP connects (the state is replaced) or is dropped.
     Pending {
-        secret: Box<[u8; KEY_LEN]>,
+        secret: Box<Zeroizing<[u8; KEY_LEN]>>,
         public: [u8; KEY_LEN],
     },
     /// Encrypted and connected.
@@ -346,10 +348,14 @@ impl QpSeal {
     pub(crate) fn new(secret: Option<[u8; KEY_LEN]>) -> QpSeal {
         match secret {
             None => QpSeal::Off,
-            Some(s) => QpSeal::Pending {
-                public: public_key(&s),
-                secret: Box::new(s),
-            },
+            Some(mut s) => {
+                let seal = QpSeal::Pending {
+                    public: public_key(&s),
+                    secret: Box::new(Zeroizing::new(s)),
+                };
+                s.zeroize();
+                seal
+            }
         }
     }
 
