@@ -25,11 +25,12 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use braid::datapath::sim::LinkConfig;
+use braid::proto::seal::{Party, Sealer, public_key};
 use braid::proto::tracker::{Class, RecvTracker, WINDOW};
 use braid::proto::wire::{self, Body, Header, Kind, Op, Packet, Syndrome};
 use braid::proto::{
-    Access, Completion, CqId, Endpoint, EndpointConfig, MrKeys, PdId, PostError, QpInfo, QpState,
-    RecvWr, Region, RemoteAddr, SendOp, SendWr, Sge, Timestamp, WcOpcode, WcStatus,
+    Access, Completion, CqId, Endpoint, EndpointConfig, MrKeys, PdId, PostError, QpInfo, QpOptions,
+    QpState, RecvWr, Region, RemoteAddr, SendOp, SendWr, Sge, Timestamp, WcOpcode, WcStatus,
 };
 use braid::testing::Cluster;
 
@@ -286,7 +287,6 @@ fn check_parse(d: &[u8]) {
 }
 
 fn check_sealed(data: &[u8]) {
-    use braid::proto::seal::{Party, Sealer, public_key};
     assert_eq!(Packet::parse(data), Err(wire::Error::Sealed));
     if let Ok(peek) = wire::peek_sealed(data) {
         assert!(data.len() >= wire::HEADER_LEN + wire::SEAL_SEQ_LEN + wire::SEAL_TAG_LEN);
@@ -377,6 +377,16 @@ const ADVANCE_NS: [u64; 8] = [
 /// Victim region index of the local region.
 const LOCAL: usize = 5;
 
+/// Bit of the configuration byte of [`engine_datagrams`] input: the victim's QP is encrypted
+/// (its peer's private key is [`PEER_SECRET`], so the fuzz input speaks as the authenticated
+/// peer: every datagram that parses is sealed before delivery, and everything the victim
+/// sends must open).
+pub const ENCRYPTED: u8 = 0x10;
+/// The victim's X25519 private key when [`ENCRYPTED`].
+const VICTIM_SECRET: [u8; 32] = [0x5a; 32];
+/// Its peer's X25519 private key when [`ENCRYPTED`].
+const PEER_SECRET: [u8; 32] = [0xa5; 32];
+
 /// Control byte bits of one datagram record in [`engine_datagrams`] input.
 mod ctrl {
     /// Patch QP numbers, sequence numbers, keys and offsets to the victim's real ones.
@@ -461,12 +471,17 @@ struct EngineTarget {
     reads: Vec<(u32, u32, u64, u32)>,
     max_datagram: usize,
     buf: Vec<u8>,
+    /// The peer's end of the encryption, when the QP is encrypted.
+    seal: Option<Sealer>,
+    /// Where the victim's sealed datagrams are opened (reused).
+    open_buf: Vec<u8>,
     /// Every datagram emitted, when building seeds.
     emitted: Option<Vec<Vec<u8>>>,
 }
 
 impl EngineTarget {
-    /// Builds the victim. `config` picks the path count and datagram size.
+    /// Builds the victim. `config` picks the path count, the datagram size and whether the
+    /// QP is encrypted ([`ENCRYPTED`]).
     fn new(config: u8) -> EngineTarget {
         let cfg = EndpointConfig {
             seed: 0x00b4_a1d0,
@@ -484,14 +499,36 @@ impl EngineTarget {
         let pd = ep.alloc_pd();
         let other_pd = ep.alloc_pd();
         let cq = ep.create_cq();
-        let qp = ep.create_qp(pd, cq, cq).expect("fresh PD and CQ");
+        let encrypted = config & ENCRYPTED != 0;
+        let opts = if encrypted {
+            QpOptions::encrypted(VICTIM_SECRET)
+        } else {
+            QpOptions::default()
+        };
+        let qp = ep
+            .create_qp_with(pd, cq, cq, opts)
+            .expect("fresh PD and CQ");
+        let peer_public = public_key(&PEER_SECRET);
         let peer = QpInfo {
             addr: addr(PEER_ADDR),
             qpn: PEER_QPN,
             psn: PEER_PSN,
-            seal_key: None,
+            seal_key: encrypted.then_some(peer_public),
         };
         ep.connect(qp.qpn, peer).expect("QP in Init");
+        let seal = qp.seal_key.map(|victim_public| {
+            let me = Party {
+                public: peer_public,
+                qpn: PEER_QPN,
+                psn: PEER_PSN,
+            };
+            let victim = Party {
+                public: victim_public,
+                qpn: qp.qpn,
+                psn: qp.psn,
+            };
+            Sealer::new(&PEER_SECRET, me, victim).expect("fixed, valid keys")
+        });
         // (name, length, rights, in the QP's PD, deregistered afterwards)
         let specs: [(&'static str, usize, Access, bool, bool); 8] = [
             (
@@ -551,6 +588,8 @@ impl EngineTarget {
             reads: Vec::new(),
             max_datagram,
             buf: vec![0u8; max_datagram],
+            seal,
+            open_buf: Vec::new(),
             emitted: None,
         };
         t.post_own_work();
@@ -835,9 +874,28 @@ impl EngineTarget {
     /// Checks one datagram the victim emits: it parses, fits, names the peer, and a READ
     /// response carries exactly the bytes a READ the peer sent asked for, from a region that
     /// allows remote reads.
-    fn check_transmit(&self, d: &[u8]) {
+    /// Checks one datagram the victim sent: it fits, parses (or, encrypted, opens as the peer
+    /// would), and names the connection; READ responses carry only bytes an accepted READ
+    /// asked for.
+    fn check_transmit(&mut self, d: &[u8]) {
         assert!(d.len() <= self.max_datagram);
-        let p = Packet::parse(d).expect("the engine emits packets that parse");
+        let mut buf = std::mem::take(&mut self.open_buf);
+        match &mut self.seal {
+            Some(s) => {
+                let p = s
+                    .open(d, &mut buf)
+                    .expect("the peer opens every datagram the engine seals");
+                self.check_packet(&p);
+            }
+            None => {
+                let p = Packet::parse(d).expect("the engine emits packets that parse");
+                self.check_packet(&p);
+            }
+        }
+        self.open_buf = buf;
+    }
+
+    fn check_packet(&self, p: &Packet<'_>) {
         assert_eq!(
             (p.header.src_qpn, p.header.dst_qpn),
             (self.qp.qpn, PEER_QPN),
@@ -866,6 +924,28 @@ impl EngineTarget {
             self.reads.iter().any(matches),
             "a READ response carries bytes no accepted READ asked for: {p}"
         );
+    }
+
+    /// The datagram as the peer puts it on the wire, and whether it was sealed: sealed when
+    /// the QP is encrypted and it parses (what does not parse goes as it is, and must be
+    /// refused).
+    fn as_peer_sends(&mut self, d: Vec<u8>) -> (Vec<u8>, bool) {
+        let Some(s) = &self.seal else {
+            return (d, false);
+        };
+        let Ok(p) = Packet::parse(&d) else {
+            return (d, false);
+        };
+        let mut out = vec![0u8; d.len() + wire::SEAL_OVERHEAD];
+        match s.emit(&mut out, &p.header, &p.body, p.payload.len(), |x| {
+            x.copy_from_slice(p.payload)
+        }) {
+            Ok(len) => {
+                out.truncate(len);
+                (out, true)
+            }
+            Err(_) => (d, false),
+        }
     }
 
     fn transmit_all(&mut self) {
@@ -974,7 +1054,20 @@ pub fn engine_datagrams(data: &[u8]) {
             }
             _ => Vec::new(),
         };
+        let (d, sealed) = t.as_peer_sends(d);
+        let refused = |t: &EngineTarget| {
+            let st = t.ep.stats();
+            st.rx_auth_failed + st.rx_replayed
+        };
+        let refused_before = refused(&t);
         t.ep.handle_datagram(t.now, from, ecn, &d);
+        if sealed {
+            assert_eq!(
+                refused(&t),
+                refused_before,
+                "datagram {n}, sealed by the peer, did not authenticate"
+            );
+        }
         t.check_memory(&format!("after datagram {n}"), &allowed);
         t.check_completions();
         if c & ctrl::TRANSMIT != 0 {
@@ -3852,6 +3945,17 @@ pub mod seeds {
             "garbage",
             vec![(go, pattern(9, 300)), (0, Vec::new()), (go, vec![1; 28])],
         );
+        // The same records against an encrypted QP: the input speaks as the authenticated peer
+        // (every datagram that parses is sealed before delivery).
+        let encrypted: Vec<Seed> = seeds
+            .iter()
+            .map(|(name, input)| {
+                let mut input = input.clone();
+                input[0] |= super::ENCRYPTED;
+                (format!("encrypted-{name}"), input)
+            })
+            .collect();
+        seeds.extend(encrypted);
         seeds
     }
 
