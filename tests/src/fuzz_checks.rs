@@ -1175,7 +1175,9 @@ impl Mem {
 
     fn begin_write(&mut self, r: Range<usize>) {
         for b in r {
-            if self.writers[b] > 0 {
+            // A failed work request's packets may still land here, before or after this
+            // write's: as unordered as another writer.
+            if self.writers[b] > 0 || self.poison[b] > 0 {
                 self.contended[b] = true;
             }
             self.writers[b] += 1;
