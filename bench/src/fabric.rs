@@ -1125,7 +1125,25 @@ impl Sim {
             }
         }
         let host = sent.iter().chain(&recv).fold(0f64, |a, &b| a.max(b)) / host_bps;
-        let leaf = leaf_out.iter().chain(&leaf_in).fold(0f64, |a, &b| a.max(b)) / up_bps;
+        // The links into leaf 0 may be degraded (`Scenario::downlinks`): its share of the
+        // spines' capacity is what they carry now.
+        let into_leaf0: f64 = self
+            .fabric
+            .tier_ports(1, 0)
+            .iter()
+            .take(ls.spines)
+            .map(|&p| self.fabric.port(p).bandwidth_bps as f64)
+            .sum();
+        let leaf = leaf_out
+            .iter()
+            .map(|&b| b / up_bps)
+            .chain(
+                leaf_in
+                    .iter()
+                    .enumerate()
+                    .map(|(l, &b)| b / if l == 0 { into_leaf0 } else { up_bps }),
+            )
+            .fold(0f64, f64::max);
         (host.max(leaf) * 8.0 * 1e9).ceil() as u64
     }
 
