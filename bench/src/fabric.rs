@@ -374,6 +374,54 @@ impl LinkChange {
 }
 
 impl Scenario {
+    /// The four-link namespace testbed's twin: two leaves of one host, four spines, 10 Gbit/s
+    /// everywhere except the links from the spines down to leaf 0 (one rate-limited hop per
+    /// route, as the testbed's tbf): spine 0 at 10 Mbit/s with 12.5 KB of queue (slow), 1 at
+    /// 100 Mbit/s losing 1%, 2 at 100 Mbit/s marking 40% CE, 3 at 100 Mbit/s (125 KB queues);
+    /// host 1 writes `bytes` to host 0 over 16 paths with the runtime's Swift, 1472-byte
+    /// datagrams and a 500 µs RTO floor, as `braid-perf` does (README, "Fabric-scale
+    /// simulation", gives the same as a braid-fabric command).
+    pub fn testbed_twin(bytes: u64, seed: u64) -> Scenario {
+        let ls = LeafSpine {
+            hosts_per_leaf: 1,
+            leaves: 2,
+            spines: 4,
+            link_gbps: 10.0,
+            host_link_gbps: 10.0,
+            prop_delay_ns: 4_000,
+            ecn_threshold_bytes: None,
+            ..LeafSpine::default()
+        };
+        let w = Workload::Incast {
+            senders: 1,
+            bytes_per_sender: bytes,
+            msg_bytes: 256 << 10,
+            outstanding: 2,
+        };
+        let link = |spine, gbps, queue_bytes| LinkChange {
+            spine,
+            gbps: Some(gbps),
+            queue_bytes: Some(queue_bytes),
+            ..LinkChange::default()
+        };
+        let mut s = Scenario::new(ls, w, Mode::spray_host(16), seed);
+        s.engine.max_datagram = 1472;
+        s.engine.rto_min_ns = 500_000;
+        s.downlinks = vec![
+            link(0, 0.01, 12_500),
+            LinkChange {
+                loss: Some(0.01),
+                ..link(1, 0.1, 125_000)
+            },
+            LinkChange {
+                ce_mark: Some(0.4),
+                ..link(2, 0.1, 125_000)
+            },
+            link(3, 0.1, 125_000),
+        ];
+        s
+    }
+
     /// A scenario with default engine settings, 10 µs series buckets and a 1 s time limit.
     pub fn new(fabric: LeafSpine, workload: Workload, mode: Mode, seed: u64) -> Self {
         Scenario {
@@ -1535,23 +1583,8 @@ mod tests {
     /// completes byte for byte (the engine repairs the losses).
     #[test]
     fn downlink_changes_degrade_the_routes_into_leaf_0() {
-        let ls = LeafSpine {
-            hosts_per_leaf: 1,
-            leaves: 2,
-            spines: 4,
-            link_gbps: 10.0,
-            host_link_gbps: 10.0,
-            ecn_threshold_bytes: None,
-            ..LeafSpine::default()
-        };
-        let w = Workload::Incast {
-            senders: 1,
-            bytes_per_sender: 4 << 20,
-            msg_bytes: 256 << 10,
-            outstanding: 2,
-        };
-        let mut s = Scenario::new(ls, w, Mode::spray_host(16), 1);
-        s.engine.max_datagram = 1472;
+        // The twin's fabric, with starker degradations so that each shows for sure.
+        let mut s = Scenario::testbed_twin(4 << 20, 1);
         s.downlinks = vec![
             LinkChange {
                 spine: 0,

@@ -234,47 +234,9 @@ fn plb_re_paths_on_the_fabric_only_with_spare_ports() {
 /// target and no balance term, as before ab0999f: 394 re-paths, 100 timeouts, 97 Mb/s.
 #[test]
 fn the_testbed_twin_keeps_paths_and_the_window_off_the_slow_link() {
-    use braid_bench::fabric::LinkChange;
-    let ls = LeafSpine {
-        hosts_per_leaf: 1,
-        leaves: 2,
-        spines: 4,
-        link_gbps: 10.0,
-        host_link_gbps: 10.0,
-        prop_delay_ns: 4_000,
-        ecn_threshold_bytes: None,
-        ..LeafSpine::default()
-    };
-    let link = |spine, gbps, queue_kb: f64| LinkChange {
-        spine,
-        gbps: Some(gbps),
-        queue_bytes: Some((queue_kb * 1000.0) as usize),
-        ..LinkChange::default()
-    };
     for s in [1, 3] {
         let seed = seed(s);
-        let w = Workload::Incast {
-            senders: 1,
-            bytes_per_sender: 8 << 20,
-            msg_bytes: 256 << 10,
-            outstanding: 2,
-        };
-        let mut sc = Scenario::new(ls.clone(), w, Mode::spray_host(16), seed);
-        sc.engine.max_datagram = 1472;
-        sc.engine.rto_min_ns = 500_000;
-        sc.downlinks = vec![
-            link(0, 0.01, 12.5),
-            LinkChange {
-                loss: Some(0.01),
-                ..link(1, 0.1, 125.0)
-            },
-            LinkChange {
-                ce_mark: Some(0.4),
-                ..link(2, 0.1, 125.0)
-            },
-            link(3, 0.1, 125.0),
-        ];
-        let r = run(&sc);
+        let r = run(&Scenario::testbed_twin(8 << 20, seed));
         let mbit = r.goodput_gbps_per_sender * 1000.0;
         eprintln!(
             "seed {seed}: {mbit:.1} Mb/s, {} re-paths, {} timeouts, {} retransmits",
