@@ -18,6 +18,10 @@
 //! its drop-tail queue, (ECN marking: a later addition), corruption, then the propagation
 //! delay plus jitter and possibly a reordering delay, and finally duplication.
 //!
+//! [`SimNet`] is the per-path-links topology of the [`Network`] trait (the other is the
+//! leaf-spine [`Fabric`](crate::fabric::Fabric)); its own methods name hosts by address, the
+//! trait's by [`HostId`] (numbered in the order [`SimNet::add_host`] first saw them).
+//!
 //! Drive it like this:
 //!
 //! ```
@@ -37,14 +41,16 @@
 //! assert_eq!((d.to, d.meta.src.port(), &d.bytes[..]), (b, 4791 + 1 + 3, &b"hi"[..]));
 //! ```
 
-use std::cmp::Ordering;
-use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 
 use braid_time::Timestamp;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 
+pub use crate::net::Delivery;
+use crate::net::rng::{fires, splitmix64, unit};
+use crate::net::{Backlog, EventQueue, HostId, Network};
 use crate::{Ecn, RecvMeta, Transmit};
 
 /// The knobs of one link. Probabilities are in `0.0..=1.0`: values at or below 0 (or NaN)
@@ -97,17 +103,6 @@ impl Default for LinkConfig {
             blackhole: false,
         }
     }
-}
-
-/// One datagram arriving at a host.
-#[derive(Debug, Clone)]
-pub struct Delivery {
-    /// The receiving host's address (the `dest` it was sent to).
-    pub to: SocketAddr,
-    /// Source (sender IP, source port of the path), length and ECN codepoint.
-    pub meta: RecvMeta,
-    /// The payload, possibly corrupted on the way.
-    pub bytes: Vec<u8>,
 }
 
 /// Counters of one link, or of the whole network.
@@ -194,13 +189,14 @@ pub struct SimNet {
     seed: u64,
     /// ChaCha key derived from `seed`; each link uses its own stream under it.
     rng_key: [u8; 32],
-    /// Known hosts and the number of paths each declared.
-    hosts: BTreeMap<SocketAddr, u16>,
+    /// Known hosts: the number of paths each declared, and its id.
+    hosts: BTreeMap<SocketAddr, (u16, HostId)>,
+    /// Host addresses by id.
+    addrs: Vec<SocketAddr>,
     default_link: LinkConfig,
     links: BTreeMap<LinkKey, Link>,
-    /// Packets on the wire, earliest `(deliver_at, seq)` first.
-    pending: BinaryHeap<Pending>,
-    next_seq: u64,
+    /// Packets on the wire, earliest first.
+    pending: EventQueue<(LinkKey, Delivery)>,
     stats: SimStats,
 }
 
@@ -216,10 +212,10 @@ impl SimNet {
             seed,
             rng_key,
             hosts: BTreeMap::new(),
+            addrs: Vec::new(),
             default_link: LinkConfig::default(),
             links: BTreeMap::new(),
-            pending: BinaryHeap::new(),
-            next_seq: 0,
+            pending: EventQueue::new(),
             stats: SimStats::default(),
         }
     }
@@ -232,18 +228,28 @@ impl SimNet {
     /// Adds (or re-declares) a host that receives at `addr` and sends on `paths` paths;
     /// path `p` sends from port `addr.port() + 1 + p` (wrapping). A host may still send on
     /// a path index of `paths` or more: that is simply one more link.
-    pub fn add_host(&mut self, addr: SocketAddr, paths: u16) {
-        self.hosts.insert(addr, paths);
+    ///
+    /// Returns the host's id: the next one for a new address, the same one for a re-declared
+    /// address.
+    pub fn add_host(&mut self, addr: SocketAddr, paths: u16) -> HostId {
+        let next = HostId(self.addrs.len() as u32);
+        let entry = self.hosts.entry(addr).or_insert((paths, next));
+        entry.0 = paths;
+        if entry.1 == next {
+            self.addrs.push(addr);
+        }
+        entry.1
     }
 
     /// The number of paths `addr` declared, or `None` if it is not a host.
     pub fn host_paths(&self, addr: SocketAddr) -> Option<u16> {
-        self.hosts.get(&addr).copied()
+        self.hosts.get(&addr).map(|h| h.0)
     }
 
-    /// The source address of packets host `from` sends on `path`.
+    /// The source address of packets host `from` sends on `path` (see
+    /// [`net::path_source`](crate::net::path_source)).
     pub fn path_source(from: SocketAddr, path: u16) -> SocketAddr {
-        SocketAddr::new(from.ip(), from.port().wrapping_add(1).wrapping_add(path))
+        crate::net::path_source(from, path)
     }
 
     /// Sets the config of every link not configured with [`set_link`](Self::set_link) or
@@ -289,7 +295,6 @@ impl SimNet {
             default_link,
             links,
             pending,
-            next_seq,
             stats,
             ..
         } = self;
@@ -300,10 +305,10 @@ impl SimNet {
         let draws = Draws::new(&mut link.rng);
         stats.bump(key, Counter::Sent);
 
-        if !hosts.contains_key(&t.dest) {
+        let Some(&(_, host)) = hosts.get(&t.dest) else {
             stats.bump(key, Counter::UnknownDest);
             return;
-        }
+        };
         if cfg.blackhole {
             stats.bump(key, Counter::Blackholed);
             return;
@@ -354,19 +359,13 @@ impl SimNet {
             (at, bytes.clone())
         });
         let mut push = |at: Timestamp, bytes: Vec<u8>| {
-            let seq = *next_seq;
-            *next_seq = next_seq.wrapping_add(1);
             let delivery = Delivery {
+                host,
                 to: t.dest,
                 meta,
                 bytes,
             };
-            pending.push(Pending {
-                at,
-                seq,
-                link: key,
-                delivery,
-            });
+            pending.push(at.as_nanos(), (key, delivery));
         };
         push(deliver_at, bytes);
         if let Some((at, copy)) = duplicate {
@@ -377,18 +376,15 @@ impl SimNet {
 
     /// When the earliest packet on the wire arrives, or `None` if none is.
     pub fn next_event(&self) -> Option<Timestamp> {
-        self.pending.peek().map(|p| p.at)
+        self.pending.peek_at().map(Timestamp::from_nanos)
     }
 
     /// The next packet due at or before `now`, earliest first (ties in the order they were
     /// put on the wire), or `None` if nothing is due.
     pub fn poll_deliver(&mut self, now: Timestamp) -> Option<Delivery> {
-        if self.pending.peek()?.at > now {
-            return None;
-        }
-        let p = self.pending.pop()?;
-        self.stats.bump(p.link, Counter::Delivered);
-        Some(p.delivery)
+        let (_, (link, delivery)) = self.pending.pop_due(now.as_nanos())?;
+        self.stats.bump(link, Counter::Delivered);
+        Some(delivery)
     }
 
     /// Packets (and duplicates) on the wire, not yet delivered.
@@ -399,6 +395,55 @@ impl SimNet {
     /// Counters since the network was created.
     pub fn stats(&self) -> &SimStats {
         &self.stats
+    }
+
+    /// The id of the host that receives at `addr`.
+    pub fn host_id(&self, addr: SocketAddr) -> Option<HostId> {
+        self.hosts.get(&addr).map(|h| h.1)
+    }
+}
+
+/// The per-path-links topology. A datagram to an unknown address is not accepted; every
+/// other one is (it may still be lost on its link).
+impl Network for SimNet {
+    type Stats = SimStats;
+
+    fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    fn hosts(&self) -> usize {
+        self.addrs.len()
+    }
+
+    fn host_addr(&self, h: HostId) -> SocketAddr {
+        self.addrs[h.0 as usize]
+    }
+
+    fn host_by_addr(&self, addr: SocketAddr) -> Option<HostId> {
+        self.host_id(addr)
+    }
+
+    fn send(&mut self, now: Timestamp, from: HostId, t: &Transmit<'_>) -> bool {
+        let addr = self.addrs[from.0 as usize];
+        SimNet::send(self, now, addr, t);
+        self.hosts.contains_key(&t.dest)
+    }
+
+    fn next_event(&self) -> Option<Timestamp> {
+        SimNet::next_event(self)
+    }
+
+    fn poll_deliver(&mut self, now: Timestamp) -> Option<Delivery> {
+        SimNet::poll_deliver(self, now)
+    }
+
+    fn in_flight(&self) -> usize {
+        SimNet::in_flight(self)
+    }
+
+    fn stats(&self) -> &SimStats {
+        SimNet::stats(self)
     }
 }
 
@@ -418,10 +463,8 @@ struct Link {
 struct Bottleneck {
     /// When the bottleneck finishes serializing the last accepted packet.
     free_at: Timestamp,
-    /// Accepted packets not yet serialized: `(done_at, payload_bytes)`, oldest first.
-    queue: VecDeque<(Timestamp, usize)>,
-    /// Sum of the payload bytes in `queue`.
-    queued_bytes: usize,
+    /// Accepted packets not yet serialized, in payload bytes.
+    queue: Backlog,
 }
 
 impl Bottleneck {
@@ -435,25 +478,15 @@ impl Bottleneck {
         bandwidth_bps: u64,
         queue_bytes: usize,
     ) -> Option<(Timestamp, usize)> {
-        while let Some(&(done_at, bytes)) = self.queue.front() {
-            if done_at > now {
-                break;
-            }
-            self.queue.pop_front();
-            self.queued_bytes = self.queued_bytes.saturating_sub(bytes);
-        }
-        if self.queue.is_empty() {
-            self.queued_bytes = 0;
-        }
-        if bandwidth_bps == 0 || self.queued_bytes.saturating_add(len) > queue_bytes {
+        self.queue.drain(now.as_nanos());
+        let ahead = self.queue.queued();
+        if bandwidth_bps == 0 || ahead.saturating_add(len) > queue_bytes {
             return None;
         }
-        let ahead = self.queued_bytes;
         let start = now.max(self.free_at);
         let done_at = start.add_nanos(serialization_ns(len, bandwidth_bps));
         self.free_at = done_at;
-        self.queue.push_back((done_at, len));
-        self.queued_bytes += len;
+        self.queue.push(done_at.as_nanos(), len);
         Some((done_at, ahead))
     }
 }
@@ -515,16 +548,6 @@ impl Draws {
     }
 }
 
-/// Whether an event of probability `p` fires, given a uniform draw `u` in `[0, 1)`.
-fn fires(u: f64, p: f64) -> bool {
-    u < p
-}
-
-/// A uniform float in `[0, 1)` from 53 random bits.
-fn unit(r: u64) -> f64 {
-    (r >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-}
-
 /// A uniform integer in `0..=max` from a random `r` (multiply-shift, no modulo bias worth
 /// noting for simulation).
 fn uniform(r: u64, max: u64) -> u64 {
@@ -555,15 +578,6 @@ fn link_hash((addr, path): LinkKey) -> u64 {
     h
 }
 
-/// One step of splitmix64, to expand the seed into a ChaCha key.
-fn splitmix64(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 #[derive(Copy, Clone, Debug)]
 enum Counter {
     Sent,
@@ -575,36 +589,6 @@ enum Counter {
     Reordered,
     QueueDrops,
     UnknownDest,
-}
-
-/// A packet on the wire. Ordered so that `BinaryHeap` (a max-heap) pops the earliest
-/// `(at, seq)` first.
-#[derive(Debug)]
-struct Pending {
-    at: Timestamp,
-    seq: u64,
-    link: LinkKey,
-    delivery: Delivery,
-}
-
-impl PartialEq for Pending {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.seq) == (other.at, other.seq)
-    }
-}
-
-impl Eq for Pending {}
-
-impl PartialOrd for Pending {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Pending {
-    fn cmp(&self, other: &Self) -> Ordering {
-        (other.at, other.seq).cmp(&(self.at, self.seq))
-    }
 }
 
 #[cfg(test)]
