@@ -1,0 +1,565 @@
+//! One driver of real engines over any simulated [`Network`]: the glue that hands
+//! datagrams to [`Endpoint`]s, runs their timers, moves what they transmit into the network,
+//! and hands their completions to the test or workload, written once.
+//!
+//! What it does not do: read a clock, start threads, or change the engine. Time is virtual:
+//! [`Driver::step`] jumps to the earliest event (a delivery, or a host's wake-up: an engine
+//! timer, its NIC draining, a batched receive falling due, the end of a hold) and processes
+//! it. The same network seed, endpoints and calls give the same run.
+//!
+//! # One step
+//!
+//! 1. Every datagram the network delivers by `now` goes to its host's engine
+//!    (`handle_datagram`), or, with [`DriverConfig::rx_batch_ns`] or while the host is held
+//!    ([`Driver::hold_until`]), into the host's receive queue until its progress loop picks
+//!    it up. The host is marked for service.
+//! 2. Hosts whose wake-up is due are marked for service.
+//! 3. Each marked host, in the order it was marked, is *serviced*: its batched datagrams are
+//!    handed over if due, its engine's timers run if due (`handle_timeout`), then, in a loop,
+//!    `poll_transmit` while its NIC has room (see [`DriverConfig::nic_limit_bytes`]),
+//!    `poll_completion` into the [`Handler`], and again while the handler posted work;
+//!    finally `poll_timeout` (with the NIC's drain time) sets its next wake-up.
+//!
+//! Only hosts that had input are serviced, so a run of thousands of hosts costs what its
+//! traffic costs. Work posted from outside a handler (a test posting on an endpoint between
+//! steps) needs [`Driver::touch`] so the host is serviced at the next step;
+//! [`Driver::touch_all`] is the blunt form.
+//!
+//! # Slow and paused hosts
+//!
+//! [`Driver::hold_until`] defers everything a host does (its datagram handling, timers,
+//! transmissions and completions) until a time: what arrives meanwhile waits in its receive
+//! queue, and at the end of the hold the host catches up in one service, as a descheduled
+//! progress thread does. A slow host is a sequence of such holds.
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::mem;
+
+use braid_datapath::net::{Delivery, HostId, Network};
+use braid_datapath::{Ecn, Transmit};
+use braid_proto::{Completion, CqId, Endpoint, Timestamp};
+
+/// How the driver models each host's progress loop and NIC.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverConfig {
+    /// Size of the buffer each `poll_transmit` writes into (at least the engines' largest
+    /// datagram).
+    pub buffer_bytes: usize,
+    /// Datagrams at least this long are handed to the network in the buffer the engine
+    /// wrote them into ([`Network::send_buf`], no copy, for a network that pools buffers);
+    /// shorter ones (ACKs) are copied out so the big buffer is reused. `usize::MAX` always
+    /// copies.
+    pub handover_min_bytes: usize,
+    /// With a network that has NIC queues ([`Network::has_nic_queues`]), an engine is asked
+    /// for a datagram only while its NIC holds fewer wire bytes than this, as a real NIC's
+    /// backpressure does: packets then leave at line rate and wait in the switch queues,
+    /// not in an unbounded host queue. `None` asks the engine for everything at once.
+    pub nic_limit_bytes: Option<usize>,
+    /// How often a host's progress loop picks up received datagrams, ns: datagrams that
+    /// arrive within one interval are handed to the engine together (as a batched receive
+    /// does), so one ACK covers them. 0 hands each datagram over as it arrives.
+    pub rx_batch_ns: u64,
+}
+
+impl Default for DriverConfig {
+    /// A 64 KiB buffer, always copied, no NIC limit, no receive batching.
+    fn default() -> Self {
+        DriverConfig {
+            buffer_bytes: 65_536,
+            handover_min_bytes: usize::MAX,
+            nic_limit_bytes: None,
+            rx_batch_ns: 0,
+        }
+    }
+}
+
+/// What the test or workload does with completions.
+pub trait Handler<N: Network> {
+    /// Called for each completion host `host`'s engine reports (on completion queue `cq`),
+    /// in the order the engine reports them, while the host is being serviced. It may post
+    /// work on any endpoint ([`Driver::ep_mut`]); work on another host than `host` needs
+    /// [`Driver::touch`]. Returns whether it posted work on `host`, so the driver polls its
+    /// transmissions again.
+    fn on_completion(
+        &mut self,
+        driver: &mut Driver<N>,
+        host: usize,
+        cq: CqId,
+        completion: Completion,
+    ) -> bool;
+}
+
+/// A [`Handler`] that queues every completion per host and completion queue, for a test to
+/// take with [`CqQueues::poll`].
+#[derive(Debug, Default)]
+pub struct CqQueues {
+    queues: Vec<HashMap<CqId, VecDeque<Completion>>>,
+}
+
+impl CqQueues {
+    /// Takes the oldest completion of `cq` on host `host`.
+    pub fn poll(&mut self, host: usize, cq: CqId) -> Option<Completion> {
+        self.queues.get_mut(host)?.get_mut(&cq)?.pop_front()
+    }
+
+    /// Completions waiting on `cq` of host `host`.
+    pub fn len(&self, host: usize, cq: CqId) -> usize {
+        self.queues
+            .get(host)
+            .and_then(|q| q.get(&cq))
+            .map_or(0, VecDeque::len)
+    }
+
+    /// Whether no completion waits anywhere.
+    pub fn is_empty(&self) -> bool {
+        self.queues
+            .iter()
+            .flat_map(HashMap::values)
+            .all(VecDeque::is_empty)
+    }
+}
+
+impl<N: Network> Handler<N> for CqQueues {
+    fn on_completion(&mut self, _: &mut Driver<N>, host: usize, cq: CqId, c: Completion) -> bool {
+        if self.queues.len() <= host {
+            self.queues.resize_with(host + 1, HashMap::new);
+        }
+        self.queues[host].entry(cq).or_default().push_back(c);
+        false
+    }
+}
+
+/// Why [`Driver::drive_bounded`] stopped before the network went idle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Livelock {
+    /// Steps taken.
+    pub steps: u64,
+    /// Seed of the network, to replay the run.
+    pub seed: u64,
+    /// Virtual time reached.
+    pub now: Timestamp,
+}
+
+impl std::fmt::Display for Livelock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "no quiescence after {} steps at {} ns (seed {})",
+            self.steps,
+            self.now.as_nanos(),
+            self.seed
+        )
+    }
+}
+
+impl std::error::Error for Livelock {}
+
+/// One simulated host: its engine and the driver's view of its progress loop.
+#[derive(Debug)]
+struct Host {
+    ep: Endpoint,
+    id: HostId,
+    /// The wake-up pushed on the heap that is still valid, ns.
+    wake: Option<u64>,
+    /// Marked for service.
+    dirty: bool,
+    /// Datagrams received and not yet handed to the engine, and when the progress loop
+    /// picks them up.
+    rx: Vec<Delivery>,
+    rx_due: Option<u64>,
+    /// The host does nothing before this time ([`Driver::hold_until`]), ns.
+    held_until: Option<u64>,
+}
+
+/// Real engines on a simulated network, on virtual time; see the [module docs](self).
+#[derive(Debug)]
+pub struct Driver<N> {
+    /// The network; change its links at any time.
+    pub net: N,
+    /// Virtual time now.
+    pub now: Timestamp,
+    /// Steps taken so far.
+    pub steps: u64,
+    cfg: DriverConfig,
+    hosts: Vec<Host>,
+    /// Wake-ups `(ns, host)`; an entry is stale unless it matches the host's `wake`.
+    wakes: BinaryHeap<Reverse<(u64, u32)>>,
+    dirty: Vec<u32>,
+    /// The host being serviced (work a handler posts on it needs no `touch`).
+    servicing: Option<usize>,
+    completions: Vec<(CqId, Completion)>,
+    /// The buffer for the next `poll_transmit`.
+    spare: Vec<u8>,
+    late_deadlines: u64,
+}
+
+impl<N: Network> Driver<N> {
+    /// A driver of no hosts yet on `net`.
+    pub fn new(net: N, cfg: DriverConfig) -> Self {
+        Driver {
+            net,
+            now: Timestamp::ZERO,
+            steps: 0,
+            cfg,
+            hosts: Vec::new(),
+            wakes: BinaryHeap::new(),
+            dirty: Vec::new(),
+            servicing: None,
+            completions: Vec::new(),
+            spare: Vec::new(),
+            late_deadlines: 0,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &DriverConfig {
+        &self.cfg
+    }
+
+    /// Adds a host running `ep` at network host `id` (whose address should be the
+    /// endpoint's); returns its index, `0..` in the order hosts were added.
+    pub fn add_host(&mut self, id: HostId, ep: Endpoint) -> usize {
+        self.hosts.push(Host {
+            ep,
+            id,
+            wake: None,
+            dirty: false,
+            rx: Vec::new(),
+            rx_due: None,
+            held_until: None,
+        });
+        self.hosts.len() - 1
+    }
+
+    /// Number of hosts.
+    pub fn host_count(&self) -> usize {
+        self.hosts.len()
+    }
+
+    /// Host `h`'s network id.
+    pub fn host_id(&self, h: usize) -> HostId {
+        self.hosts[h].id
+    }
+
+    /// Host `h`'s engine.
+    pub fn ep(&self, h: usize) -> &Endpoint {
+        &self.hosts[h].ep
+    }
+
+    /// Host `h`'s engine, to post work or change resources. Outside a [`Handler`] call for
+    /// `h`, follow it with [`Driver::touch`] so the host is serviced.
+    pub fn ep_mut(&mut self, h: usize) -> &mut Endpoint {
+        &mut self.hosts[h].ep
+    }
+
+    /// Every engine, in host order.
+    pub fn endpoints(&self) -> impl Iterator<Item = &Endpoint> + '_ {
+        self.hosts.iter().map(|h| &h.ep)
+    }
+
+    /// Marks host `h` for service at the next step (or the next [`Driver::service`]).
+    pub fn touch(&mut self, h: usize) {
+        if self.servicing == Some(h) {
+            return;
+        }
+        let host = &mut self.hosts[h];
+        if !host.dirty {
+            host.dirty = true;
+            self.dirty.push(h as u32);
+        }
+    }
+
+    /// Marks every host for service, in host order.
+    pub fn touch_all(&mut self) {
+        for h in 0..self.hosts.len() {
+            self.touch(h);
+        }
+    }
+
+    /// Defers everything host `h` does until `until`: datagrams arriving meanwhile wait in
+    /// its receive queue, its timers, transmissions and completions wait, and at `until`
+    /// it catches up in one service. A later hold replaces an earlier one.
+    pub fn hold_until(&mut self, h: usize, until: Timestamp) {
+        let until = until.as_nanos();
+        let host = &mut self.hosts[h];
+        host.held_until = Some(until);
+        host.rx_due = host.rx_due.map(|d| d.max(until));
+        if host.wake.is_none_or(|w| w < until) {
+            host.wake = Some(until);
+            self.wakes.push(Reverse((until, h as u32)));
+        }
+    }
+
+    /// Whether host `h` is held at `now` ([`Driver::hold_until`]).
+    pub fn is_held(&self, h: usize) -> bool {
+        self.hosts[h]
+            .held_until
+            .is_some_and(|t| t > self.now.as_nanos())
+    }
+
+    /// Wake-ups that had to be pushed a nanosecond past an engine deadline already due (an
+    /// engine that keeps reporting past deadlines; 0 in a healthy run).
+    pub fn late_deadlines(&self) -> u64 {
+        self.late_deadlines
+    }
+
+    /// When the next event happens: a delivery inside the network or a host's wake-up.
+    /// Stale wake-ups are dropped on the way.
+    pub fn next_event(&mut self) -> Option<Timestamp> {
+        while let Some(&Reverse((t, h))) = self.wakes.peek() {
+            if self.hosts[h as usize].wake == Some(t) {
+                break;
+            }
+            self.wakes.pop();
+        }
+        let wake = self.wakes.peek().map(|Reverse((t, _))| *t);
+        let net = self.net.next_event().map(Timestamp::as_nanos);
+        match (net, wake) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+        .map(Timestamp::from_nanos)
+    }
+
+    /// Services the marked hosts (their pending work and completions) at the current time,
+    /// without advancing it.
+    pub fn service(&mut self, handler: &mut impl Handler<N>) {
+        let mut i = 0;
+        while i < self.dirty.len() {
+            let h = self.dirty[i] as usize;
+            self.hosts[h].dirty = false;
+            self.service_host(h, handler);
+            i += 1;
+        }
+        self.dirty.clear();
+    }
+
+    /// Services the marked hosts, advances to the next event and processes it (steps 1 to 3
+    /// of the [module docs](self)). False when nothing is pending.
+    pub fn step(&mut self, handler: &mut impl Handler<N>) -> bool {
+        self.service(handler);
+        let Some(next) = self.next_event() else {
+            return false;
+        };
+        self.now = self.now.max(next);
+        self.process(handler);
+        true
+    }
+
+    /// Steps until `done` holds, nothing is pending, or the next event is past `until`.
+    /// Returns whether `done` held.
+    pub fn run_until<H: Handler<N>>(
+        &mut self,
+        handler: &mut H,
+        until: Timestamp,
+        mut done: impl FnMut(&Self, &H) -> bool,
+    ) -> bool {
+        self.service(handler);
+        while !done(self, handler) {
+            match self.next_event() {
+                Some(next) if next <= until => {
+                    self.now = self.now.max(next);
+                    self.process(handler);
+                }
+                _ => return done(self, handler),
+            }
+        }
+        true
+    }
+
+    /// Runs until nothing is pending (all traffic delivered, no timer armed, no host held).
+    /// Fails (with the seed) if that takes more than `max_steps` steps: a livelock.
+    pub fn drive_bounded(
+        &mut self,
+        handler: &mut impl Handler<N>,
+        max_steps: u64,
+    ) -> Result<(), Livelock> {
+        for _ in 0..max_steps {
+            if !self.step(handler) {
+                return Ok(());
+            }
+        }
+        self.service(handler);
+        if self.next_event().is_none() {
+            return Ok(());
+        }
+        Err(Livelock {
+            steps: self.steps,
+            seed: self.net.seed(),
+            now: self.now,
+        })
+    }
+
+    /// Steps 1 to 3 at `self.now`.
+    fn process(&mut self, handler: &mut impl Handler<N>) {
+        self.steps += 1;
+        let now = self.now;
+        let t_now = now.as_nanos();
+        let batch = self.cfg.rx_batch_ns;
+        while let Some(d) = self.net.poll_deliver(now) {
+            let h = d.host.0 as usize;
+            let Some(host) = self.hosts.get_mut(h) else {
+                // A network host no engine runs on: nobody listens.
+                self.net.recycle(d.bytes);
+                continue;
+            };
+            let held = host.held_until.filter(|&t| t > t_now);
+            if batch == 0 && held.is_none() {
+                host.ep
+                    .handle_datagram(now, d.meta.src, d.meta.ecn as u8, &d.bytes);
+                self.net.recycle(d.bytes);
+                self.touch(h);
+                continue;
+            }
+            host.rx.push(d);
+            if host.rx_due.is_none() {
+                let due = (t_now + batch).max(held.unwrap_or(0));
+                host.rx_due = Some(due);
+                if host.wake.is_none_or(|w| w > due) {
+                    host.wake = Some(due);
+                    self.wakes.push(Reverse((due, h as u32)));
+                }
+            }
+        }
+        while let Some(&Reverse((t, h))) = self.wakes.peek() {
+            if t > t_now {
+                break;
+            }
+            self.wakes.pop();
+            let h = h as usize;
+            if self.hosts[h].wake == Some(t) {
+                self.hosts[h].wake = None;
+                self.touch(h);
+            }
+        }
+        self.service(handler);
+    }
+
+    /// Runs host `h`'s engine: batched datagrams and timers if due, transmissions while its
+    /// NIC has room, completions (and the work they trigger), then its next wake-up.
+    fn service_host(&mut self, h: usize, handler: &mut impl Handler<N>) {
+        let now = self.now;
+        let t_now = now.as_nanos();
+        let host = &mut self.hosts[h];
+        if let Some(until) = host.held_until {
+            if until > t_now {
+                // Held: come back at the end of the hold (`hold_until` pushed that wake-up).
+                if host.wake.is_none_or(|w| w < until) {
+                    host.wake = Some(until);
+                    self.wakes.push(Reverse((until, h as u32)));
+                }
+                return;
+            }
+            host.held_until = None;
+        }
+        if host.rx_due.is_some_and(|d| d <= t_now) {
+            host.rx_due = None;
+            for d in host.rx.drain(..) {
+                host.ep
+                    .handle_datagram(now, d.meta.src, d.meta.ecn as u8, &d.bytes);
+                self.net.recycle(d.bytes);
+            }
+        }
+        if host.ep.poll_timeout().is_some_and(|t| t <= now) {
+            host.ep.handle_timeout(now);
+        }
+        let nic_limit = self
+            .cfg
+            .nic_limit_bytes
+            .filter(|_| self.net.has_nic_queues());
+        self.servicing = Some(h);
+        let mut nic_full;
+        loop {
+            nic_full = self.transmit(h, nic_limit);
+            let mut completions = mem::take(&mut self.completions);
+            completions.clear();
+            while let Some(c) = self.hosts[h].ep.poll_completion() {
+                completions.push(c);
+            }
+            let mut posted = false;
+            for &(cq, c) in &completions {
+                posted |= handler.on_completion(self, h, cq, c);
+            }
+            let any = !completions.is_empty();
+            self.completions = completions;
+            if !any || !posted {
+                break;
+            }
+        }
+        self.servicing = None;
+        self.schedule(h, nic_full, nic_limit);
+    }
+
+    /// `poll_transmit` into the network while host `h`'s NIC has room; returns whether it
+    /// stopped because the NIC was full.
+    fn transmit(&mut self, h: usize, nic_limit: Option<usize>) -> bool {
+        let now = self.now;
+        let host = &mut self.hosts[h];
+        loop {
+            if let Some(limit) = nic_limit
+                && self.net.nic_backlog_bytes(host.id, now) >= limit
+            {
+                return true;
+            }
+            if self.spare.len() < self.cfg.buffer_bytes {
+                self.spare = self.net.buffer(self.cfg.buffer_bytes);
+            }
+            let Some(t) = host.ep.poll_transmit(now, &mut self.spare) else {
+                return false;
+            };
+            let ecn = Ecn::from_tos(t.ecn);
+            if t.len < self.cfg.handover_min_bytes {
+                let tx = Transmit {
+                    dest: t.dest,
+                    path: t.path,
+                    ecn,
+                    contents: &self.spare[..t.len],
+                };
+                self.net.send(now, host.id, &tx);
+            } else {
+                let mut buf = mem::take(&mut self.spare);
+                buf.truncate(t.len);
+                self.net.send_buf(now, host.id, t.dest, t.path, ecn, buf);
+            }
+        }
+    }
+
+    /// Sets host `h`'s next wake-up: its engine's deadline, or when its full NIC drains, or
+    /// when its batched datagrams fall due, whichever comes first.
+    fn schedule(&mut self, h: usize, nic_full: bool, nic_limit: Option<usize>) {
+        let now = self.now;
+        let t_now = now.as_nanos();
+        let host = &self.hosts[h];
+        let timer = host.ep.poll_timeout().map(Timestamp::as_nanos);
+        let wake = if nic_full {
+            let ready = self
+                .net
+                .nic_drained_at(host.id, now, nic_limit.unwrap_or(0))
+                .as_nanos()
+                .max(t_now + 1);
+            // A deadline already past is a pacing time the full NIC overtook: the NIC wake-up
+            // covers it.
+            Some(timer.filter(|&t| t > t_now).map_or(ready, |t| t.min(ready)))
+        } else {
+            timer.map(|t| {
+                if t <= t_now {
+                    self.late_deadlines += 1;
+                    t_now + 1
+                } else {
+                    t
+                }
+            })
+        };
+        let host = &mut self.hosts[h];
+        let wake = match (wake, host.rx_due) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if wake != host.wake {
+            host.wake = wake;
+            if let Some(w) = wake {
+                self.wakes.push(Reverse((w, h as u32)));
+            }
+        }
+    }
+}
