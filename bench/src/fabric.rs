@@ -10,6 +10,7 @@ pub use braid::testing::sim::fabric::*;
 
 use braid::datapath::Ecn;
 use braid::datapath::fabric::{HostId, LeafSpine};
+use braid::datapath::net::Network;
 use braid::proto::Timestamp;
 
 /// Runs `scenario` to completion (or its time limit) and reports, with the wall and CPU time

@@ -61,6 +61,7 @@
 //!
 //! ```
 //! use braid_datapath::fabric::LeafSpine;
+//! use braid_datapath::net::Network;
 //! use braid_datapath::{Ecn, Transmit};
 //! use braid_time::Timestamp;
 //!
@@ -723,29 +724,9 @@ pub struct Fabric {
 }
 
 impl Fabric {
-    /// The seed the fabric was built with: print it on failure to replay the run.
-    pub fn seed(&self) -> u64 {
-        self.seed
-    }
-
-    /// Number of hosts.
-    pub fn hosts(&self) -> usize {
-        self.n_hosts
-    }
-
     /// Number of ports.
     pub fn port_count(&self) -> usize {
         self.ports.len()
-    }
-
-    /// The address host `h` receives at.
-    pub fn host_addr(&self, h: HostId) -> SocketAddr {
-        self.host_addrs[h.0 as usize]
-    }
-
-    /// The host that receives at `addr`.
-    pub fn host_by_addr(&self, addr: SocketAddr) -> Option<HostId> {
-        self.addrs.get(&addr).map(|&h| HostId(h))
     }
 
     /// Host `h`'s NIC port.
@@ -814,11 +795,6 @@ impl Fabric {
         &self.ports[p.0 as usize].stats
     }
 
-    /// Fabric-wide counters.
-    pub fn stats(&self) -> &FabricStats {
-        &self.stats
-    }
-
     /// Starts recording per-port time series in buckets of `interval_ns` (see
     /// [`Fabric::series`]). Recording costs a few nanoseconds per hop.
     pub fn enable_series(&mut self, interval_ns: u64) {
@@ -831,157 +807,6 @@ impl Fabric {
     /// The time series recorded since [`Fabric::enable_series`].
     pub fn series(&self) -> Option<&Series> {
         self.series.as_ref()
-    }
-
-    /// Packets inside the fabric (queued or on a link).
-    pub fn in_flight(&self) -> usize {
-        self.in_flight
-    }
-
-    /// Wire bytes queued at host `h`'s NIC at `now` (the frame being sent included).
-    pub fn nic_backlog_bytes(&mut self, h: HostId, now: Timestamp) -> usize {
-        let port = &mut self.ports[self.host_port[h.0 as usize] as usize];
-        port.backlog.drain(now.as_nanos());
-        port.backlog.queued()
-    }
-
-    /// The earliest time at or after `now` when host `h`'s NIC will hold fewer than
-    /// `below_bytes` wire bytes, if nothing more is sent.
-    pub fn nic_drained_at(&self, h: HostId, now: Timestamp, below_bytes: usize) -> Timestamp {
-        let port = &self.ports[self.host_port[h.0 as usize] as usize];
-        Timestamp::from_nanos(port.backlog.drained_at(now.as_nanos(), below_bytes))
-    }
-
-    /// Hands a delivered payload buffer back for reuse.
-    pub fn recycle(&mut self, bytes: Vec<u8>) {
-        let pool = if bytes.capacity() < SMALL_BUFFER {
-            &mut self.small_pool
-        } else {
-            &mut self.pool
-        };
-        if pool.len() < POOL_MAX && bytes.capacity() > 0 {
-            pool.push(bytes);
-        }
-    }
-
-    /// A buffer of `len` bytes (of unspecified contents) for [`Fabric::send_buf`]: a recycled
-    /// one when there is one, so a driver can have its sender write a datagram straight into
-    /// the buffer the fabric will carry, without a copy.
-    pub fn buffer(&mut self, len: usize) -> Vec<u8> {
-        let mut b = self.pool.pop().unwrap_or_default();
-        b.resize(len, 0);
-        b
-    }
-
-    /// Puts `t` on host `from`'s NIC at `now`. It leaves from
-    /// [`path_source`]`(addr, t.path)` (so the path picks the UDP source port, and
-    /// with it the ECMP routes). Returns whether the NIC accepted it (false: unknown
-    /// destination, or the NIC queue was full or failed).
-    pub fn send(&mut self, now: Timestamp, from: HostId, t: &Transmit<'_>) -> bool {
-        let pool = if t.contents.len() < SMALL_BUFFER {
-            &mut self.small_pool
-        } else {
-            &mut self.pool
-        };
-        let mut bytes = pool.pop().unwrap_or_default();
-        bytes.clear();
-        bytes.extend_from_slice(t.contents);
-        self.send_buf(now, from, t.dest, t.path, t.ecn, bytes)
-    }
-
-    /// Like [`Fabric::send`], with the payload in an owned buffer (see [`Fabric::buffer`]).
-    pub fn send_buf(
-        &mut self,
-        now: Timestamp,
-        from: HostId,
-        dest: SocketAddr,
-        path: u16,
-        ecn: Ecn,
-        bytes: Vec<u8>,
-    ) -> bool {
-        self.stats.sent += 1;
-        let Some(&dst_host) = self.addrs.get(&dest) else {
-            self.stats.unknown_dest += 1;
-            self.recycle(bytes);
-            return false;
-        };
-        let src = path_source(self.host_addrs[from.0 as usize], path);
-        let pkt = Pkt {
-            src,
-            dst_host,
-            flow_hash: hash_5tuple(src, dest),
-            ecn,
-            bytes,
-        };
-        let slot = match self.free_pkts.pop() {
-            Some(s) => {
-                self.pkts[s as usize] = pkt;
-                s
-            }
-            None => {
-                self.pkts.push(pkt);
-                (self.pkts.len() - 1) as u32
-            }
-        };
-        self.in_flight += 1;
-        self.enqueue(now.as_nanos(), self.host_port[from.0 as usize], slot)
-    }
-
-    /// When the next packet reaches a node (a switch or a host), or `None` if the fabric is
-    /// empty.
-    pub fn next_event(&self) -> Option<Timestamp> {
-        self.heads.peek_at().map(Timestamp::from_nanos)
-    }
-
-    /// Runs the fabric up to `now` and returns the next datagram that reached a host at or
-    /// before `now`, earliest first (ties in queueing order), or `None` once none is due.
-    pub fn poll_deliver(&mut self, now: Timestamp) -> Option<Delivery> {
-        let now = now.as_nanos();
-        while let Some((_, lane_id)) = self.heads.pop_due(now) {
-            let port = &mut self.ports[(lane_id / 2) as usize];
-            let lane = &mut port.lanes[(lane_id % 2) as usize];
-            let Some(ev) = lane.pop_front() else {
-                continue;
-            };
-            if let Some(next) = lane.front() {
-                self.heads.push_seq(next.at, next.seq, lane_id);
-            }
-            let node = port.to as usize;
-            if let NodeKind::Host(h) = self.kinds[node] {
-                let pkt = std::mem::take(&mut self.pkts[ev.pkt as usize]);
-                self.free_pkts.push(ev.pkt);
-                self.in_flight -= 1;
-                self.stats.delivered += 1;
-                return Some(Delivery {
-                    host: h,
-                    to: self.host_addrs[h.0 as usize],
-                    meta: RecvMeta {
-                        src: pkt.src,
-                        len: pkt.bytes.len(),
-                        ecn: pkt.ecn,
-                    },
-                    bytes: pkt.bytes,
-                });
-            }
-            let sw = self.switch_index[node] as usize;
-            let dst = self.pkts[ev.pkt as usize].dst_host as usize;
-            let group = self.routes[sw * self.n_hosts + dst];
-            if group == NO_ROUTE {
-                self.stats.no_route += 1;
-                self.free(ev.pkt);
-                continue;
-            }
-            let (start, len) = self.groups[group as usize];
-            let choice = if len == 1 {
-                0
-            } else {
-                let h = mix64(self.pkts[ev.pkt as usize].flow_hash ^ self.node_seeds[node]);
-                ((u128::from(h) * u128::from(len)) >> 64) as u32
-            };
-            let port = self.group_ports[(start + choice) as usize];
-            self.enqueue(ev.at, port, ev.pkt);
-        }
-        None
     }
 
     /// Queues packet `slot` at `port` at time `at` (ns); false if it was dropped.
@@ -1086,26 +911,43 @@ impl Fabric {
 impl Network for Fabric {
     type Stats = FabricStats;
 
+    /// The seed the fabric was built with: print it on failure to replay the run.
     fn seed(&self) -> u64 {
         self.seed
     }
 
+    /// Number of hosts.
     fn hosts(&self) -> usize {
         self.n_hosts
     }
 
+    /// The address host `h` receives at.
     fn host_addr(&self, h: HostId) -> SocketAddr {
-        Fabric::host_addr(self, h)
+        self.host_addrs[h.0 as usize]
     }
 
+    /// The host that receives at `addr`.
     fn host_by_addr(&self, addr: SocketAddr) -> Option<HostId> {
-        Fabric::host_by_addr(self, addr)
+        self.addrs.get(&addr).map(|&h| HostId(h))
     }
 
+    /// Puts `t` on host `from`'s NIC at `now`. It leaves from
+    /// [`path_source`]`(addr, t.path)` (so the path picks the UDP source port, and
+    /// with it the ECMP routes). Returns whether the NIC accepted it (false: unknown
+    /// destination, or the NIC queue was full or failed).
     fn send(&mut self, now: Timestamp, from: HostId, t: &Transmit<'_>) -> bool {
-        Fabric::send(self, now, from, t)
+        let pool = if t.contents.len() < SMALL_BUFFER {
+            &mut self.small_pool
+        } else {
+            &mut self.pool
+        };
+        let mut bytes = pool.pop().unwrap_or_default();
+        bytes.clear();
+        bytes.extend_from_slice(t.contents);
+        self.send_buf(now, from, t.dest, t.path, t.ecn, bytes)
     }
 
+    /// Like [`Fabric::send`], with the payload in an owned buffer (see [`Fabric::buffer`]).
     fn send_buf(
         &mut self,
         now: Timestamp,
@@ -1115,43 +957,138 @@ impl Network for Fabric {
         ecn: Ecn,
         bytes: Vec<u8>,
     ) -> bool {
-        Fabric::send_buf(self, now, from, dest, path, ecn, bytes)
+        self.stats.sent += 1;
+        let Some(&dst_host) = self.addrs.get(&dest) else {
+            self.stats.unknown_dest += 1;
+            self.recycle(bytes);
+            return false;
+        };
+        let src = path_source(self.host_addrs[from.0 as usize], path);
+        let pkt = Pkt {
+            src,
+            dst_host,
+            flow_hash: hash_5tuple(src, dest),
+            ecn,
+            bytes,
+        };
+        let slot = match self.free_pkts.pop() {
+            Some(s) => {
+                self.pkts[s as usize] = pkt;
+                s
+            }
+            None => {
+                self.pkts.push(pkt);
+                (self.pkts.len() - 1) as u32
+            }
+        };
+        self.in_flight += 1;
+        self.enqueue(now.as_nanos(), self.host_port[from.0 as usize], slot)
     }
 
+    /// A buffer of `len` bytes (of unspecified contents) for [`Fabric::send_buf`]: a recycled
+    /// one when there is one, so a driver can have its sender write a datagram straight into
+    /// the buffer the fabric will carry, without a copy.
     fn buffer(&mut self, len: usize) -> Vec<u8> {
-        Fabric::buffer(self, len)
+        let mut b = self.pool.pop().unwrap_or_default();
+        b.resize(len, 0);
+        b
     }
 
+    /// Hands a delivered payload buffer back for reuse.
     fn recycle(&mut self, bytes: Vec<u8>) {
-        Fabric::recycle(self, bytes);
+        let pool = if bytes.capacity() < SMALL_BUFFER {
+            &mut self.small_pool
+        } else {
+            &mut self.pool
+        };
+        if pool.len() < POOL_MAX && bytes.capacity() > 0 {
+            pool.push(bytes);
+        }
     }
 
+    /// When the next packet reaches a node (a switch or a host), or `None` if the fabric is
+    /// empty.
     fn next_event(&self) -> Option<Timestamp> {
-        Fabric::next_event(self)
+        self.heads.peek_at().map(Timestamp::from_nanos)
     }
 
+    /// Runs the fabric up to `now` and returns the next datagram that reached a host at or
+    /// before `now`, earliest first (ties in queueing order), or `None` once none is due.
     fn poll_deliver(&mut self, now: Timestamp) -> Option<Delivery> {
-        Fabric::poll_deliver(self, now)
+        let now = now.as_nanos();
+        while let Some((_, lane_id)) = self.heads.pop_due(now) {
+            let port = &mut self.ports[(lane_id / 2) as usize];
+            let lane = &mut port.lanes[(lane_id % 2) as usize];
+            let Some(ev) = lane.pop_front() else {
+                continue;
+            };
+            if let Some(next) = lane.front() {
+                self.heads.push_seq(next.at, next.seq, lane_id);
+            }
+            let node = port.to as usize;
+            if let NodeKind::Host(h) = self.kinds[node] {
+                let pkt = std::mem::take(&mut self.pkts[ev.pkt as usize]);
+                self.free_pkts.push(ev.pkt);
+                self.in_flight -= 1;
+                self.stats.delivered += 1;
+                return Some(Delivery {
+                    host: h,
+                    to: self.host_addrs[h.0 as usize],
+                    meta: RecvMeta {
+                        src: pkt.src,
+                        len: pkt.bytes.len(),
+                        ecn: pkt.ecn,
+                    },
+                    bytes: pkt.bytes,
+                });
+            }
+            let sw = self.switch_index[node] as usize;
+            let dst = self.pkts[ev.pkt as usize].dst_host as usize;
+            let group = self.routes[sw * self.n_hosts + dst];
+            if group == NO_ROUTE {
+                self.stats.no_route += 1;
+                self.free(ev.pkt);
+                continue;
+            }
+            let (start, len) = self.groups[group as usize];
+            let choice = if len == 1 {
+                0
+            } else {
+                let h = mix64(self.pkts[ev.pkt as usize].flow_hash ^ self.node_seeds[node]);
+                ((u128::from(h) * u128::from(len)) >> 64) as u32
+            };
+            let port = self.group_ports[(start + choice) as usize];
+            self.enqueue(ev.at, port, ev.pkt);
+        }
+        None
     }
 
+    /// Packets inside the fabric (queued or on a link).
     fn in_flight(&self) -> usize {
-        Fabric::in_flight(self)
+        self.in_flight
     }
 
+    /// Fabric-wide counters.
     fn stats(&self) -> &FabricStats {
-        Fabric::stats(self)
+        &self.stats
     }
 
     fn has_nic_queues(&self) -> bool {
         true
     }
 
+    /// Wire bytes queued at host `h`'s NIC at `now` (the frame being sent included).
     fn nic_backlog_bytes(&mut self, h: HostId, now: Timestamp) -> usize {
-        Fabric::nic_backlog_bytes(self, h, now)
+        let port = &mut self.ports[self.host_port[h.0 as usize] as usize];
+        port.backlog.drain(now.as_nanos());
+        port.backlog.queued()
     }
 
+    /// The earliest time at or after `now` when host `h`'s NIC will hold fewer than
+    /// `below_bytes` wire bytes, if nothing more is sent.
     fn nic_drained_at(&self, h: HostId, now: Timestamp, below_bytes: usize) -> Timestamp {
-        Fabric::nic_drained_at(self, h, now, below_bytes)
+        let port = &self.ports[self.host_port[h.0 as usize] as usize];
+        Timestamp::from_nanos(port.backlog.drained_at(now.as_nanos(), below_bytes))
     }
 }
 

@@ -128,7 +128,8 @@ pub struct LinkStats {
     pub unknown_dest: u64,
 }
 
-/// Network-wide totals plus per-link counters.
+/// Network-wide totals plus per-link counters. The totals are a [`LinkStats`] too, and the
+/// fields of [`SimStats::totals`] read directly (`stats.lost`) through `Deref`.
 ///
 /// Every packet sent is eventually delivered or counted once as lost, blackholed,
 /// queue-dropped or unknown-destination; duplicates add copies:
@@ -136,26 +137,18 @@ pub struct LinkStats {
 /// in_flight`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SimStats {
-    /// Packets handed to [`SimNet::send`].
-    pub sent: u64,
-    /// Copies delivered by [`SimNet::poll_deliver`] (duplicates included).
-    pub delivered: u64,
-    /// Packets dropped by random loss.
-    pub lost: u64,
-    /// Packets dropped because their link was black-holed.
-    pub blackholed: u64,
-    /// Extra copies created.
-    pub duplicated: u64,
-    /// Packets with a flipped bit.
-    pub corrupted: u64,
-    /// Packets given the extra reordering delay.
-    pub reordered: u64,
-    /// Packets dropped at the tail of a full bottleneck queue.
-    pub queue_drops: u64,
-    /// Packets addressed to no known host, dropped.
-    pub unknown_dest: u64,
+    /// The counters summed over every link.
+    pub totals: LinkStats,
     /// The same counters per link, keyed by `(sending host, path)`.
     pub links: BTreeMap<(SocketAddr, u16), LinkStats>,
+}
+
+impl std::ops::Deref for SimStats {
+    type Target = LinkStats;
+
+    fn deref(&self) -> &LinkStats {
+        &self.totals
+    }
 }
 
 impl SimStats {
@@ -165,20 +158,24 @@ impl SimStats {
     }
 
     fn bump(&mut self, key: LinkKey, counter: Counter) {
-        let link = self.links.entry(key).or_default();
-        let (total, per_link) = match counter {
-            Counter::Sent => (&mut self.sent, &mut link.sent),
-            Counter::Delivered => (&mut self.delivered, &mut link.delivered),
-            Counter::Lost => (&mut self.lost, &mut link.lost),
-            Counter::Blackholed => (&mut self.blackholed, &mut link.blackholed),
-            Counter::Duplicated => (&mut self.duplicated, &mut link.duplicated),
-            Counter::Corrupted => (&mut self.corrupted, &mut link.corrupted),
-            Counter::Reordered => (&mut self.reordered, &mut link.reordered),
-            Counter::QueueDrops => (&mut self.queue_drops, &mut link.queue_drops),
-            Counter::UnknownDest => (&mut self.unknown_dest, &mut link.unknown_dest),
-        };
-        *total += 1;
-        *per_link += 1;
+        *self.totals.counter(counter) += 1;
+        *self.links.entry(key).or_default().counter(counter) += 1;
+    }
+}
+
+impl LinkStats {
+    fn counter(&mut self, counter: Counter) -> &mut u64 {
+        match counter {
+            Counter::Sent => &mut self.sent,
+            Counter::Delivered => &mut self.delivered,
+            Counter::Lost => &mut self.lost,
+            Counter::Blackholed => &mut self.blackholed,
+            Counter::Duplicated => &mut self.duplicated,
+            Counter::Corrupted => &mut self.corrupted,
+            Counter::Reordered => &mut self.reordered,
+            Counter::QueueDrops => &mut self.queue_drops,
+            Counter::UnknownDest => &mut self.unknown_dest,
+        }
     }
 }
 

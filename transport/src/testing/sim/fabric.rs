@@ -72,7 +72,7 @@
 use std::sync::Arc;
 
 use braid_datapath::fabric::{Fabric, LeafSpine, NodeKind, PortConfig, PortId};
-use braid_datapath::net::HostId;
+use braid_datapath::net::{HostId, Network};
 use braid_proto::cc::{ControllerFactory, DcqcnConfig, FixedWindowConfig, SwiftConfig};
 use braid_proto::{
     Access, Completion, CqId, Endpoint, EndpointConfig, MrKeys, PdId, RecvWr, Region, RemoteAddr,
