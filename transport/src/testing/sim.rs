@@ -9,4 +9,4 @@
 mod driver;
 pub mod fabric;
 
-pub use driver::{CqQueues, Driver, DriverConfig, Handler, Livelock};
+pub use driver::{CqQueues, Driver, DriverConfig, Handler, Livelock, Service};

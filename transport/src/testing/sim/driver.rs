@@ -59,18 +59,36 @@ pub struct DriverConfig {
     /// arrive within one interval are handed to the engine together (as a batched receive
     /// does), so one ACK covers them. 0 hands each datagram over as it arrives.
     pub rx_batch_ns: u64,
+    /// Which hosts a step services.
+    pub service: Service,
 }
 
 impl Default for DriverConfig {
-    /// A 64 KiB buffer, always copied, no NIC limit, no receive batching.
+    /// A 64 KiB buffer, always copied, no NIC limit, no receive batching, only the hosts
+    /// that had input serviced.
     fn default() -> Self {
         DriverConfig {
             buffer_bytes: 65_536,
             handover_min_bytes: usize::MAX,
             nic_limit_bytes: None,
             rx_batch_ns: 0,
+            service: Service::Marked,
         }
     }
+}
+
+/// Which hosts a step services.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Service {
+    /// Only the hosts that had input (a datagram, a due wake-up, a [`Driver::touch`]), in
+    /// the order they had it, each through its whole service (timers, transmissions,
+    /// completions, next wake-up): what a fabric of thousands of hosts needs.
+    Marked,
+    /// Every host, in host order: first each one's due timers (and batched datagrams), then
+    /// each one's transmissions and completions; the next event is the earliest engine
+    /// deadline or delivery, read from every host. Work posted from outside needs no
+    /// [`Driver::touch`]. This is the order `braid::testing::Cluster` drives its nodes in.
+    EveryHost,
 }
 
 /// What the test or workload does with completions.
@@ -169,6 +187,21 @@ struct Host {
     rx_due: Option<u64>,
     /// The host does nothing before this time ([`Driver::hold_until`]), ns.
     held_until: Option<u64>,
+}
+
+impl Host {
+    /// The earliest time the host has something to do by itself ([`Service::EveryHost`]):
+    /// the end of its hold, or else its batched datagrams or its engine's deadline.
+    fn next_deadline(&self) -> Option<Timestamp> {
+        if let Some(until) = self.held_until {
+            return Some(Timestamp::from_nanos(until));
+        }
+        let rx = self.rx_due.map(Timestamp::from_nanos);
+        match (self.ep.poll_timeout(), rx) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
 }
 
 /// Real engines on a simulated network, on virtual time; see the [module docs](self).
@@ -307,6 +340,14 @@ impl<N: Network> Driver<N> {
     /// When the next event happens: a delivery inside the network or a host's wake-up.
     /// Stale wake-ups are dropped on the way.
     pub fn next_event(&mut self) -> Option<Timestamp> {
+        if self.cfg.service == Service::EveryHost {
+            let net = self.net.next_event();
+            let hosts = self.hosts.iter().filter_map(Host::next_deadline).min();
+            return match (net, hosts) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
         while let Some(&Reverse((t, h))) = self.wakes.peek() {
             if self.hosts[h as usize].wake == Some(t) {
                 break;
@@ -325,6 +366,10 @@ impl<N: Network> Driver<N> {
     /// Services the marked hosts (their pending work and completions) at the current time,
     /// without advancing it.
     pub fn service(&mut self, handler: &mut impl Handler<N>) {
+        if self.cfg.service == Service::EveryHost {
+            self.flush_all(handler);
+            return;
+        }
         let mut i = 0;
         while i < self.dirty.len() {
             let h = self.dirty[i] as usize;
@@ -357,6 +402,7 @@ impl<N: Network> Driver<N> {
     ) -> bool {
         self.service(handler);
         while !done(self, handler) {
+            self.service(handler);
             match self.next_event() {
                 Some(next) if next <= until => {
                     self.now = self.now.max(next);
@@ -422,6 +468,13 @@ impl<N: Network> Driver<N> {
                 }
             }
         }
+        if self.cfg.service == Service::EveryHost {
+            for h in 0..self.hosts.len() {
+                self.catch_up(h);
+            }
+            self.flush_all(handler);
+            return;
+        }
         while let Some(&Reverse((t, h))) = self.wakes.peek() {
             if t > t_now {
                 break;
@@ -436,20 +489,15 @@ impl<N: Network> Driver<N> {
         self.service(handler);
     }
 
-    /// Runs host `h`'s engine: batched datagrams and timers if due, transmissions while its
-    /// NIC has room, completions (and the work they trigger), then its next wake-up.
-    fn service_host(&mut self, h: usize, handler: &mut impl Handler<N>) {
+    /// Ends host `h`'s hold if it is over, then hands over its batched datagrams and runs
+    /// its timers if due. Returns false while the host is held.
+    fn catch_up(&mut self, h: usize) -> bool {
         let now = self.now;
         let t_now = now.as_nanos();
         let host = &mut self.hosts[h];
         if let Some(until) = host.held_until {
             if until > t_now {
-                // Held: come back at the end of the hold.
-                if host.wake != Some(until) {
-                    host.wake = Some(until);
-                    self.wakes.push(Reverse((until, h as u32)));
-                }
-                return;
+                return false;
             }
             host.held_until = None;
         }
@@ -464,10 +512,58 @@ impl<N: Network> Driver<N> {
         if host.ep.poll_timeout().is_some_and(|t| t <= now) {
             host.ep.handle_timeout(now);
         }
-        let nic_limit = self
-            .cfg
+        true
+    }
+
+    /// [`Service::EveryHost`]: transmissions and completions of every host not held, in
+    /// host order.
+    fn flush_all(&mut self, handler: &mut impl Handler<N>) {
+        for h in mem::take(&mut self.dirty) {
+            self.hosts[h as usize].dirty = false;
+        }
+        let nic_limit = self.nic_limit();
+        for h in 0..self.hosts.len() {
+            if !self.is_held(h) {
+                self.run_host(h, handler, nic_limit);
+            }
+        }
+    }
+
+    /// The NIC limit, if the network has NIC queues.
+    fn nic_limit(&self) -> Option<usize> {
+        self.cfg
             .nic_limit_bytes
-            .filter(|_| self.net.has_nic_queues());
+            .filter(|_| self.net.has_nic_queues())
+    }
+
+    /// Runs host `h`'s engine: batched datagrams and timers if due, transmissions while its
+    /// NIC has room, completions (and the work they trigger), then its next wake-up.
+    fn service_host(&mut self, h: usize, handler: &mut impl Handler<N>) {
+        let now = self.now;
+        let t_now = now.as_nanos();
+        if !self.catch_up(h) {
+            // Held: come back at the end of the hold.
+            let host = &mut self.hosts[h];
+            let until = host.held_until.unwrap_or(t_now);
+            if host.wake != Some(until) {
+                host.wake = Some(until);
+                self.wakes.push(Reverse((until, h as u32)));
+            }
+            return;
+        }
+        let nic_limit = self.nic_limit();
+        let nic_full = self.run_host(h, handler, nic_limit);
+        self.schedule(h, nic_full, nic_limit);
+    }
+
+    /// Host `h`'s transmissions while its NIC has room and its completions, again while the
+    /// handler posts work; returns whether the NIC was left full.
+    fn run_host(
+        &mut self,
+        h: usize,
+        handler: &mut impl Handler<N>,
+        nic_limit: Option<usize>,
+    ) -> bool {
         self.servicing = Some(h);
         let mut nic_full;
         loop {
@@ -488,7 +584,7 @@ impl<N: Network> Driver<N> {
             }
         }
         self.servicing = None;
-        self.schedule(h, nic_full, nic_limit);
+        nic_full
     }
 
     /// `poll_transmit` into the network while host `h`'s NIC has room; returns whether it
@@ -744,5 +840,141 @@ mod tests {
             .drive_bounded(&mut CqQueues::default(), 100_000)
             .unwrap();
         assert_eq!(p.driver.next_event(), None);
+    }
+
+    /// The same two-way traffic on `testing::Cluster` and on a driver servicing every host:
+    /// the same virtual times, steps, network counters, completions and memory.
+    #[test]
+    fn every_host_service_reproduces_the_cluster_exactly() {
+        use crate::testing::Cluster;
+        use braid_proto::QpOptions;
+
+        let seed = 11;
+        let link = LinkConfig {
+            loss: 0.03,
+            duplicate: 0.02,
+            reorder: 0.1,
+            reorder_extra_ns: 8_000,
+            jitter_ns: 3_000,
+            ..LinkConfig::default()
+        };
+        let cfg = EndpointConfig::default();
+        let len = 96 << 10;
+        let wr = |wr_id, rkey, lkey| SendWr {
+            wr_id,
+            op: SendOp::Write(RemoteAddr { rkey, offset: 0 }),
+            sges: vec![Sge {
+                lkey,
+                offset: 0,
+                len: len as u32,
+            }],
+            signaled: true,
+        };
+        let fill = |r: &Region, k: u8| {
+            let bytes: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(k)).collect();
+            r.write(0, &bytes).unwrap();
+        };
+
+        let mut cluster = Cluster::new(seed, 2, &cfg, link.clone());
+        let (sa, sb) = cluster.connect(0, 1);
+        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        let (ma, mb) = (
+            cluster.alloc_mr(&sa, len, access),
+            cluster.alloc_mr(&sb, len, access),
+        );
+        fill(&ma.region, 3);
+        fill(&mb.region, 5);
+        // Each side writes its region into the other's, twice.
+        for (i, (from, qp, to, lkey)) in [
+            (0, sa.qp.qpn, &mb, ma.keys.lkey),
+            (1, sb.qp.qpn, &ma, mb.keys.lkey),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            for k in 0..2 {
+                let id = (i * 2 + k) as u64;
+                cluster.nodes[from]
+                    .ep
+                    .post_send(qp, wr(id, to.keys.rkey, lkey))
+                    .unwrap();
+            }
+        }
+        cluster.drive_bounded(1_000_000);
+
+        let mut net = SimNet::new(seed);
+        net.set_default_link(link);
+        let config = DriverConfig {
+            service: Service::EveryHost,
+            ..DriverConfig::default()
+        };
+        let mut driver = Driver::new(net, config);
+        for node in &cluster.nodes {
+            let id = driver.net.add_host(node.addr, cfg.paths);
+            let mut c = cfg.clone();
+            c.seed = node.ep.config().seed;
+            driver.add_host(id, Endpoint::new(c, node.addr));
+        }
+        let mut sides = Vec::new();
+        for h in 0..2 {
+            let ep = driver.ep_mut(h);
+            let pd = ep.alloc_pd();
+            let cq = ep.create_cq();
+            let qp = ep.create_qp_with(pd, cq, cq, QpOptions::default()).unwrap();
+            sides.push((pd, cq, qp));
+        }
+        driver
+            .ep_mut(0)
+            .connect(sides[0].2.qpn, sides[1].2)
+            .unwrap();
+        driver
+            .ep_mut(1)
+            .connect(sides[1].2.qpn, sides[0].2)
+            .unwrap();
+        let mut mrs = Vec::new();
+        for (h, k) in [(0, 3), (1, 5)] {
+            let region = Region::new(len);
+            let keys = driver
+                .ep_mut(h)
+                .register(sides[h].0, region.clone(), access)
+                .unwrap();
+            fill(&region, k);
+            mrs.push((region, keys));
+        }
+        for (i, (from, to)) in [(0, 1), (1, 0)].into_iter().enumerate() {
+            for k in 0..2 {
+                let id = (i * 2 + k) as u64;
+                let w = wr(id, mrs[to].1.rkey, mrs[from].1.lkey);
+                driver.ep_mut(from).post_send(sides[from].2.qpn, w).unwrap();
+            }
+        }
+        let mut cqs = CqQueues::default();
+        driver.drive_bounded(&mut cqs, 1_000_000).unwrap();
+
+        assert!(cluster.net.stats().lost > 0 && cluster.net.stats().duplicated > 0);
+        assert_eq!((driver.now, driver.steps), (cluster.now, cluster.steps));
+        assert_eq!(driver.net.stats(), cluster.net.stats());
+        for h in 0..2 {
+            let (cq, ccq) = (sides[h].1, [sa.cq, sb.cq][h]);
+            let ours: Vec<_> = std::iter::from_fn(|| cqs.poll(h, cq)).collect();
+            let theirs: Vec<_> = std::iter::from_fn(|| cluster.poll_cq(h, ccq)).collect();
+            assert_eq!(ours.len(), 2);
+            assert_eq!(
+                ours.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+                theirs
+                    .iter()
+                    .map(|c| (c.wr_id, c.status))
+                    .collect::<Vec<_>>()
+            );
+            assert_eq!(driver.ep(h).stats(), cluster.nodes[h].ep.stats());
+        }
+        assert_eq!(
+            mrs[0].0.to_vec(0, len).unwrap(),
+            ma.region.to_vec(0, len).unwrap()
+        );
+        assert_eq!(
+            mrs[1].0.to_vec(0, len).unwrap(),
+            mb.region.to_vec(0, len).unwrap()
+        );
     }
 }

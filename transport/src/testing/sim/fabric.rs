@@ -80,7 +80,7 @@ use braid_proto::{
 };
 use serde::Serialize;
 
-use super::driver::{Driver, DriverConfig, Handler};
+use super::driver::{Driver, DriverConfig, Handler, Service};
 
 /// Datagrams shorter than this (ACKs, NAKs) are copied into the fabric rather than handed
 /// over in the engine's full-size buffer.
@@ -704,6 +704,7 @@ impl Sim {
                 handover_min_bytes: SMALL_DATAGRAM,
                 nic_limit_bytes: Some(2 * frame),
                 rx_batch_ns: scenario.engine.rx_batch_ns,
+                service: Service::Marked,
             },
         );
         let mut res = Vec::with_capacity(n);
