@@ -283,7 +283,7 @@ impl SimNet {
     }
 
     /// Puts `t` on the link host `from` sends on `t.path`. A packet to an address that is
-    /// not a host is dropped and counted in [`SimStats::unknown_dest`].
+    /// not a host is dropped and counted in [`LinkStats::unknown_dest`] (of [`SimNet::stats`]).
     pub fn send(&mut self, now: Timestamp, from: SocketAddr, t: &Transmit<'_>) {
         let key = (from, t.path);
         let SimNet {

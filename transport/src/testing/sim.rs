@@ -6,7 +6,7 @@
 //! owns everything between the network and the engines (deliveries, timers, transmissions
 //! paced by the NIC, completions, wake-ups) so tests, fuzz targets and `braid-fabric` do not
 //! each write it again.
-mod driver;
+pub mod driver;
 pub mod fabric;
 
 pub use driver::{CqQueues, Driver, DriverConfig, Handler, Livelock, Service};
