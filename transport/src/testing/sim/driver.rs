@@ -803,26 +803,30 @@ mod tests {
 
     #[test]
     fn a_held_host_does_nothing_until_the_hold_ends() {
-        let mut p = pair(1, LinkConfig::default(), 4096);
-        let until = Timestamp::from_micros(500);
-        p.driver.hold_until(1, until);
-        assert!(p.driver.is_held(1));
-        write(&mut p, 4096);
-        let mut cqs = CqQueues::default();
-        // Before the hold ends, host 1 received nothing and acknowledged nothing.
-        let done = p
-            .driver
-            .run_until(&mut cqs, Timestamp::from_micros(499), |_, q| {
-                q.len(0, p.cq_a) > 0
-            });
-        assert!(!done);
-        assert_eq!(p.driver.ep(1).stats().rx_datagrams, 0);
-        assert!(p.dst.to_vec(0, 4096).unwrap().iter().all(|b| *b == 0));
-        p.driver.drive_bounded(&mut cqs, 100_000).unwrap();
-        assert!(!p.driver.is_held(1));
-        assert!(p.driver.ep(1).stats().rx_datagrams > 0);
-        assert_eq!(cqs.poll(0, p.cq_a).unwrap().status, WcStatus::Success);
-        assert!(p.driver.now > until);
+        for service in [Service::Marked, Service::EveryHost] {
+            let mut p = pair(1, LinkConfig::default(), 4096);
+            p.driver.cfg.service = service;
+            let until = Timestamp::from_micros(500);
+            p.driver.hold_until(1, until);
+            assert!(p.driver.is_held(1));
+            write(&mut p, 4096);
+            let mut cqs = CqQueues::default();
+            // Before the hold ends, host 1 took in nothing and acknowledged nothing.
+            let cq_a = p.cq_a;
+            let done = p
+                .driver
+                .run_until(&mut cqs, Timestamp::from_micros(499), |_, q| {
+                    q.len(0, cq_a) > 0
+                });
+            assert!(!done, "{service:?}");
+            assert_eq!(p.driver.ep(1).stats().rx_datagrams, 0, "{service:?}");
+            assert!(p.dst.to_vec(0, 4096).unwrap().iter().all(|b| *b == 0));
+            p.driver.drive_bounded(&mut cqs, 100_000).unwrap();
+            assert!(!p.driver.is_held(1));
+            assert!(p.driver.ep(1).stats().rx_datagrams > 0, "{service:?}");
+            assert_eq!(cqs.poll(0, p.cq_a).unwrap().status, WcStatus::Success);
+            assert!(p.driver.now > until, "{service:?}");
+        }
     }
 
     #[test]
