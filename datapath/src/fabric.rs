@@ -50,7 +50,9 @@
 //!
 //! # Driving it
 //!
-//! Like [`SimNet`](crate::sim::SimNet): [`Fabric::send`] puts a datagram on a host's NIC,
+//! [`Fabric`] is the switched topology of the [`Network`] trait (the other is the per-path
+//! links of [`SimNet`](crate::sim::SimNet)). Like it: [`Fabric::send`] puts a datagram on a
+//! host's NIC,
 //! [`Fabric::next_event`] says when something next happens inside the fabric, and
 //! [`Fabric::poll_deliver`] runs the fabric up to `now` and hands out the datagrams that
 //! reached a host by then, earliest first. A host's NIC has a queue like any port; a driver
@@ -59,6 +61,7 @@
 //!
 //! ```
 //! use braid_datapath::fabric::LeafSpine;
+//! use braid_datapath::net::Network;
 //! use braid_datapath::{Ecn, Transmit};
 //! use braid_time::Timestamp;
 //!
@@ -81,14 +84,15 @@
 //! assert_eq!(fabric.stats().hops, 4);
 //! ```
 
-use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 
 use braid_time::Timestamp;
 
-use crate::sim::SimNet;
+use crate::net::rng::{mix64, splitmix64, unit};
+use crate::net::{Backlog, EventQueue, Network, path_source};
+pub use crate::net::{Delivery, HostId};
 use crate::{Ecn, RecvMeta, Transmit};
 
 /// Payload bytes a trimmed packet keeps (enough for Braid's header and a little more).
@@ -100,10 +104,6 @@ pub const ETHERNET_IPV4_UDP_OVERHEAD: u32 = 66;
 
 /// Most nodes (hosts plus switches) a topology may have.
 pub const MAX_NODES: usize = 1 << 20;
-
-/// A host (an endpoint with one NIC), numbered `0..hosts()` in the order it was added.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct HostId(pub u32);
 
 /// A node of the topology: a host or a switch, numbered in the order they were added.
 #[derive(Copy, Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -241,7 +241,7 @@ impl Topology {
     }
 
     /// Adds a host that receives at `addr` (and sends from `addr.port() + 1 + path`, as
-    /// [`SimNet::path_source`]).
+    /// [`path_source`]).
     pub fn add_host(&mut self, addr: SocketAddr) -> NodeId {
         let id = HostId(self.hosts.len() as u32);
         let node = NodeId(self.nodes.len() as u32);
@@ -402,8 +402,7 @@ impl Topology {
                     to_host,
                     free_at_ps: 0,
                     prio_free_at_ps: 0,
-                    fifo: VecDeque::new(),
-                    queued: 0,
+                    backlog: Backlog::default(),
                     lanes: [VecDeque::new(), VecDeque::new()],
                     rng: splitmix64(&mut s),
                     stats: PortStats::default(),
@@ -431,8 +430,7 @@ impl Topology {
             ports,
             pkts: Vec::new(),
             free_pkts: Vec::new(),
-            heads: BinaryHeap::new(),
-            next_seq: 0,
+            heads: EventQueue::new(),
             in_flight: 0,
             pool: Vec::new(),
             small_pool: Vec::new(),
@@ -583,18 +581,6 @@ impl LeafSpine {
     }
 }
 
-/// One datagram arriving at a host.
-#[derive(Debug, Clone)]
-pub struct Delivery {
-    /// The receiving host.
-    pub host: HostId,
-    /// Source (sender IP, source port of the path), length and ECN codepoint as it arrived.
-    pub meta: RecvMeta,
-    /// The payload (cut short if a switch trimmed it). Hand it back with
-    /// [`Fabric::recycle`] to save an allocation.
-    pub bytes: Vec<u8>,
-}
-
 /// Counters of one port.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PortStats {
@@ -722,9 +708,10 @@ pub struct Fabric {
     /// Packets in the fabric, by slot; `free_pkts` lists the empty slots.
     pkts: Vec<Pkt>,
     free_pkts: Vec<u32>,
-    /// One entry per non-empty port lane: the arrival time of its first packet.
-    heads: BinaryHeap<Head>,
-    next_seq: u64,
+    /// One entry per non-empty port lane (`port * 2 + prio`): the arrival time of its first
+    /// packet, with that packet's sequence number. Lanes are FIFO, so merging their heads by
+    /// `(time, sequence)` processes every packet in global `(time, queueing order)`.
+    heads: EventQueue<u32>,
     /// Packets on links or in queues.
     in_flight: usize,
     /// Payload buffers handed back with [`Fabric::recycle`]: large ones (for
@@ -737,29 +724,9 @@ pub struct Fabric {
 }
 
 impl Fabric {
-    /// The seed the fabric was built with: print it on failure to replay the run.
-    pub fn seed(&self) -> u64 {
-        self.seed
-    }
-
-    /// Number of hosts.
-    pub fn hosts(&self) -> usize {
-        self.n_hosts
-    }
-
     /// Number of ports.
     pub fn port_count(&self) -> usize {
         self.ports.len()
-    }
-
-    /// The address host `h` receives at.
-    pub fn host_addr(&self, h: HostId) -> SocketAddr {
-        self.host_addrs[h.0 as usize]
-    }
-
-    /// The host that receives at `addr`.
-    pub fn host_by_addr(&self, addr: SocketAddr) -> Option<HostId> {
-        self.addrs.get(&addr).map(|&h| HostId(h))
     }
 
     /// Host `h`'s NIC port.
@@ -828,11 +795,6 @@ impl Fabric {
         &self.ports[p.0 as usize].stats
     }
 
-    /// Fabric-wide counters.
-    pub fn stats(&self) -> &FabricStats {
-        &self.stats
-    }
-
     /// Starts recording per-port time series in buckets of `interval_ns` (see
     /// [`Fabric::series`]). Recording costs a few nanoseconds per hop.
     pub fn enable_series(&mut self, interval_ns: u64) {
@@ -847,60 +809,133 @@ impl Fabric {
         self.series.as_ref()
     }
 
-    /// Packets inside the fabric (queued or on a link).
-    pub fn in_flight(&self) -> usize {
-        self.in_flight
-    }
-
-    /// Wire bytes queued at host `h`'s NIC at `now` (the frame being sent included).
-    pub fn nic_backlog_bytes(&mut self, h: HostId, now: Timestamp) -> usize {
-        let port = &mut self.ports[self.host_port[h.0 as usize] as usize];
-        port.drain(now.as_nanos());
-        port.queued
-    }
-
-    /// The earliest time at or after `now` when host `h`'s NIC will hold fewer than
-    /// `below_bytes` wire bytes, if nothing more is sent.
-    pub fn nic_drained_at(&self, h: HostId, now: Timestamp, below_bytes: usize) -> Timestamp {
-        let port = &self.ports[self.host_port[h.0 as usize] as usize];
-        let mut left = port.queued;
-        let mut at = now.as_nanos();
-        for &(done, len) in &port.fifo {
-            if left < below_bytes {
-                break;
+    /// Queues packet `slot` at `port` at time `at` (ns); false if it was dropped.
+    fn enqueue(&mut self, at: u64, port_idx: u32, slot: u32) -> bool {
+        let port = &mut self.ports[port_idx as usize];
+        if port.cfg.blackhole {
+            port.stats.blackholed += 1;
+            self.stats.blackholed += 1;
+            self.free(slot);
+            return false;
+        }
+        if port.cfg.loss > 0.0 && unit(splitmix64(&mut port.rng)) < port.cfg.loss {
+            port.stats.lost += 1;
+            self.stats.lost += 1;
+            self.free(slot);
+            return false;
+        }
+        if port.ps_per_byte == u64::MAX {
+            port.ps_per_byte = ps_per_byte(port.cfg.bandwidth_bps);
+        }
+        self.stats.hops += 1;
+        port.backlog.drain(at);
+        let pkt = &mut self.pkts[slot as usize];
+        let wire = pkt.bytes.len() + self.overhead as usize;
+        let full =
+            port.cfg.bandwidth_bps == 0 || port.backlog.queued() + wire > port.cfg.queue_bytes;
+        if full {
+            if !port.cfg.trim
+                || port.cfg.bandwidth_bps == 0
+                || pkt.bytes.len() <= TRIM_PAYLOAD_BYTES
+            {
+                port.stats.drops += 1;
+                self.stats.drops += 1;
+                self.free(slot);
+                return false;
             }
-            left -= len as usize;
-            at = at.max(done);
+            // Trim: the stub skips the queue in the priority lane.
+            pkt.bytes.truncate(TRIM_PAYLOAD_BYTES);
+            let wire = (TRIM_PAYLOAD_BYTES + self.overhead as usize) as u64;
+            let done = port.transmit(at, wire, true);
+            port.stats.trimmed += 1;
+            port.stats.packets += 1;
+            port.stats.bytes += wire;
+            self.stats.trimmed += 1;
+            let arrive = done.saturating_add(port.cfg.prop_delay_ns);
+            if let Some(s) = &mut self.series {
+                s.bucket(port_idx, done).bytes += wire;
+            }
+            self.push_event(port_idx, true, arrive, slot);
+            return true;
         }
-        Timestamp::from_nanos(at)
+        let ahead = port.backlog.queued();
+        if matches!(pkt.ecn, Ecn::Ect0 | Ecn::Ect1)
+            && (port.cfg.ecn_threshold_bytes.is_some_and(|k| ahead > k)
+                || port.cfg.ce_mark > 0.0 && unit(splitmix64(&mut port.rng)) < port.cfg.ce_mark)
+        {
+            pkt.ecn = Ecn::Ce;
+            port.stats.ecn_marks += 1;
+            self.stats.ecn_marks += 1;
+        }
+        let done = port.transmit(at, wire as u64, false);
+        port.backlog.push(done, wire);
+        let queued = port.backlog.queued();
+        port.stats.packets += 1;
+        port.stats.bytes += wire as u64;
+        port.stats.queue_seen_sum += ahead as u64;
+        port.stats.max_queue_bytes = port.stats.max_queue_bytes.max(queued);
+        let arrive = done.saturating_add(port.cfg.prop_delay_ns);
+        if let Some(s) = &mut self.series {
+            s.bucket(port_idx, done).bytes += wire as u64;
+            let b = s.bucket(port_idx, at);
+            b.max_queue_bytes = b.max_queue_bytes.max(queued as u32);
+        }
+        self.push_event(port_idx, false, arrive, slot);
+        true
     }
 
-    /// Hands a delivered payload buffer back for reuse.
-    pub fn recycle(&mut self, bytes: Vec<u8>) {
-        let pool = if bytes.capacity() < SMALL_BUFFER {
-            &mut self.small_pool
-        } else {
-            &mut self.pool
-        };
-        if pool.len() < POOL_MAX && bytes.capacity() > 0 {
-            pool.push(bytes);
+    /// Puts packet `pkt` on the link of `port` (its priority lane if `prio`), to arrive at
+    /// the next node at `at`. A lane is FIFO: its arrival times never decrease (a packet
+    /// never overtakes another on the same link), so one heap entry per lane suffices.
+    fn push_event(&mut self, port: u32, prio: bool, at: u64, pkt: u32) {
+        let seq = self.heads.take_seq();
+        let lane_id = port * 2 + u32::from(prio);
+        let lane = &mut self.ports[port as usize].lanes[usize::from(prio)];
+        let at = lane.back().map_or(at, |last| at.max(last.at));
+        lane.push_back(Arrival { at, seq, pkt });
+        if lane.len() == 1 {
+            self.heads.push_seq(at, seq, lane_id);
         }
     }
 
-    /// A buffer of `len` bytes (of unspecified contents) for [`Fabric::send_buf`]: a recycled
-    /// one when there is one, so a driver can have its sender write a datagram straight into
-    /// the buffer the fabric will carry, without a copy.
-    pub fn buffer(&mut self, len: usize) -> Vec<u8> {
-        let mut b = self.pool.pop().unwrap_or_default();
-        b.resize(len, 0);
-        b
+    fn free(&mut self, slot: u32) {
+        let bytes = std::mem::take(&mut self.pkts[slot as usize].bytes);
+        self.recycle(bytes);
+        self.free_pkts.push(slot);
+        self.in_flight -= 1;
+    }
+}
+
+/// The switched topology: host NICs have queues ([`Fabric::nic_backlog_bytes`]), and payload
+/// buffers are pooled ([`Fabric::buffer`], [`Fabric::recycle`]).
+impl Network for Fabric {
+    type Stats = FabricStats;
+
+    /// The seed the fabric was built with: print it on failure to replay the run.
+    fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// Number of hosts.
+    fn hosts(&self) -> usize {
+        self.n_hosts
+    }
+
+    /// The address host `h` receives at.
+    fn host_addr(&self, h: HostId) -> SocketAddr {
+        self.host_addrs[h.0 as usize]
+    }
+
+    /// The host that receives at `addr`.
+    fn host_by_addr(&self, addr: SocketAddr) -> Option<HostId> {
+        self.addrs.get(&addr).map(|&h| HostId(h))
     }
 
     /// Puts `t` on host `from`'s NIC at `now`. It leaves from
-    /// [`SimNet::path_source`]`(addr, t.path)` (so the path picks the UDP source port, and
+    /// [`path_source`]`(addr, t.path)` (so the path picks the UDP source port, and
     /// with it the ECMP routes). Returns whether the NIC accepted it (false: unknown
     /// destination, or the NIC queue was full or failed).
-    pub fn send(&mut self, now: Timestamp, from: HostId, t: &Transmit<'_>) -> bool {
+    fn send(&mut self, now: Timestamp, from: HostId, t: &Transmit<'_>) -> bool {
         let pool = if t.contents.len() < SMALL_BUFFER {
             &mut self.small_pool
         } else {
@@ -913,7 +948,7 @@ impl Fabric {
     }
 
     /// Like [`Fabric::send`], with the payload in an owned buffer (see [`Fabric::buffer`]).
-    pub fn send_buf(
+    fn send_buf(
         &mut self,
         now: Timestamp,
         from: HostId,
@@ -928,7 +963,7 @@ impl Fabric {
             self.recycle(bytes);
             return false;
         };
-        let src = SimNet::path_source(self.host_addrs[from.0 as usize], path);
+        let src = path_source(self.host_addrs[from.0 as usize], path);
         let pkt = Pkt {
             src,
             dst_host,
@@ -950,29 +985,45 @@ impl Fabric {
         self.enqueue(now.as_nanos(), self.host_port[from.0 as usize], slot)
     }
 
+    /// A buffer of `len` bytes (of unspecified contents) for [`Fabric::send_buf`]: a recycled
+    /// one when there is one, so a driver can have its sender write a datagram straight into
+    /// the buffer the fabric will carry, without a copy.
+    fn buffer(&mut self, len: usize) -> Vec<u8> {
+        let mut b = self.pool.pop().unwrap_or_default();
+        b.resize(len, 0);
+        b
+    }
+
+    /// Hands a delivered payload buffer back for reuse.
+    fn recycle(&mut self, bytes: Vec<u8>) {
+        let pool = if bytes.capacity() < SMALL_BUFFER {
+            &mut self.small_pool
+        } else {
+            &mut self.pool
+        };
+        if pool.len() < POOL_MAX && bytes.capacity() > 0 {
+            pool.push(bytes);
+        }
+    }
+
     /// When the next packet reaches a node (a switch or a host), or `None` if the fabric is
     /// empty.
-    pub fn next_event(&self) -> Option<Timestamp> {
-        self.heads.peek().map(|e| Timestamp::from_nanos(e.at))
+    fn next_event(&self) -> Option<Timestamp> {
+        self.heads.peek_at().map(Timestamp::from_nanos)
     }
 
     /// Runs the fabric up to `now` and returns the next datagram that reached a host at or
     /// before `now`, earliest first (ties in queueing order), or `None` once none is due.
-    pub fn poll_deliver(&mut self, now: Timestamp) -> Option<Delivery> {
+    fn poll_deliver(&mut self, now: Timestamp) -> Option<Delivery> {
         let now = now.as_nanos();
-        while self.heads.peek().is_some_and(|e| e.at <= now) {
-            let head = self.heads.pop()?;
-            let port = &mut self.ports[(head.lane / 2) as usize];
-            let lane = &mut port.lanes[(head.lane % 2) as usize];
+        while let Some((_, lane_id)) = self.heads.pop_due(now) {
+            let port = &mut self.ports[(lane_id / 2) as usize];
+            let lane = &mut port.lanes[(lane_id % 2) as usize];
             let Some(ev) = lane.pop_front() else {
                 continue;
             };
             if let Some(next) = lane.front() {
-                self.heads.push(Head {
-                    at: next.at,
-                    seq: next.seq,
-                    lane: head.lane,
-                });
+                self.heads.push_seq(next.at, next.seq, lane_id);
             }
             let node = port.to as usize;
             if let NodeKind::Host(h) = self.kinds[node] {
@@ -982,6 +1033,7 @@ impl Fabric {
                 self.stats.delivered += 1;
                 return Some(Delivery {
                     host: h,
+                    to: self.host_addrs[h.0 as usize],
                     meta: RecvMeta {
                         src: pkt.src,
                         len: pkt.bytes.len(),
@@ -1011,105 +1063,32 @@ impl Fabric {
         None
     }
 
-    /// Queues packet `slot` at `port` at time `at` (ns); false if it was dropped.
-    fn enqueue(&mut self, at: u64, port_idx: u32, slot: u32) -> bool {
-        let port = &mut self.ports[port_idx as usize];
-        if port.cfg.blackhole {
-            port.stats.blackholed += 1;
-            self.stats.blackholed += 1;
-            self.free(slot);
-            return false;
-        }
-        if port.cfg.loss > 0.0 && unit(splitmix64(&mut port.rng)) < port.cfg.loss {
-            port.stats.lost += 1;
-            self.stats.lost += 1;
-            self.free(slot);
-            return false;
-        }
-        if port.ps_per_byte == u64::MAX {
-            port.ps_per_byte = ps_per_byte(port.cfg.bandwidth_bps);
-        }
-        self.stats.hops += 1;
-        port.drain(at);
-        let pkt = &mut self.pkts[slot as usize];
-        let wire = pkt.bytes.len() + self.overhead as usize;
-        let full = port.cfg.bandwidth_bps == 0 || port.queued + wire > port.cfg.queue_bytes;
-        if full {
-            if !port.cfg.trim
-                || port.cfg.bandwidth_bps == 0
-                || pkt.bytes.len() <= TRIM_PAYLOAD_BYTES
-            {
-                port.stats.drops += 1;
-                self.stats.drops += 1;
-                self.free(slot);
-                return false;
-            }
-            // Trim: the stub skips the queue in the priority lane.
-            pkt.bytes.truncate(TRIM_PAYLOAD_BYTES);
-            let wire = (TRIM_PAYLOAD_BYTES + self.overhead as usize) as u64;
-            let done = port.transmit(at, wire, true);
-            port.stats.trimmed += 1;
-            port.stats.packets += 1;
-            port.stats.bytes += wire;
-            self.stats.trimmed += 1;
-            let arrive = done.saturating_add(port.cfg.prop_delay_ns);
-            if let Some(s) = &mut self.series {
-                s.bucket(port_idx, done).bytes += wire;
-            }
-            self.push_event(port_idx, true, arrive, slot);
-            return true;
-        }
-        let ahead = port.queued;
-        if matches!(pkt.ecn, Ecn::Ect0 | Ecn::Ect1)
-            && (port.cfg.ecn_threshold_bytes.is_some_and(|k| ahead > k)
-                || port.cfg.ce_mark > 0.0 && unit(splitmix64(&mut port.rng)) < port.cfg.ce_mark)
-        {
-            pkt.ecn = Ecn::Ce;
-            port.stats.ecn_marks += 1;
-            self.stats.ecn_marks += 1;
-        }
-        let done = port.transmit(at, wire as u64, false);
-        port.fifo.push_back((done, wire as u32));
-        port.queued += wire;
-        port.stats.packets += 1;
-        port.stats.bytes += wire as u64;
-        port.stats.queue_seen_sum += ahead as u64;
-        port.stats.max_queue_bytes = port.stats.max_queue_bytes.max(port.queued);
-        let queued = port.queued;
-        let arrive = done.saturating_add(port.cfg.prop_delay_ns);
-        if let Some(s) = &mut self.series {
-            s.bucket(port_idx, done).bytes += wire as u64;
-            let b = s.bucket(port_idx, at);
-            b.max_queue_bytes = b.max_queue_bytes.max(queued as u32);
-        }
-        self.push_event(port_idx, false, arrive, slot);
+    /// Packets inside the fabric (queued or on a link).
+    fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// Fabric-wide counters.
+    fn stats(&self) -> &FabricStats {
+        &self.stats
+    }
+
+    fn has_nic_queues(&self) -> bool {
         true
     }
 
-    /// Puts packet `pkt` on the link of `port` (its priority lane if `prio`), to arrive at
-    /// the next node at `at`. A lane is FIFO: its arrival times never decrease (a packet
-    /// never overtakes another on the same link), so one heap entry per lane suffices.
-    fn push_event(&mut self, port: u32, prio: bool, at: u64, pkt: u32) {
-        let seq = self.next_seq;
-        self.next_seq += 1;
-        let lane_id = port * 2 + u32::from(prio);
-        let lane = &mut self.ports[port as usize].lanes[usize::from(prio)];
-        let at = lane.back().map_or(at, |last| at.max(last.at));
-        lane.push_back(Arrival { at, seq, pkt });
-        if lane.len() == 1 {
-            self.heads.push(Head {
-                at,
-                seq,
-                lane: lane_id,
-            });
-        }
+    /// Wire bytes queued at host `h`'s NIC at `now` (the frame being sent included).
+    fn nic_backlog_bytes(&mut self, h: HostId, now: Timestamp) -> usize {
+        let port = &mut self.ports[self.host_port[h.0 as usize] as usize];
+        port.backlog.drain(now.as_nanos());
+        port.backlog.queued()
     }
 
-    fn free(&mut self, slot: u32) {
-        let bytes = std::mem::take(&mut self.pkts[slot as usize].bytes);
-        self.recycle(bytes);
-        self.free_pkts.push(slot);
-        self.in_flight -= 1;
+    /// The earliest time at or after `now` when host `h`'s NIC will hold fewer than
+    /// `below_bytes` wire bytes, if nothing more is sent.
+    fn nic_drained_at(&self, h: HostId, now: Timestamp, below_bytes: usize) -> Timestamp {
+        let port = &self.ports[self.host_port[h.0 as usize] as usize];
+        Timestamp::from_nanos(port.backlog.drained_at(now.as_nanos(), below_bytes))
     }
 }
 
@@ -1136,10 +1115,8 @@ struct Port {
     free_at_ps: u64,
     /// When the priority lane (trimmed stubs) is free, ps.
     prio_free_at_ps: u64,
-    /// Queued packets: `(done_at_ns, wire_bytes)`, oldest first.
-    fifo: VecDeque<(u64, u32)>,
-    /// Sum of the wire bytes in `fifo`.
-    queued: usize,
+    /// Queued packets, in wire bytes.
+    backlog: Backlog,
     /// Packets sent (or being sent) on the link and not yet arrived at the next node, in
     /// arrival order: the data lane and the priority lane of trimmed stubs.
     lanes: [VecDeque<Arrival>; 2],
@@ -1148,17 +1125,6 @@ struct Port {
 }
 
 impl Port {
-    /// Forgets the packets fully sent by `now_ns`.
-    fn drain(&mut self, now_ns: u64) {
-        while let Some(&(done, len)) = self.fifo.front() {
-            if done > now_ns {
-                break;
-            }
-            self.fifo.pop_front();
-            self.queued -= len as usize;
-        }
-    }
-
     /// Serializes `wire_bytes` in the data lane (or the priority lane) starting no earlier
     /// than `at_ns`; returns when the last bit has left, ns (rounded up).
     fn transmit(&mut self, at_ns: u64, wire_bytes: u64, prio: bool) -> u64 {
@@ -1205,36 +1171,6 @@ struct Arrival {
     pkt: u32,
 }
 
-/// The first packet of a port lane (`lane = port * 2 + prio`). Ordered so that `BinaryHeap`
-/// (a max-heap) pops the earliest `(at, seq)` first: lanes are sorted, so merging their heads
-/// by `(at, seq)` processes every packet in global `(time, queueing order)`.
-#[derive(Debug, Clone, Copy)]
-struct Head {
-    at: u64,
-    seq: u64,
-    lane: u32,
-}
-
-impl PartialEq for Head {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.seq) == (other.at, other.seq)
-    }
-}
-
-impl Eq for Head {}
-
-impl PartialOrd for Head {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Head {
-    fn cmp(&self, other: &Self) -> Ordering {
-        (other.at, other.seq).cmp(&(self.at, self.seq))
-    }
-}
-
 fn gbps_to_bps(gbps: f64) -> u64 {
     if gbps.is_finite() && gbps > 0.0 {
         (gbps * 1e9).round() as u64
@@ -1264,24 +1200,6 @@ fn hash_5tuple(src: SocketAddr, dst: SocketAddr) -> u64 {
     let mut h = mix64(ip(src) ^ 0x5851_F42D_4C95_7F2D);
     h = mix64(h ^ ip(dst));
     mix64(h ^ (u64::from(src.port()) << 32 | u64::from(dst.port()) << 16 | 17))
-}
-
-/// A strong 64-bit mixer (the splitmix64 finalizer).
-fn mix64(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
-/// One step of splitmix64.
-fn splitmix64(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    mix64(*state)
-}
-
-/// A uniform float in `[0, 1)` from 53 random bits.
-fn unit(r: u64) -> f64 {
-    (r >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
 }
 
 #[cfg(test)]

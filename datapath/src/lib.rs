@@ -15,6 +15,7 @@ pub mod bpf;
 #[cfg(test)]
 mod conformance;
 pub mod fabric;
+pub mod net;
 pub mod sim;
 pub mod udp;
 pub mod uring;

@@ -18,6 +18,10 @@
 //! its drop-tail queue, (ECN marking: a later addition), corruption, then the propagation
 //! delay plus jitter and possibly a reordering delay, and finally duplication.
 //!
+//! [`SimNet`] is the per-path-links topology of the [`Network`] trait (the other is the
+//! leaf-spine [`Fabric`](crate::fabric::Fabric)); its own methods name hosts by address, the
+//! trait's by [`HostId`] (numbered in the order [`SimNet::add_host`] first saw them).
+//!
 //! Drive it like this:
 //!
 //! ```
@@ -37,14 +41,16 @@
 //! assert_eq!((d.to, d.meta.src.port(), &d.bytes[..]), (b, 4791 + 1 + 3, &b"hi"[..]));
 //! ```
 
-use std::cmp::Ordering;
-use std::collections::{BTreeMap, BinaryHeap, VecDeque};
+use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 
 use braid_time::Timestamp;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 
+pub use crate::net::Delivery;
+use crate::net::rng::{fires, splitmix64, unit};
+use crate::net::{Backlog, EventQueue, HostId, Network};
 use crate::{Ecn, RecvMeta, Transmit};
 
 /// The knobs of one link. Probabilities are in `0.0..=1.0`: values at or below 0 (or NaN)
@@ -99,17 +105,6 @@ impl Default for LinkConfig {
     }
 }
 
-/// One datagram arriving at a host.
-#[derive(Debug, Clone)]
-pub struct Delivery {
-    /// The receiving host's address (the `dest` it was sent to).
-    pub to: SocketAddr,
-    /// Source (sender IP, source port of the path), length and ECN codepoint.
-    pub meta: RecvMeta,
-    /// The payload, possibly corrupted on the way.
-    pub bytes: Vec<u8>,
-}
-
 /// Counters of one link, or of the whole network.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LinkStats {
@@ -133,7 +128,8 @@ pub struct LinkStats {
     pub unknown_dest: u64,
 }
 
-/// Network-wide totals plus per-link counters.
+/// Network-wide totals plus per-link counters. The totals are a [`LinkStats`] too, and the
+/// fields of [`SimStats::totals`] read directly (`stats.lost`) through `Deref`.
 ///
 /// Every packet sent is eventually delivered or counted once as lost, blackholed,
 /// queue-dropped or unknown-destination; duplicates add copies:
@@ -141,26 +137,18 @@ pub struct LinkStats {
 /// in_flight`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SimStats {
-    /// Packets handed to [`SimNet::send`].
-    pub sent: u64,
-    /// Copies delivered by [`SimNet::poll_deliver`] (duplicates included).
-    pub delivered: u64,
-    /// Packets dropped by random loss.
-    pub lost: u64,
-    /// Packets dropped because their link was black-holed.
-    pub blackholed: u64,
-    /// Extra copies created.
-    pub duplicated: u64,
-    /// Packets with a flipped bit.
-    pub corrupted: u64,
-    /// Packets given the extra reordering delay.
-    pub reordered: u64,
-    /// Packets dropped at the tail of a full bottleneck queue.
-    pub queue_drops: u64,
-    /// Packets addressed to no known host, dropped.
-    pub unknown_dest: u64,
+    /// The counters summed over every link.
+    pub totals: LinkStats,
     /// The same counters per link, keyed by `(sending host, path)`.
     pub links: BTreeMap<(SocketAddr, u16), LinkStats>,
+}
+
+impl std::ops::Deref for SimStats {
+    type Target = LinkStats;
+
+    fn deref(&self) -> &LinkStats {
+        &self.totals
+    }
 }
 
 impl SimStats {
@@ -170,20 +158,24 @@ impl SimStats {
     }
 
     fn bump(&mut self, key: LinkKey, counter: Counter) {
-        let link = self.links.entry(key).or_default();
-        let (total, per_link) = match counter {
-            Counter::Sent => (&mut self.sent, &mut link.sent),
-            Counter::Delivered => (&mut self.delivered, &mut link.delivered),
-            Counter::Lost => (&mut self.lost, &mut link.lost),
-            Counter::Blackholed => (&mut self.blackholed, &mut link.blackholed),
-            Counter::Duplicated => (&mut self.duplicated, &mut link.duplicated),
-            Counter::Corrupted => (&mut self.corrupted, &mut link.corrupted),
-            Counter::Reordered => (&mut self.reordered, &mut link.reordered),
-            Counter::QueueDrops => (&mut self.queue_drops, &mut link.queue_drops),
-            Counter::UnknownDest => (&mut self.unknown_dest, &mut link.unknown_dest),
-        };
-        *total += 1;
-        *per_link += 1;
+        *self.totals.counter(counter) += 1;
+        *self.links.entry(key).or_default().counter(counter) += 1;
+    }
+}
+
+impl LinkStats {
+    fn counter(&mut self, counter: Counter) -> &mut u64 {
+        match counter {
+            Counter::Sent => &mut self.sent,
+            Counter::Delivered => &mut self.delivered,
+            Counter::Lost => &mut self.lost,
+            Counter::Blackholed => &mut self.blackholed,
+            Counter::Duplicated => &mut self.duplicated,
+            Counter::Corrupted => &mut self.corrupted,
+            Counter::Reordered => &mut self.reordered,
+            Counter::QueueDrops => &mut self.queue_drops,
+            Counter::UnknownDest => &mut self.unknown_dest,
+        }
     }
 }
 
@@ -194,13 +186,14 @@ pub struct SimNet {
     seed: u64,
     /// ChaCha key derived from `seed`; each link uses its own stream under it.
     rng_key: [u8; 32],
-    /// Known hosts and the number of paths each declared.
-    hosts: BTreeMap<SocketAddr, u16>,
+    /// Known hosts: the number of paths each declared, and its id.
+    hosts: BTreeMap<SocketAddr, (u16, HostId)>,
+    /// Host addresses by id.
+    addrs: Vec<SocketAddr>,
     default_link: LinkConfig,
     links: BTreeMap<LinkKey, Link>,
-    /// Packets on the wire, earliest `(deliver_at, seq)` first.
-    pending: BinaryHeap<Pending>,
-    next_seq: u64,
+    /// Packets on the wire, earliest first.
+    pending: EventQueue<(LinkKey, Delivery)>,
     stats: SimStats,
 }
 
@@ -216,10 +209,10 @@ impl SimNet {
             seed,
             rng_key,
             hosts: BTreeMap::new(),
+            addrs: Vec::new(),
             default_link: LinkConfig::default(),
             links: BTreeMap::new(),
-            pending: BinaryHeap::new(),
-            next_seq: 0,
+            pending: EventQueue::new(),
             stats: SimStats::default(),
         }
     }
@@ -232,18 +225,28 @@ impl SimNet {
     /// Adds (or re-declares) a host that receives at `addr` and sends on `paths` paths;
     /// path `p` sends from port `addr.port() + 1 + p` (wrapping). A host may still send on
     /// a path index of `paths` or more: that is simply one more link.
-    pub fn add_host(&mut self, addr: SocketAddr, paths: u16) {
-        self.hosts.insert(addr, paths);
+    ///
+    /// Returns the host's id: the next one for a new address, the same one for a re-declared
+    /// address.
+    pub fn add_host(&mut self, addr: SocketAddr, paths: u16) -> HostId {
+        let next = HostId(self.addrs.len() as u32);
+        let entry = self.hosts.entry(addr).or_insert((paths, next));
+        entry.0 = paths;
+        if entry.1 == next {
+            self.addrs.push(addr);
+        }
+        entry.1
     }
 
     /// The number of paths `addr` declared, or `None` if it is not a host.
     pub fn host_paths(&self, addr: SocketAddr) -> Option<u16> {
-        self.hosts.get(&addr).copied()
+        self.hosts.get(&addr).map(|h| h.0)
     }
 
-    /// The source address of packets host `from` sends on `path`.
+    /// The source address of packets host `from` sends on `path` (see
+    /// [`net::path_source`](crate::net::path_source)).
     pub fn path_source(from: SocketAddr, path: u16) -> SocketAddr {
-        SocketAddr::new(from.ip(), from.port().wrapping_add(1).wrapping_add(path))
+        crate::net::path_source(from, path)
     }
 
     /// Sets the config of every link not configured with [`set_link`](Self::set_link) or
@@ -280,7 +283,7 @@ impl SimNet {
     }
 
     /// Puts `t` on the link host `from` sends on `t.path`. A packet to an address that is
-    /// not a host is dropped and counted in [`SimStats::unknown_dest`].
+    /// not a host is dropped and counted in [`LinkStats::unknown_dest`] (of [`SimNet::stats`]).
     pub fn send(&mut self, now: Timestamp, from: SocketAddr, t: &Transmit<'_>) {
         let key = (from, t.path);
         let SimNet {
@@ -289,7 +292,6 @@ impl SimNet {
             default_link,
             links,
             pending,
-            next_seq,
             stats,
             ..
         } = self;
@@ -300,10 +302,10 @@ impl SimNet {
         let draws = Draws::new(&mut link.rng);
         stats.bump(key, Counter::Sent);
 
-        if !hosts.contains_key(&t.dest) {
+        let Some(&(_, host)) = hosts.get(&t.dest) else {
             stats.bump(key, Counter::UnknownDest);
             return;
-        }
+        };
         if cfg.blackhole {
             stats.bump(key, Counter::Blackholed);
             return;
@@ -354,19 +356,13 @@ impl SimNet {
             (at, bytes.clone())
         });
         let mut push = |at: Timestamp, bytes: Vec<u8>| {
-            let seq = *next_seq;
-            *next_seq = next_seq.wrapping_add(1);
             let delivery = Delivery {
+                host,
                 to: t.dest,
                 meta,
                 bytes,
             };
-            pending.push(Pending {
-                at,
-                seq,
-                link: key,
-                delivery,
-            });
+            pending.push(at.as_nanos(), (key, delivery));
         };
         push(deliver_at, bytes);
         if let Some((at, copy)) = duplicate {
@@ -377,18 +373,15 @@ impl SimNet {
 
     /// When the earliest packet on the wire arrives, or `None` if none is.
     pub fn next_event(&self) -> Option<Timestamp> {
-        self.pending.peek().map(|p| p.at)
+        self.pending.peek_at().map(Timestamp::from_nanos)
     }
 
     /// The next packet due at or before `now`, earliest first (ties in the order they were
     /// put on the wire), or `None` if nothing is due.
     pub fn poll_deliver(&mut self, now: Timestamp) -> Option<Delivery> {
-        if self.pending.peek()?.at > now {
-            return None;
-        }
-        let p = self.pending.pop()?;
-        self.stats.bump(p.link, Counter::Delivered);
-        Some(p.delivery)
+        let (_, (link, delivery)) = self.pending.pop_due(now.as_nanos())?;
+        self.stats.bump(link, Counter::Delivered);
+        Some(delivery)
     }
 
     /// Packets (and duplicates) on the wire, not yet delivered.
@@ -399,6 +392,55 @@ impl SimNet {
     /// Counters since the network was created.
     pub fn stats(&self) -> &SimStats {
         &self.stats
+    }
+
+    /// The id of the host that receives at `addr`.
+    pub fn host_id(&self, addr: SocketAddr) -> Option<HostId> {
+        self.hosts.get(&addr).map(|h| h.1)
+    }
+}
+
+/// The per-path-links topology. A datagram to an unknown address is not accepted; every
+/// other one is (it may still be lost on its link).
+impl Network for SimNet {
+    type Stats = SimStats;
+
+    fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    fn hosts(&self) -> usize {
+        self.addrs.len()
+    }
+
+    fn host_addr(&self, h: HostId) -> SocketAddr {
+        self.addrs[h.0 as usize]
+    }
+
+    fn host_by_addr(&self, addr: SocketAddr) -> Option<HostId> {
+        self.host_id(addr)
+    }
+
+    fn send(&mut self, now: Timestamp, from: HostId, t: &Transmit<'_>) -> bool {
+        let addr = self.addrs[from.0 as usize];
+        SimNet::send(self, now, addr, t);
+        self.hosts.contains_key(&t.dest)
+    }
+
+    fn next_event(&self) -> Option<Timestamp> {
+        SimNet::next_event(self)
+    }
+
+    fn poll_deliver(&mut self, now: Timestamp) -> Option<Delivery> {
+        SimNet::poll_deliver(self, now)
+    }
+
+    fn in_flight(&self) -> usize {
+        SimNet::in_flight(self)
+    }
+
+    fn stats(&self) -> &SimStats {
+        SimNet::stats(self)
     }
 }
 
@@ -418,10 +460,8 @@ struct Link {
 struct Bottleneck {
     /// When the bottleneck finishes serializing the last accepted packet.
     free_at: Timestamp,
-    /// Accepted packets not yet serialized: `(done_at, payload_bytes)`, oldest first.
-    queue: VecDeque<(Timestamp, usize)>,
-    /// Sum of the payload bytes in `queue`.
-    queued_bytes: usize,
+    /// Accepted packets not yet serialized, in payload bytes.
+    queue: Backlog,
 }
 
 impl Bottleneck {
@@ -435,25 +475,15 @@ impl Bottleneck {
         bandwidth_bps: u64,
         queue_bytes: usize,
     ) -> Option<(Timestamp, usize)> {
-        while let Some(&(done_at, bytes)) = self.queue.front() {
-            if done_at > now {
-                break;
-            }
-            self.queue.pop_front();
-            self.queued_bytes = self.queued_bytes.saturating_sub(bytes);
-        }
-        if self.queue.is_empty() {
-            self.queued_bytes = 0;
-        }
-        if bandwidth_bps == 0 || self.queued_bytes.saturating_add(len) > queue_bytes {
+        self.queue.drain(now.as_nanos());
+        let ahead = self.queue.queued();
+        if bandwidth_bps == 0 || ahead.saturating_add(len) > queue_bytes {
             return None;
         }
-        let ahead = self.queued_bytes;
         let start = now.max(self.free_at);
         let done_at = start.add_nanos(serialization_ns(len, bandwidth_bps));
         self.free_at = done_at;
-        self.queue.push_back((done_at, len));
-        self.queued_bytes += len;
+        self.queue.push(done_at.as_nanos(), len);
         Some((done_at, ahead))
     }
 }
@@ -515,16 +545,6 @@ impl Draws {
     }
 }
 
-/// Whether an event of probability `p` fires, given a uniform draw `u` in `[0, 1)`.
-fn fires(u: f64, p: f64) -> bool {
-    u < p
-}
-
-/// A uniform float in `[0, 1)` from 53 random bits.
-fn unit(r: u64) -> f64 {
-    (r >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
-}
-
 /// A uniform integer in `0..=max` from a random `r` (multiply-shift, no modulo bias worth
 /// noting for simulation).
 fn uniform(r: u64, max: u64) -> u64 {
@@ -555,15 +575,6 @@ fn link_hash((addr, path): LinkKey) -> u64 {
     h
 }
 
-/// One step of splitmix64, to expand the seed into a ChaCha key.
-fn splitmix64(state: &mut u64) -> u64 {
-    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    let mut z = *state;
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
-}
-
 #[derive(Copy, Clone, Debug)]
 enum Counter {
     Sent,
@@ -575,36 +586,6 @@ enum Counter {
     Reordered,
     QueueDrops,
     UnknownDest,
-}
-
-/// A packet on the wire. Ordered so that `BinaryHeap` (a max-heap) pops the earliest
-/// `(at, seq)` first.
-#[derive(Debug)]
-struct Pending {
-    at: Timestamp,
-    seq: u64,
-    link: LinkKey,
-    delivery: Delivery,
-}
-
-impl PartialEq for Pending {
-    fn eq(&self, other: &Self) -> bool {
-        (self.at, self.seq) == (other.at, other.seq)
-    }
-}
-
-impl Eq for Pending {}
-
-impl PartialOrd for Pending {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Pending {
-    fn cmp(&self, other: &Self) -> Ordering {
-        (other.at, other.seq).cmp(&(self.at, self.seq))
-    }
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@
 //! delivery or an engine timer), delivers, runs timers, and moves every datagram the engines
 //! emit into the network. The same seed gives the same run, so a failing test prints its seed
 //! and can be replayed.
+pub mod sim;
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;

@@ -1,11 +1,11 @@
-//! Real engines on a simulated leaf-spine fabric (`braid_bench::fabric` over
+//! Real engines on a simulated leaf-spine fabric (`braid::testing::sim::fabric` over
 //! `braid_datapath::fabric`): snapshot tables of a handful of scenarios, so a change that moves
 //! goodput, completion times, retransmits or queues shows up as a table diff; and the
 //! behaviours the fabric report relies on: runs replay from their seed, switch queues stay
 //! within their limit, Swift keeps an incast's queue well below it, and spraying beats a
 //! single ECMP path. Replay a scenario with `BRAID_SEED=<seed>`.
 use braid::datapath::fabric::LeafSpine;
-use braid_bench::fabric::{Mode, Report, Scenario, Workload, run};
+use braid::testing::sim::fabric::{Mode, Report, Scenario, Workload, run};
 
 use crate::support::seed;
 
