@@ -910,7 +910,7 @@ impl Sim {
             if batch == 0 {
                 self.hosts[h]
                     .ep
-                    .handle_datagram(now, d.meta.src, d.meta.ecn as u8, &d.bytes);
+                    .handle_datagram(now, d.meta.src, d.meta.ecn.to_bits(), &d.bytes);
                 self.fabric.recycle(d.bytes);
                 self.mark(h);
                 continue;
@@ -960,7 +960,7 @@ impl Sim {
             host.rx_due = None;
             for d in host.rx.drain(..) {
                 host.ep
-                    .handle_datagram(now, d.meta.src, d.meta.ecn as u8, &d.bytes);
+                    .handle_datagram(now, d.meta.src, d.meta.ecn.to_bits(), &d.bytes);
                 self.fabric.recycle(d.bytes);
             }
         }

@@ -614,7 +614,7 @@ impl SendScratch {
                     Family::V4 => (libc::IPPROTO_IP, libc::IP_TOS),
                     Family::V6 => (libc::IPPROTO_IPV6, libc::IPV6_TCLASS),
                 };
-                let value = libc::c_int::from(t.ecn as u8);
+                let value = libc::c_int::from(t.ecn.to_bits());
                 // SAFETY: `hdr` points at a zeroed, cmsghdr-aligned control buffer of
                 // SEND_CONTROL_BYTES, which holds CMSG_SPACE(sizeof(int)) = 24 bytes, so
                 // CMSG_FIRSTHDR is non-null and the header and int fit inside it.

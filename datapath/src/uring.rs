@@ -1162,7 +1162,7 @@ impl Tx {
             write_send_control(
                 &mut hdr,
                 &mut self.control[ops],
-                tos.map(|(level, kind)| (level, kind, t.ecn as u8)),
+                tos.map(|(level, kind)| (level, kind, t.ecn.to_bits())),
                 segment,
             );
             self.hdrs[ops] = hdr;
