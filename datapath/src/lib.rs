@@ -16,6 +16,7 @@ pub mod bpf;
 mod conformance;
 pub mod fabric;
 pub mod sim;
+mod sys;
 pub mod udp;
 pub mod uring;
 pub mod xdp;
