@@ -367,13 +367,10 @@ mod tests {
     /// In a private namespace, runs `f` with `lo` up and its index.
     fn in_private_netns(f: impl FnOnce(u32) + Send + 'static) {
         std::thread::spawn(move || {
-            // SAFETY: unshare affects only this thread's network namespace.
-            assert_eq!(
-                unsafe { libc::unshare(libc::CLONE_NEWNET) },
-                0,
-                "unshare: {}",
-                io::Error::last_os_error()
-            );
+            // SAFETY: unshare takes no pointers and affects only this thread's network
+            // namespace.
+            let r = unsafe { libc::unshare(libc::CLONE_NEWNET) };
+            assert_eq!(r, 0, "unshare: {}", io::Error::last_os_error());
             lo_up();
             f(ifindex("lo").expect("lo exists"));
         })
