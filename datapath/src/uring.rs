@@ -676,8 +676,8 @@ impl Rx {
         let cq_entries = 2 * u32::from(count) + 2 * RX_SQ_ENTRIES;
         // COOP_TASKRUN (Linux 5.19): the kernel does not interrupt the receiving thread with
         // an IPI for every arriving datagram; the work runs when the thread next enters the
-        // kernel or returns to user mode (waiting in `recv` wakes it as before). On this
-        // 2-core VM it took io_uring receive from ~0.76 to ~0.92 of recvmmsg's rate.
+        // kernel or returns to user mode (waiting in `recv` wakes it as before), which saves
+        // the receiver an interrupt per datagram (docs/design-notes.md, "COOP_TASKRUN").
         let ring = IoUring::builder()
             .setup_cqsize(cq_entries)
             .setup_coop_taskrun()
