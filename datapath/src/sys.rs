@@ -413,9 +413,12 @@ pub(crate) fn read_ecn(control: &[u8], msg_flags: libc::c_int) -> Ecn {
         // `cmsg_len` is a size_t on glibc and a socklen_t on musl.
         #[allow(clippy::unnecessary_cast)]
         let len = c.cmsg_len as usize;
-        let Some(data) = (len >= CMSG_HEADER_BYTES)
-            .then(|| control.get(at + CMSG_HEADER_BYTES..at + len))
-            .flatten()
+        // A message must hold its header and end inside the area; after this check
+        // `at + len <= control.len()`, so the advance below cannot overflow.
+        let Some(data) = at
+            .checked_add(len)
+            .filter(|_| len >= CMSG_HEADER_BYTES)
+            .and_then(|end| control.get(at + CMSG_HEADER_BYTES..end))
         else {
             break;
         };
@@ -671,6 +674,15 @@ mod tests {
         for cut in 0..used {
             let _ = read_ecn(&c.bytes(used)[..cut], 0);
         }
+        // A good first message, then one whose length would run past the end of memory: the
+        // first one's codepoint stands.
+        let used = c
+            .write_send(Some((Family::V4, Ecn::Ect1)), Some(1400))
+            .unwrap();
+        let mut bytes = c.bytes(used).to_vec();
+        let second = cmsg_space(4);
+        bytes[second..second + mem::size_of::<usize>()].copy_from_slice(&usize::MAX.to_ne_bytes());
+        assert_eq!(read_ecn(&bytes, 0), Ecn::Ect1);
     }
 
     #[test]
