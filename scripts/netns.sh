@@ -30,7 +30,7 @@ usage: scripts/netns.sh COMMAND ...   (as root)
 Run commands inside with `ip netns exec NAME-ha ...` (e.g. braid-perf or iperf3).
 
 Loss, ECN marking and black holes are not available here: this kernel has no netem qdisc, so
-they come from an XDP program (braid_datapath::bpf::netem) that only the Rust harness loads:
+they come from an XDP program (braid_netns::netem) that only the Rust harness loads:
 braid_netns::Testbed4::set_netem / blackhole / netem_counters. For a script, the braid-testbed
 binary (crate braid-netns) builds the same testbed with rates, loss and marking and holds it up
 (see bench/scripts/compare-testbed.sh).

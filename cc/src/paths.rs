@@ -30,9 +30,9 @@
 //!   `plb_ecn_threshold` of its ECN-reporting packets were marked, or more than
 //!   `plb_loss_threshold` of its packets were lost, or its mean delay exceeded the delay
 //!   target, *and* the path is an [outlier](PathSet::is_outlier) against the connection's
-//!   median: congestion all paths share would follow a path to any port (on the four-link
-//!   testbed's twin, re-pathing on shared delay moved a path every few milliseconds, often
-//!   onto the slow link, and the resulting stalls cost most of the retransmit timeouts).
+//!   median: congestion all paths share would follow a path to any port, so re-pathing on
+//!   it only moves paths around (onto worse links as often as better ones) and the moves
+//!   cost stalls (see `docs/design-notes.md`, "Re-pathing only outliers").
 //!   After `plb_rounds` consecutive congested rounds the path is queued for
 //!   re-pathing; [`PathSet::take_repath`] hands its index to the engine (which gives it a fresh
 //!   random source port) and resets its statistics.
@@ -67,11 +67,11 @@
 //! The per-sample median is what makes the split hold with many paths. The per-path outlier
 //! test needs a few samples on the same path, and a connection spraying over 256 source
 //! ports sees each one about once every 256 packets, so with many paths almost nothing is an
-//! outlier and raw samples reached the controller: on a 64-host leaf-spine under permutation
-//! traffic, 3–5% of a connection's packets crossed a transiently deep spine queue, and since
-//! Swift reacts to any one sample above target (once per round trip), that was enough for a
-//! decrease in every few round trips (40–50 per 32 MiB flow), although the other 95% of the
-//! packets saw no queue. The round trip's median sees those rare samples for what they are.
+//! outlier and raw samples would reach the controller. Swift reacts to any one sample above
+//! target (once per round trip), so the few packets that cross a transiently deep queue would
+//! cut the window every few round trips while the rest of the packets see no queue (see
+//! `docs/design-notes.md`, "The per-round-trip median"). The round trip's median sees those
+//! rare samples for what they are.
 //!
 //! Per-path windows (one controller per path) would be the alternative; they split an already
 //! small window N ways and make each path's controller learn from a trickle of samples, so
@@ -114,8 +114,8 @@ pub struct PathConfig {
     /// Weight penalty per unit of ECN fraction above the connection's (share-weighted) median.
     /// Default 50: 40% of the packets marked where most paths see none leaves about a
     /// twentieth of the health, so a marked link loses its traffic even when its queue is
-    /// shorter than the busy healthy links' (measured on the four-path testbed: 8 left it a
-    /// good share).
+    /// shorter than the busy healthy links' (a much smaller gain leaves it a good share; see
+    /// `docs/design-notes.md`, "The ECN penalty").
     pub k_ecn: f64,
     /// Weight penalty per unit of loss rate. Default 50: 2% loss halves the health.
     pub k_loss: f64,

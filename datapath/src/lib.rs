@@ -17,6 +17,7 @@ mod conformance;
 pub mod fabric;
 pub mod net;
 pub mod sim;
+mod sys;
 pub mod udp;
 pub mod uring;
 pub mod xdp;
@@ -24,32 +25,9 @@ pub mod xdp;
 /// The largest datagram any backend carries (UDP payload bytes).
 pub const MAX_DATAGRAM: usize = 65_507;
 
-/// ECN codepoint of an IP packet (the low two bits of the TOS byte).
-#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum Ecn {
-    /// Not ECN-capable transport.
-    #[default]
-    NotEct = 0b00,
-    /// ECN-capable, codepoint 1.
-    Ect1 = 0b01,
-    /// ECN-capable, codepoint 0.
-    Ect0 = 0b10,
-    /// Congestion experienced.
-    Ce = 0b11,
-}
-
-impl Ecn {
-    /// The codepoint in the low two bits of `tos`.
-    pub fn from_tos(tos: u8) -> Ecn {
-        match tos & 0b11 {
-            0b01 => Ecn::Ect1,
-            0b10 => Ecn::Ect0,
-            0b11 => Ecn::Ce,
-            _ => Ecn::NotEct,
-        }
-    }
-}
+/// ECN codepoint of an IP packet; it lives in `braid-time` so that crates without a datapath
+/// (the engine, congestion control) can name it too.
+pub use braid_time::Ecn;
 
 /// One datagram to send.
 #[derive(Debug, Clone, Copy)]

@@ -39,7 +39,7 @@
 use std::io;
 use std::mem;
 use std::net::SocketAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, RawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -49,7 +49,8 @@ use io_uring::types::{BufRingEntry, Fd, RecvMsgOut, SubmitArgs, Timespec};
 use io_uring::{IoUring, cqueue, opcode};
 use socket2::{Domain, Protocol, Socket, Type};
 
-use crate::udp::{self, Control, Family, MAX_PATHS, UdpConfig};
+use crate::sys::{self, Control, EventFd};
+use crate::udp::{self, MAX_PATHS, UdpConfig};
 use crate::{Datapath, Ecn, MAX_DATAGRAM, RecvBatch, RecvMeta, Transmit};
 
 /// Memory the receive buffer pool may take, in bytes (the pool is at most
@@ -140,7 +141,7 @@ pub struct UringDatapath {
     /// Where each socket is bound, same indexing as `sockets`.
     addrs: Vec<SocketAddr>,
     /// Written by `wake`, polled through the receive ring and drained by `recv`.
-    wake_fd: OwnedFd,
+    wake_fd: EventFd,
     /// Whether the sockets are IPv6 (possibly dual-stack) sockets.
     ipv6: bool,
     /// Whether runs of equal datagrams go out as one GSO send. Cleared for good when the
@@ -212,13 +213,7 @@ impl UringDatapath {
             sockets.push(socket);
             addrs.push(bound);
         }
-        // SAFETY: eventfd takes no pointers; the result is checked before use.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` is a freshly created descriptor that nothing else owns.
-        let wake_fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        let wake_fd = EventFd::new()?;
         rx.sock_fd = sockets[0].as_raw_fd();
         rx.wake_fd = wake_fd.as_raw_fd();
         let gso = supports_gso(&sockets[0]);
@@ -423,7 +418,7 @@ impl Datapath for UringDatapath {
                     revents: 0,
                 }];
                 // EINTR or a timeout lands back here and is handled by the next round.
-                let _ = udp::poll(&mut fds, Some(limit - waited));
+                let _ = sys::poll(&mut fds, Some(limit - waited));
             }
         }
     }
@@ -448,16 +443,7 @@ impl Datapath for UringDatapath {
     }
 
     fn wake(&self) {
-        let one = 1u64;
-        // SAFETY: writes the 8 bytes of `one`, which is live for the call. A full counter
-        // (EAGAIN) means a wake-up is already pending, so the result can be ignored.
-        let _ = unsafe {
-            libc::write(
-                self.wake_fd.as_raw_fd(),
-                (&one as *const u64).cast::<libc::c_void>(),
-                mem::size_of::<u64>(),
-            )
-        };
+        self.wake_fd.signal();
     }
 
     /// Hands each datagram to `f` straight out of the kernel-filled receive buffer, without
@@ -513,19 +499,7 @@ fn is_gso_refusal(code: i32) -> bool {
 
 /// Whether the kernel knows UDP GSO (Linux 4.18): it answers `getsockopt(UDP_SEGMENT)`.
 fn supports_gso(socket: &Socket) -> bool {
-    let mut value: libc::c_int = 0;
-    let mut len = mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: `value` and `len` are live and `len` holds the size of `value`.
-    let r = unsafe {
-        libc::getsockopt(
-            socket.as_raw_fd(),
-            SOL_UDP,
-            UDP_SEGMENT,
-            (&mut value as *mut libc::c_int).cast::<libc::c_void>(),
-            &mut len,
-        )
-    };
-    r == 0
+    sys::int_option(socket.as_raw_fd(), SOL_UDP, UDP_SEGMENT).is_ok()
 }
 
 /// `submit` that retries when interrupted or short of kernel memory for a moment.
@@ -702,8 +676,8 @@ impl Rx {
         let cq_entries = 2 * u32::from(count) + 2 * RX_SQ_ENTRIES;
         // COOP_TASKRUN (Linux 5.19): the kernel does not interrupt the receiving thread with
         // an IPI for every arriving datagram; the work runs when the thread next enters the
-        // kernel or returns to user mode (waiting in `recv` wakes it as before). On this
-        // 2-core VM it took io_uring receive from ~0.76 to ~0.92 of recvmmsg's rate.
+        // kernel or returns to user mode (waiting in `recv` wakes it as before), which saves
+        // the receiver an interrupt per datagram (docs/design-notes.md, "COOP_TASKRUN").
         let ring = IoUring::builder()
             .setup_cqsize(cq_entries)
             .setup_coop_taskrun()
@@ -740,8 +714,7 @@ impl Rx {
                 &e,
             )
         })?;
-        // SAFETY: msghdr is plain integers and pointers; all-zero is valid.
-        let mut msg: Box<libc::msghdr> = Box::new(unsafe { mem::zeroed() });
+        let mut msg: Box<libc::msghdr> = Box::new(sys::zeroed());
         msg.msg_namelen = RX_NAME_BYTES as libc::socklen_t;
         msg.msg_controllen = RX_CONTROL_BYTES as _;
         Ok(Rx {
@@ -908,7 +881,7 @@ impl Rx {
         }
         bufs.publish();
         if woken {
-            drain_eventfd(self.wake_fd);
+            sys::drain_eventfd(self.wake_fd);
         }
         if !self.recv_armed {
             // Re-arm now, with the buffers back, so the kernel fills them while the caller
@@ -989,32 +962,10 @@ fn parse_datagram<'a>(filled: &'a [u8], template: &libc::msghdr) -> Option<(Recv
     if out.is_payload_truncated() || out.is_name_data_truncated() {
         return None;
     }
-    let name = out.name_data();
-    // SAFETY: sockaddr_storage is plain integers; all-zero bytes are valid.
-    let mut storage: libc::sockaddr_storage = unsafe { mem::zeroed() };
-    let name_len = name.len().min(mem::size_of::<libc::sockaddr_storage>());
-    // SAFETY: copies `name_len` bytes, which fit both the source slice and the storage;
-    // the two do not overlap (one is on the stack, the other in the receive buffer).
-    unsafe {
-        std::ptr::copy_nonoverlapping(
-            name.as_ptr(),
-            (&mut storage as *mut libc::sockaddr_storage).cast::<u8>(),
-            name_len,
-        );
-    }
-    let src = udp::decode_addr(&storage, name_len as libc::socklen_t)?;
-    let control = out.control_data();
-    // SAFETY: msghdr is plain integers and pointers; all-zero is valid.
-    let mut hdr: libc::msghdr = unsafe { mem::zeroed() };
-    if !control.is_empty() {
-        // `read_ecn` only reads through this pointer, within `msg_controllen`. The control
-        // area starts RECVMSG_OUT_BYTES + RX_NAME_BYTES = 48 bytes into a 64-byte aligned
-        // buffer, so it is aligned for cmsghdr.
-        hdr.msg_control = control.as_ptr() as *mut libc::c_void;
-        hdr.msg_controllen = control.len() as _;
-    }
-    hdr.msg_flags = out.flags() as libc::c_int;
-    let ecn = udp::read_ecn(&hdr);
+    let src = sys::decode_addr_bytes(out.name_data())?;
+    // The control bytes are parsed by copying, so their alignment inside the buffer does
+    // not matter.
+    let ecn = sys::read_ecn(out.control_data(), out.flags() as libc::c_int);
     // `RecvMsgOut` lends the payload only for its own lifetime; take the same bytes from
     // `filled` instead: they follow the fixed-size header, name and control areas.
     let payload_len = out.payload_data().len();
@@ -1027,19 +978,6 @@ fn parse_datagram<'a>(filled: &'a [u8], template: &libc::msghdr) -> Option<(Recv
         },
         payload,
     ))
-}
-
-/// Empties the eventfd counter.
-fn drain_eventfd(fd: RawFd) {
-    let mut value = 0u64;
-    // SAFETY: reads at most 8 bytes into `value`, which is 8 bytes long and live.
-    let _ = unsafe {
-        libc::read(
-            fd,
-            (&mut value as *mut u64).cast::<libc::c_void>(),
-            mem::size_of::<u64>(),
-        )
-    };
 }
 
 /// The datagrams one send operation carries: `batch[start..start + count]`, on socket `fd`.
@@ -1075,18 +1013,12 @@ impl Tx {
             .setup_cqsize(2 * TX_SQ_ENTRIES as u32)
             .build(TX_SQ_ENTRIES as u32)
             .map_err(|e| unavailable("io_uring_setup", &e))?;
-        // SAFETY: msghdr is plain integers and pointers; all-zero is valid.
-        let hdr: libc::msghdr = unsafe { mem::zeroed() };
-        // SAFETY: iovec is a pointer and a length; all-zero is valid.
-        let iov: libc::iovec = unsafe { mem::zeroed() };
-        // SAFETY: sockaddr_storage is plain integers; all-zero is valid.
-        let addr: libc::sockaddr_storage = unsafe { mem::zeroed() };
         Ok(Tx {
             ring,
-            hdrs: vec![hdr; TX_SQ_ENTRIES],
-            iovs: vec![iov; TX_CHUNK],
-            addrs: vec![addr; TX_SQ_ENTRIES],
-            control: vec![Control([0; TX_CONTROL_BYTES]); TX_SQ_ENTRIES],
+            hdrs: vec![sys::zeroed(); TX_SQ_ENTRIES],
+            iovs: vec![sys::zeroed(); TX_CHUNK],
+            addrs: vec![sys::zeroed(); TX_SQ_ENTRIES],
+            control: vec![Control::new(); TX_SQ_ENTRIES],
             spans: vec![Span::default(); TX_SQ_ENTRIES],
             results: vec![0; TX_SQ_ENTRIES],
             done: Vec::new(),
@@ -1115,7 +1047,7 @@ impl Tx {
                 continue;
             }
             let t = &batch[i];
-            let Some((addr_len, family)) = udp::encode_addr(t.dest, dp.ipv6, &mut self.addrs[ops])
+            let Some((addr_len, family)) = sys::encode_addr(t.dest, dp.ipv6, &mut self.addrs[ops])
             else {
                 self.done[i] = true;
                 i += 1;
@@ -1148,23 +1080,20 @@ impl Tx {
                     iov_len: u.contents.len(),
                 };
             }
-            // SAFETY: msghdr is plain integers and pointers; all-zero is valid.
-            let mut hdr: libc::msghdr = unsafe { mem::zeroed() };
+            let mut hdr: libc::msghdr = sys::zeroed();
             hdr.msg_name = (&mut self.addrs[ops] as *mut libc::sockaddr_storage).cast();
             hdr.msg_namelen = addr_len;
             hdr.msg_iov = &mut self.iovs[slots];
             hdr.msg_iovlen = count as _;
-            let tos = (t.ecn != Ecn::NotEct).then_some(match family {
-                Family::V4 => (libc::IPPROTO_IP, libc::IP_TOS),
-                Family::V6 => (libc::IPPROTO_IPV6, libc::IPV6_TCLASS),
-            });
+            let tos = (t.ecn != Ecn::NotEct).then_some((family, t.ecn));
             let segment = (count > 1).then_some(seg as u16);
-            write_send_control(
-                &mut hdr,
-                &mut self.control[ops],
-                tos.map(|(level, kind)| (level, kind, t.ecn as u8)),
-                segment,
-            );
+            // TX_CONTROL_BYTES holds both messages, so this is never `None`; without the
+            // messages the datagram would still go out, only unmarked and unsegmented.
+            let used = self.control[ops].write_send(tos, segment).unwrap_or(0);
+            if used > 0 {
+                hdr.msg_control = self.control[ops].as_mut_ptr();
+                hdr.msg_controllen = used as _;
+            }
             self.hdrs[ops] = hdr;
             self.spans[ops] = Span {
                 start: i,
@@ -1210,51 +1139,6 @@ impl Tx {
         }
         Ok(())
     }
-}
-
-/// Points `hdr` at `control` and writes into it an ECN message (`tos`: level, type and
-/// codepoint) and a `UDP_SEGMENT` message (`segment`: GSO segment size), each if given.
-fn write_send_control(
-    hdr: &mut libc::msghdr,
-    control: &mut Control<TX_CONTROL_BYTES>,
-    tos: Option<(libc::c_int, libc::c_int, u8)>,
-    segment: Option<u16>,
-) {
-    if tos.is_none() && segment.is_none() {
-        return;
-    }
-    control.0.fill(0);
-    hdr.msg_control = control.0.as_mut_ptr().cast();
-    hdr.msg_controllen = TX_CONTROL_BYTES as _;
-    let mut used = 0;
-    // SAFETY: `hdr` points at a zeroed, cmsghdr-aligned control buffer of TX_CONTROL_BYTES
-    // = 48, which holds CMSG_SPACE(sizeof(int)) + CMSG_SPACE(sizeof(u16)) = 24 + 24 bytes.
-    // CMSG_FIRSTHDR is non-null; CMSG_NXTHDR after one message of CMSG_LEN(4) returns the
-    // header at offset 24, which with its 2 data bytes fits. Each write stays inside its
-    // message.
-    unsafe {
-        let mut cmsg = libc::CMSG_FIRSTHDR(hdr);
-        if let Some((level, kind, ecn)) = tos {
-            (*cmsg).cmsg_level = level;
-            (*cmsg).cmsg_type = kind;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(mem::size_of::<libc::c_int>() as u32) as _;
-            libc::CMSG_DATA(cmsg)
-                .cast::<libc::c_int>()
-                .write_unaligned(libc::c_int::from(ecn));
-            used += libc::CMSG_SPACE(mem::size_of::<libc::c_int>() as u32) as usize;
-            cmsg = libc::CMSG_NXTHDR(hdr, cmsg);
-        }
-        if let Some(size) = segment
-            && !cmsg.is_null()
-        {
-            (*cmsg).cmsg_level = SOL_UDP;
-            (*cmsg).cmsg_type = UDP_SEGMENT;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(mem::size_of::<u16>() as u32) as _;
-            libc::CMSG_DATA(cmsg).cast::<u16>().write_unaligned(size);
-            used += libc::CMSG_SPACE(mem::size_of::<u16>() as u32) as usize;
-        }
-    }
-    hdr.msg_controllen = used as _;
 }
 
 #[cfg(test)]

@@ -95,7 +95,7 @@ pub(super) fn write(frame: &mut [u8], h: &TxHeaders, payload: &[u8]) -> Option<u
     frame[field::ETH_SRC].copy_from_slice(&h.src_mac);
     frame[field::ETH_TYPE].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
     frame[field::IP_VER_IHL] = 0x45;
-    frame[field::IP_TOS] = h.ecn as u8;
+    frame[field::IP_TOS] = h.ecn.to_bits();
     frame[field::IP_LEN].copy_from_slice(&ip_len.to_be_bytes());
     frame[field::IP_ID].copy_from_slice(&h.ip_id.to_be_bytes());
     frame[field::IP_FRAG].copy_from_slice(&IP_FLAGS_DF.to_be_bytes());

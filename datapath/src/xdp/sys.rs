@@ -209,4 +209,4 @@ pub(super) fn eventfd_drain(fd: RawFd) {
 }
 
 /// `ppoll` with an optional timeout; the same wrapper the UDP datapath uses.
-pub(super) use crate::udp::poll;
+pub(super) use crate::sys::poll;

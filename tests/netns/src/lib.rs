@@ -3,7 +3,7 @@
 //!
 //! What it does not do: it never touches the root namespace's interfaces, routes or sysctls
 //! (everything is created inside namespaces it made), it has no netem (this kernel has none:
-//! loss and ECN marks come from [`braid_datapath::bpf::netem`], an XDP program), and it does
+//! loss and ECN marks come from [`netem`], an XDP program of its own), and it does
 //! not make a test pass without root. Call [`require_root`] first; under CI (the `CI`
 //! variable set) a missing privilege or a failed setup panics instead of skipping, so CI
 //! fails rather than silently passing.
@@ -34,8 +34,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, MutexGuard, Once};
 use std::time::Duration;
 
-pub use braid_datapath::bpf::NetemConfig;
-use braid_datapath::bpf::{self, Program, XdpLink, XdpMode, netem_counter};
+use braid_datapath::bpf::{self, Program, XdpLink, XdpMode};
+
+pub mod netem;
+pub use netem::NetemConfig;
+use netem::netem_counter;
 
 /// Where `ip netns add` puts the namespace handles.
 const NETNS_DIR: &str = "/var/run/netns";
@@ -938,20 +941,20 @@ impl Testbed4 {
         self.netem.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Attaches a [`bpf::netem`] fault injector for hostA → hostB traffic on path `path`
+    /// Attaches a [`netem::netem`] fault injector for hostA → hostB traffic on path `path`
     /// (XDP on routerR's ingress; native mode if the kernel takes it, else generic),
     /// replacing an earlier one. Counters carry over (see
     /// [`netem_counters`](Self::netem_counters)).
     pub fn set_netem(&self, path: usize, cfg: NetemConfig) -> io::Result<()> {
         Testbed4::check(path)?;
-        self.attach_netem(path, cfg, bpf::netem(cfg)?)
+        self.attach_netem(path, cfg, netem::netem(cfg)?)
     }
 
     /// Like [`set_netem`](Self::set_netem), but the program acts on every IPv4 packet (TCP
-    /// too, [`bpf::netem_ipv4`]), for kernel TCP and MPTCP baselines.
+    /// too, [`netem::netem_ipv4`]), for kernel TCP and MPTCP baselines.
     pub fn set_netem_ipv4(&self, path: usize, cfg: NetemConfig) -> io::Result<()> {
         Testbed4::check(path)?;
-        self.attach_netem(path, cfg, bpf::netem_ipv4(cfg)?)
+        self.attach_netem(path, cfg, netem::netem_ipv4(cfg)?)
     }
 
     fn attach_netem(&self, path: usize, cfg: NetemConfig, prog: bpf::Program) -> io::Result<()> {
@@ -1008,7 +1011,7 @@ impl Testbed4 {
                 // The attached program's run-time switch acts at the next packet; swapping
                 // programs would take a detach and an attach (tens of ms on a busy machine).
                 Some(a) if !a.cfg.blackhole => {
-                    bpf::set_netem_blackhole(&a.prog, on)?;
+                    netem::set_netem_blackhole(&a.prog, on)?;
                     a.switched = on;
                     return Ok(());
                 }

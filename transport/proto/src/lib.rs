@@ -9,6 +9,9 @@
 //! state machine ([`Endpoint`]), and optional per-connection authenticated encryption
 //! ([`seal`]). Congestion control is delegated to `braid-cc`.
 #![warn(missing_docs, unreachable_pub)]
+// The engine parses hostile bytes; it does so in safe code. The one exception is registering
+// caller memory ([`mem::Region::from_raw`]), allowed item by item in `mem.rs`.
+#![deny(unsafe_code)]
 
 mod coverage;
 pub mod endpoint;

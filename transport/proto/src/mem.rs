@@ -120,6 +120,7 @@ impl Region {
     /// writes, and stay so until the last clone of the returned `Arc` is dropped; and while
     /// any clone is alive, those words may only be accessed through this region or through
     /// other atomic operations (no plain loads or stores that could race with the network).
+    #[allow(unsafe_code)] // Memory registration: the engine's only unsafe code.
     pub unsafe fn from_raw(ptr: *mut u8, len: usize) -> Arc<Region> {
         if len == 0 {
             return Arc::new(Region {
@@ -342,6 +343,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(unsafe_code)] // Registers a test buffer through `from_raw`.
     fn raw_registration_respects_edges() {
         let mut backing = vec![0u64; 8];
         let base = backing.as_mut_ptr().cast::<u8>();

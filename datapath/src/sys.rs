@@ -1,0 +1,702 @@
+//! The socket system calls and control-message handling the UDP and io_uring backends share,
+//! behind a safe API: every `unsafe` block of the socket path lives here, each with the
+//! invariant that makes it sound.
+//!
+//! What it does not hold: the io_uring ring itself (its memory mappings, buffer ring and
+//! submissions stay in [`uring`](crate::uring)), AF_XDP or BPF.
+//!
+//! Control messages are written into and parsed out of byte buffers with explicit bounds
+//! checks instead of walking raw pointers with `CMSG_FIRSTHDR`/`CMSG_NXTHDR`, so a malformed
+//! or truncated control area from the kernel cannot make us read past it.
+
+use std::io;
+use std::marker::PhantomData;
+use std::mem;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+use crate::{Ecn, RecvMeta};
+
+/// C structs made only of integers, raw pointers and byte arrays, for which all-zero bytes
+/// are a valid value.
+///
+/// # Safety
+/// An implementor must be valid when zero-filled.
+pub(crate) unsafe trait Zeroable: Sized {}
+
+// SAFETY: all four are plain C structs of integers and raw pointers (null when zero).
+unsafe impl Zeroable for libc::msghdr {}
+// SAFETY: as above.
+unsafe impl Zeroable for libc::mmsghdr {}
+// SAFETY: as above.
+unsafe impl Zeroable for libc::iovec {}
+// SAFETY: as above.
+unsafe impl Zeroable for libc::sockaddr_storage {}
+// SAFETY: as above; musl's padding fields are integers too.
+unsafe impl Zeroable for libc::cmsghdr {}
+
+/// An all-zero `T`.
+pub(crate) fn zeroed<T: Zeroable>() -> T {
+    // SAFETY: `T: Zeroable` promises that all-zero bytes are a valid `T`.
+    unsafe { mem::zeroed() }
+}
+
+/// A nonblocking eventfd: the wake-up counter of a receive loop.
+#[derive(Debug)]
+pub(crate) struct EventFd(OwnedFd);
+
+impl EventFd {
+    /// A new nonblocking, close-on-exec eventfd with counter 0.
+    pub(crate) fn new() -> io::Result<Self> {
+        // SAFETY: eventfd takes no pointers; the result is checked before use.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a freshly created descriptor that nothing else owns.
+        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Adds one to the counter. A full counter (EAGAIN) means a wake-up is already pending,
+    /// so failures are ignored.
+    pub(crate) fn signal(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes the 8 bytes of `one`, which is live for the call.
+        let _ = unsafe {
+            libc::write(
+                self.0.as_raw_fd(),
+                one.as_ptr().cast::<libc::c_void>(),
+                one.len(),
+            )
+        };
+    }
+
+    /// Resets the counter to zero.
+    pub(crate) fn drain(&self) {
+        drain_eventfd(self.0.as_raw_fd());
+    }
+}
+
+impl AsRawFd for EventFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+}
+
+/// Empties the counter of the eventfd `fd` (a no-op on any other descriptor that has no
+/// 8 bytes to read; nothing but a local buffer is written).
+pub(crate) fn drain_eventfd(fd: RawFd) {
+    let mut value = [0u8; 8];
+    // SAFETY: reads at most 8 bytes into `value`, which is 8 bytes long and live.
+    let _ = unsafe { libc::read(fd, value.as_mut_ptr().cast::<libc::c_void>(), value.len()) };
+}
+
+/// `setsockopt(fd, level, name, &value)` with an `int` option value.
+pub(crate) fn set_int_option(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: libc::c_int,
+) -> io::Result<()> {
+    // SAFETY: passes a pointer to a live c_int and its exact size; the kernel only reads it.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&value as *const libc::c_int).cast::<libc::c_void>(),
+            mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// `getsockopt(fd, level, name)` of an `int` option.
+pub(crate) fn int_option(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+) -> io::Result<libc::c_int> {
+    let mut value: libc::c_int = 0;
+    let mut len = mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: `value` and `len` are live and `len` holds the size of `value`, so the kernel
+    // writes at most that many bytes.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            level,
+            name,
+            (&mut value as *mut libc::c_int).cast::<libc::c_void>(),
+            &mut len,
+        )
+    };
+    if r == 0 {
+        Ok(value)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// `ppoll` on `fds` for up to `timeout` (forever if `None`); returns the number of ready
+/// descriptors.
+pub(crate) fn poll(fds: &mut [libc::pollfd], timeout: Option<Duration>) -> io::Result<usize> {
+    let ts = timeout.map(|t| libc::timespec {
+        tv_sec: libc::time_t::try_from(t.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_nsec: libc::c_long::from(t.subsec_nanos()),
+    });
+    let ts_ptr = ts
+        .as_ref()
+        .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    // SAFETY: `fds` is a live, writable slice of `fds.len()` pollfds; `ts_ptr` is null or
+    // points at `ts`, which outlives the call; a null signal mask leaves the mask alone.
+    let r = unsafe {
+        libc::ppoll(
+            fds.as_mut_ptr(),
+            fds.len() as libc::nfds_t,
+            ts_ptr,
+            std::ptr::null(),
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r as usize)
+    }
+}
+
+/// Whether a destination goes out as IPv4 (TOS) or IPv6 (traffic class).
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    /// The (level, type) of the control message that sets the ECN bits for this family.
+    pub(crate) fn tos_message(self) -> (libc::c_int, libc::c_int) {
+        match self {
+            Family::V4 => (libc::IPPROTO_IP, libc::IP_TOS),
+            Family::V6 => (libc::IPPROTO_IPV6, libc::IPV6_TCLASS),
+        }
+    }
+}
+
+/// Writes `dest` into `out` in the form a socket of the given family accepts: IPv4
+/// addresses become v4-mapped on IPv6 sockets, v4-mapped ones become plain on IPv4 sockets.
+/// `None` if an IPv4 socket cannot reach `dest`.
+pub(crate) fn encode_addr(
+    dest: SocketAddr,
+    ipv6_socket: bool,
+    out: &mut libc::sockaddr_storage,
+) -> Option<(libc::socklen_t, Family)> {
+    let v4 = match dest {
+        SocketAddr::V4(a) => Some(a),
+        SocketAddr::V6(a) => a
+            .ip()
+            .to_ipv4_mapped()
+            .map(|ip| SocketAddrV4::new(ip, a.port())),
+    };
+    if !ipv6_socket {
+        let a = v4?;
+        let sin = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: a.port().to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(*a.ip()).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        // SAFETY: sockaddr_storage is large and aligned enough for any sockaddr type, and
+        // `out` is a live exclusive reference.
+        unsafe {
+            (out as *mut libc::sockaddr_storage)
+                .cast::<libc::sockaddr_in>()
+                .write(sin)
+        };
+        return Some((
+            mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            Family::V4,
+        ));
+    }
+    let (a6, family) = match dest {
+        SocketAddr::V4(a) => (
+            SocketAddrV6::new(a.ip().to_ipv6_mapped(), a.port(), 0, 0),
+            Family::V4,
+        ),
+        SocketAddr::V6(a) => (a, if v4.is_some() { Family::V4 } else { Family::V6 }),
+    };
+    let sin6 = libc::sockaddr_in6 {
+        sin6_family: libc::AF_INET6 as libc::sa_family_t,
+        sin6_port: a6.port().to_be(),
+        sin6_flowinfo: a6.flowinfo().to_be(),
+        sin6_addr: libc::in6_addr {
+            s6_addr: a6.ip().octets(),
+        },
+        sin6_scope_id: a6.scope_id(),
+    };
+    // SAFETY: sockaddr_storage is large and aligned enough for any sockaddr type, and `out`
+    // is a live exclusive reference.
+    unsafe {
+        (out as *mut libc::sockaddr_storage)
+            .cast::<libc::sockaddr_in6>()
+            .write(sin6)
+    };
+    Some((
+        mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+        family,
+    ))
+}
+
+/// Reads the address the kernel wrote into `addr` (`len` bytes). IPv4-mapped IPv6 sources
+/// come back as plain IPv4.
+pub(crate) fn decode_addr(
+    addr: &libc::sockaddr_storage,
+    len: libc::socklen_t,
+) -> Option<SocketAddr> {
+    let len = len as usize;
+    match i32::from(addr.ss_family) {
+        libc::AF_INET if len >= mem::size_of::<libc::sockaddr_in>() => {
+            // SAFETY: sockaddr_storage is larger than and aligned for sockaddr_in, whose
+            // fields are integers valid for any bytes; the family says this is one.
+            let sin =
+                unsafe { &*(addr as *const libc::sockaddr_storage).cast::<libc::sockaddr_in>() };
+            let ip = Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr));
+            Some(SocketAddr::new(IpAddr::V4(ip), u16::from_be(sin.sin_port)))
+        }
+        libc::AF_INET6 if len >= mem::size_of::<libc::sockaddr_in6>() => {
+            // SAFETY: as above, for sockaddr_in6.
+            let sin6 =
+                unsafe { &*(addr as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            let ip = Ipv6Addr::from(sin6.sin6_addr.s6_addr);
+            let port = u16::from_be(sin6.sin6_port);
+            Some(match ip.to_ipv4_mapped() {
+                Some(v4) => SocketAddr::new(IpAddr::V4(v4), port),
+                None => SocketAddr::V6(SocketAddrV6::new(
+                    ip,
+                    port,
+                    u32::from_be(sin6.sin6_flowinfo),
+                    sin6.sin6_scope_id,
+                )),
+            })
+        }
+        _ => None,
+    }
+}
+
+/// [`decode_addr`] of a socket address given as bytes (as io_uring's multishot receive lays
+/// it out in the buffer); bytes beyond a `sockaddr_storage` are ignored.
+pub(crate) fn decode_addr_bytes(name: &[u8]) -> Option<SocketAddr> {
+    let mut storage: libc::sockaddr_storage = zeroed();
+    let len = name.len().min(mem::size_of::<libc::sockaddr_storage>());
+    // SAFETY: copies `len` bytes, which fit both the source slice and the storage; the two
+    // do not overlap (one is on the stack, the other borrowed); any bytes are a valid
+    // sockaddr_storage, which is integers only.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            name.as_ptr(),
+            (&mut storage as *mut libc::sockaddr_storage).cast::<u8>(),
+            len,
+        );
+    }
+    decode_addr(&storage, len as libc::socklen_t)
+}
+
+/// `CMSG_ALIGN`: control messages are padded to the size of a `size_t` on Linux.
+const fn cmsg_align(len: usize) -> usize {
+    let a = mem::size_of::<usize>();
+    (len + a - 1) & !(a - 1)
+}
+
+/// Bytes of a control-message header including the padding before its data (`CMSG_LEN(0)`).
+const CMSG_HEADER_BYTES: usize = cmsg_align(mem::size_of::<libc::cmsghdr>());
+
+/// `CMSG_LEN(len)`: the `cmsg_len` of a message carrying `len` data bytes.
+pub(crate) const fn cmsg_len(len: usize) -> usize {
+    CMSG_HEADER_BYTES + len
+}
+
+/// `CMSG_SPACE(len)`: the bytes a message carrying `len` data bytes takes in the buffer.
+pub(crate) const fn cmsg_space(len: usize) -> usize {
+    CMSG_HEADER_BYTES + cmsg_align(len)
+}
+
+/// Control-message space of `N` bytes, aligned for `cmsghdr`.
+#[derive(Copy, Clone)]
+#[repr(C, align(8))]
+pub(crate) struct Control<const N: usize>([u8; N]);
+
+impl<const N: usize> Control<N> {
+    /// Zero-filled space.
+    pub(crate) const fn new() -> Self {
+        Control([0; N])
+    }
+
+    /// The buffer, for `msg_control`.
+    pub(crate) fn as_mut_ptr(&mut self) -> *mut libc::c_void {
+        self.0.as_mut_ptr().cast()
+    }
+
+    /// The first `len` bytes (all of them if `len` is larger).
+    pub(crate) fn bytes(&self, len: usize) -> &[u8] {
+        &self.0[..len.min(N)]
+    }
+
+    /// Writes the control messages of one send: the ECN codepoint as an `IP_TOS` or
+    /// `IPV6_TCLASS` message (`tos`: the family and the codepoint), and the GSO segment size
+    /// as a `UDP_SEGMENT` message (`segment`), each if given. Returns the bytes used (the
+    /// `msg_controllen` to send with; 0 when there is nothing to say), or `None` if the
+    /// messages do not fit in `N` bytes.
+    pub(crate) fn write_send(
+        &mut self,
+        tos: Option<(Family, Ecn)>,
+        segment: Option<u16>,
+    ) -> Option<usize> {
+        self.0.fill(0);
+        let mut used = 0;
+        if let Some((family, ecn)) = tos {
+            let (level, kind) = family.tos_message();
+            let value = libc::c_int::from(ecn.to_bits()).to_ne_bytes();
+            used += self.write_message(used, level, kind, &value)?;
+        }
+        if let Some(size) = segment {
+            used +=
+                self.write_message(used, libc::SOL_UDP, libc::UDP_SEGMENT, &size.to_ne_bytes())?;
+        }
+        Some(used)
+    }
+
+    /// Writes one message with `data` at byte `at`; returns its space, or `None` if it does
+    /// not fit.
+    fn write_message(
+        &mut self,
+        at: usize,
+        level: libc::c_int,
+        kind: libc::c_int,
+        data: &[u8],
+    ) -> Option<usize> {
+        let space = cmsg_space(data.len());
+        let slot = self.0.get_mut(at..at.checked_add(space)?)?;
+        let mut header: libc::cmsghdr = zeroed();
+        header.cmsg_level = level;
+        header.cmsg_type = kind;
+        header.cmsg_len = cmsg_len(data.len()) as _;
+        // SAFETY: `slot` holds at least CMSG_HEADER_BYTES >= size_of::<cmsghdr>() bytes,
+        // and the unaligned write needs no alignment.
+        unsafe {
+            slot.as_mut_ptr()
+                .cast::<libc::cmsghdr>()
+                .write_unaligned(header)
+        };
+        slot[CMSG_HEADER_BYTES..CMSG_HEADER_BYTES + data.len()].copy_from_slice(data);
+        Some(space)
+    }
+}
+
+/// The ECN codepoint from the TOS/TCLASS control message among the received `control`
+/// bytes (`msg_flags`: the receive's flags, which say if the area was truncated). Stops at
+/// the first malformed message; `NotEct` if there is none.
+pub(crate) fn read_ecn(control: &[u8], msg_flags: libc::c_int) -> Ecn {
+    let mut ecn = Ecn::NotEct;
+    if msg_flags & libc::MSG_CTRUNC != 0 {
+        return ecn;
+    }
+    let mut at = 0;
+    while let Some(head) = control.get(at..at + mem::size_of::<libc::cmsghdr>()) {
+        // SAFETY: `head` holds size_of::<cmsghdr>() bytes; cmsghdr is integers, valid for
+        // any bytes; the unaligned read needs no alignment.
+        let c = unsafe { head.as_ptr().cast::<libc::cmsghdr>().read_unaligned() };
+        // `cmsg_len` is a size_t on glibc and a socklen_t on musl.
+        #[allow(clippy::unnecessary_cast)]
+        let len = c.cmsg_len as usize;
+        // A message must hold its header and end inside the area; after this check
+        // `at + len <= control.len()`, so the advance below cannot overflow.
+        let Some(data) = at
+            .checked_add(len)
+            .filter(|_| len >= CMSG_HEADER_BYTES)
+            .and_then(|end| control.get(at + CMSG_HEADER_BYTES..end))
+        else {
+            break;
+        };
+        match (c.cmsg_level, c.cmsg_type) {
+            (libc::IPPROTO_IP, libc::IP_TOS) if !data.is_empty() => {
+                ecn = Ecn::from_tos(data[0]);
+            }
+            (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) if data.len() >= 4 => {
+                let tclass = libc::c_int::from_ne_bytes([data[0], data[1], data[2], data[3]]);
+                ecn = Ecn::from_tos(tclass.to_le_bytes()[0]);
+            }
+            _ => {}
+        }
+        at += cmsg_align(len);
+    }
+    ecn
+}
+
+/// The arrays one `sendmmsg` call points into, for up to `C` datagrams with `CTRL` bytes of
+/// control space each. Holds only the payloads' addresses: the lifetime `'a` keeps them
+/// borrowed. The pointers between the arrays are set in [`send`](Self::send), right before
+/// the call, so moving the scratch is harmless.
+pub(crate) struct SendMmsg<'a, const C: usize, const CTRL: usize> {
+    hdrs: [libc::mmsghdr; C],
+    iovs: [libc::iovec; C],
+    addrs: [libc::sockaddr_storage; C],
+    addr_lens: [libc::socklen_t; C],
+    control: [Control<CTRL>; C],
+    control_lens: [usize; C],
+    len: usize,
+    payloads: PhantomData<&'a [u8]>,
+}
+
+impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
+    /// Empty scratch.
+    pub(crate) fn new() -> Self {
+        SendMmsg {
+            hdrs: [zeroed(); C],
+            iovs: [zeroed(); C],
+            addrs: [zeroed(); C],
+            addr_lens: [0; C],
+            control: [Control::new(); C],
+            control_lens: [0; C],
+            len: 0,
+            payloads: PhantomData,
+        }
+    }
+
+    /// Forgets the queued datagrams.
+    pub(crate) fn clear(&mut self) {
+        self.len = 0;
+    }
+
+    /// Queued datagrams.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Queues `contents` for `dest` with ECN codepoint `ecn`. Returns `false` (and queues
+    /// nothing) if the scratch is full, `dest` cannot be addressed from a socket of this
+    /// family (`ipv6_socket`), or the control message does not fit.
+    pub(crate) fn push(
+        &mut self,
+        dest: SocketAddr,
+        ipv6_socket: bool,
+        contents: &'a [u8],
+        ecn: Ecn,
+    ) -> bool {
+        let n = self.len;
+        if n >= C {
+            return false;
+        }
+        let Some((addr_len, family)) = encode_addr(dest, ipv6_socket, &mut self.addrs[n]) else {
+            return false;
+        };
+        let tos = (ecn != Ecn::NotEct).then_some((family, ecn));
+        let Some(control_len) = self.control[n].write_send(tos, None) else {
+            return false;
+        };
+        self.addr_lens[n] = addr_len;
+        self.control_lens[n] = control_len;
+        self.iovs[n] = libc::iovec {
+            iov_base: contents.as_ptr() as *mut libc::c_void,
+            iov_len: contents.len(),
+        };
+        self.len += 1;
+        true
+    }
+
+    /// `sendmmsg` of the queued datagrams on `fd`: how many the kernel took (possibly 0),
+    /// or the OS error. The queue is left as it is.
+    pub(crate) fn send(&mut self, fd: RawFd) -> io::Result<usize> {
+        for i in 0..self.len {
+            let mut hdr: libc::msghdr = zeroed();
+            hdr.msg_name = (&mut self.addrs[i] as *mut libc::sockaddr_storage).cast();
+            hdr.msg_namelen = self.addr_lens[i];
+            hdr.msg_iov = &mut self.iovs[i];
+            hdr.msg_iovlen = 1;
+            if self.control_lens[i] > 0 {
+                hdr.msg_control = self.control[i].as_mut_ptr();
+                hdr.msg_controllen = self.control_lens[i] as _;
+            }
+            self.hdrs[i] = libc::mmsghdr {
+                msg_hdr: hdr,
+                msg_len: 0,
+            };
+        }
+        // SAFETY: the first `len` headers were just pointed at this scratch's own address,
+        // iovec and control arrays (which stay put while `&mut self` is held) and the iovecs
+        // at payloads borrowed for `'a`; `len <= C`. The kernel only reads them.
+        let r = unsafe { libc::sendmmsg(fd, self.hdrs.as_mut_ptr(), self.len as libc::c_uint, 0) };
+        if r < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(r as usize)
+        }
+    }
+}
+
+/// The arrays one `recvmmsg` call points into, for up to `C` datagrams with `CTRL` bytes of
+/// control space each.
+pub(crate) struct RecvMmsg<const C: usize, const CTRL: usize> {
+    hdrs: [libc::mmsghdr; C],
+    iovs: [libc::iovec; C],
+    addrs: [libc::sockaddr_storage; C],
+    control: [Control<CTRL>; C],
+    /// Datagrams the last [`recv`](Self::recv) received.
+    received: usize,
+}
+
+impl<const C: usize, const CTRL: usize> RecvMmsg<C, CTRL> {
+    /// Empty scratch.
+    pub(crate) fn new() -> Self {
+        RecvMmsg {
+            hdrs: [zeroed(); C],
+            iovs: [zeroed(); C],
+            addrs: [zeroed(); C],
+            control: [Control::new(); C],
+            received: 0,
+        }
+    }
+
+    /// `recvmmsg(MSG_DONTWAIT)` on `fd` into the first `bufs.len()` (at most `C`) buffers:
+    /// how many datagrams arrived, or the OS error. [`meta`](Self::meta) then describes them.
+    pub(crate) fn recv(&mut self, fd: RawFd, bufs: &mut [Box<[u8]>]) -> io::Result<usize> {
+        let want = bufs.len().min(C);
+        self.received = 0;
+        for (i, buf) in bufs.iter_mut().take(want).enumerate() {
+            self.iovs[i] = libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: buf.len(),
+            };
+            let mut hdr: libc::msghdr = zeroed();
+            hdr.msg_name = (&mut self.addrs[i] as *mut libc::sockaddr_storage).cast();
+            hdr.msg_namelen = mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            hdr.msg_iov = &mut self.iovs[i];
+            hdr.msg_iovlen = 1;
+            hdr.msg_control = self.control[i].as_mut_ptr();
+            hdr.msg_controllen = CTRL as _;
+            self.hdrs[i] = libc::mmsghdr {
+                msg_hdr: hdr,
+                msg_len: 0,
+            };
+        }
+        // SAFETY: the first `want <= C` headers point at this scratch's own address storage
+        // and control buffers, sized as the headers say, and their iovecs at `want` distinct
+        // buffers of `bufs`, each `iov_len` long; all are exclusively borrowed until the call
+        // returns, and the kernel writes only within those lengths.
+        let n = unsafe {
+            libc::recvmmsg(
+                fd,
+                self.hdrs.as_mut_ptr(),
+                want as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        self.received = (n as usize).min(want);
+        Ok(self.received)
+    }
+
+    /// The metadata of received datagram `i`, or `None` if it is to be dropped (truncated,
+    /// from an address family we do not know, or not received).
+    pub(crate) fn meta(&self, i: usize) -> Option<RecvMeta> {
+        if i >= self.received {
+            return None;
+        }
+        let m = &self.hdrs[i];
+        if m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
+            return None;
+        }
+        let src = decode_addr(&self.addrs[i], m.msg_hdr.msg_namelen)?;
+        // `msg_controllen` is a size_t on glibc and a socklen_t on musl.
+        #[allow(clippy::unnecessary_cast)]
+        let control = self.control[i].bytes(m.msg_hdr.msg_controllen as usize);
+        Some(RecvMeta {
+            src,
+            len: m.msg_len as usize,
+            ecn: read_ecn(control, m.msg_hdr.msg_flags),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cmsg_sizes_match_libc() {
+        for n in [0usize, 1, 2, 4, 8, 13] {
+            // SAFETY: CMSG_LEN and CMSG_SPACE are pure arithmetic.
+            let (len, space) = unsafe { (libc::CMSG_LEN(n as u32), libc::CMSG_SPACE(n as u32)) };
+            assert_eq!(cmsg_len(n), len as usize);
+            assert_eq!(cmsg_space(n), space as usize);
+        }
+    }
+
+    #[test]
+    fn send_control_round_trips_through_the_reader() {
+        let mut c = Control::<48>::new();
+        let used = c
+            .write_send(Some((Family::V6, Ecn::Ce)), Some(1400))
+            .unwrap();
+        assert_eq!(used, cmsg_space(4) + cmsg_space(2));
+        assert_eq!(read_ecn(c.bytes(used), 0), Ecn::Ce);
+        // The reader sees the TOS message alone too, and the truncation flag wins.
+        let used = c.write_send(Some((Family::V4, Ecn::Ect0)), None).unwrap();
+        assert_eq!(read_ecn(c.bytes(used), 0), Ecn::Ect0);
+        assert_eq!(read_ecn(c.bytes(used), libc::MSG_CTRUNC), Ecn::NotEct);
+        assert_eq!(c.write_send(None, None), Some(0));
+    }
+
+    #[test]
+    fn control_that_does_not_fit_is_refused() {
+        let mut c = Control::<24>::new();
+        assert!(c.write_send(Some((Family::V4, Ecn::Ce)), None).is_some());
+        assert_eq!(c.write_send(Some((Family::V4, Ecn::Ce)), Some(1000)), None);
+    }
+
+    #[test]
+    fn malformed_control_bytes_read_as_not_ect() {
+        let mut c = Control::<48>::new();
+        let used = c.write_send(Some((Family::V4, Ecn::Ce)), None).unwrap();
+        let mut bytes = c.bytes(used).to_vec();
+        // A cmsg_len past the end of the area, then one shorter than a header.
+        for bad_len in [usize::MAX, 1000, 3] {
+            bytes[..mem::size_of::<usize>()].copy_from_slice(&bad_len.to_ne_bytes());
+            assert_eq!(read_ecn(&bytes, 0), Ecn::NotEct);
+        }
+        for cut in 0..used {
+            let _ = read_ecn(&c.bytes(used)[..cut], 0);
+        }
+        // A good first message, then one whose length would run past the end of memory: the
+        // first one's codepoint stands.
+        let used = c
+            .write_send(Some((Family::V4, Ecn::Ect1)), Some(1400))
+            .unwrap();
+        let mut bytes = c.bytes(used).to_vec();
+        let second = cmsg_space(4);
+        bytes[second..second + mem::size_of::<usize>()].copy_from_slice(&usize::MAX.to_ne_bytes());
+        assert_eq!(read_ecn(&bytes, 0), Ecn::Ect1);
+    }
+
+    #[test]
+    fn addresses_round_trip_and_mapped_v4_comes_back_plain() {
+        let mut s = zeroed();
+        let v4: SocketAddr = "10.1.2.3:4791".parse().unwrap();
+        let (len, family) = encode_addr(v4, false, &mut s).unwrap();
+        assert_eq!((decode_addr(&s, len), family), (Some(v4), Family::V4));
+        let (len, family) = encode_addr(v4, true, &mut s).unwrap();
+        assert_eq!((decode_addr(&s, len), family), (Some(v4), Family::V4));
+        let v6: SocketAddr = "[fd00::1]:4791".parse().unwrap();
+        let (len, family) = encode_addr(v6, true, &mut s).unwrap();
+        assert_eq!((decode_addr(&s, len), family), (Some(v6), Family::V6));
+        assert_eq!(encode_addr(v6, false, &mut s), None);
+        assert_eq!(decode_addr_bytes(&[0u8; 3]), None);
+    }
+}
