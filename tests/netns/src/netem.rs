@@ -219,7 +219,7 @@ pub fn set_netem_blackhole(prog: &Program, on: bool) -> io::Result<()> {
 mod tests {
     use super::*;
     use crate::require_root;
-    use braid_datapath::bpf::{XdpMode, attach_xdp, ifindex};
+    use braid_datapath::bpf::{Program, XdpLink, XdpMode, attach_xdp, ifindex};
 
     #[test]
     fn netem_programs_pass_the_verifier() {
@@ -266,7 +266,7 @@ mod tests {
                 ..Default::default()
             };
             let prog = netem(hole).expect("load");
-            let link = attach_xdp(&prog, lo, XdpMode::Generic).expect("attach");
+            let link = attach(&prog, lo);
             std::net::TcpStream::connect_timeout(&at, wait).expect("TCP passes a UDP netem");
             assert_eq!(
                 prog.maps()[0].counter(netem_counter::SEEN).expect("read"),
@@ -274,7 +274,7 @@ mod tests {
             );
             drop(link);
             let prog = netem_ipv4(hole).expect("load");
-            let _link = attach_xdp(&prog, lo, XdpMode::Generic).expect("attach");
+            let _link = attach(&prog, lo);
             assert!(
                 std::net::TcpStream::connect_timeout(&at, wait).is_err(),
                 "a TCP connection crossed an IPv4 black hole"
@@ -306,7 +306,7 @@ mod tests {
                 ..Default::default()
             })
             .expect("load");
-            let link = attach_xdp(&prog, lo, XdpMode::Generic).expect("attach");
+            let link = attach(&prog, lo);
             for _ in 0..20 {
                 tx.send_to(b"x", dest).expect("send");
             }
@@ -323,7 +323,7 @@ mod tests {
             assert_eq!(rx.recv_from(&mut buf).expect("delivered after detach").0, 1);
             // The run-time switch black-holes a harmless program without re-attaching it.
             let prog = netem(NetemConfig::default()).expect("load");
-            let _link = attach_xdp(&prog, lo, XdpMode::Generic).expect("attach");
+            let _link = attach(&prog, lo);
             tx.send_to(b"z", dest).expect("send");
             assert_eq!(rx.recv_from(&mut buf).expect("passes").0, 1);
             set_netem_blackhole(&prog, true).expect("switch on");
@@ -362,6 +362,21 @@ mod tests {
             assert_eq!(libc::ioctl(fd, libc::SIOCSIFFLAGS, &mut req), 0);
             libc::close(fd);
         }
+    }
+
+    /// Attaches `prog` to `lo` in generic mode. The kernel tears the previous attachment down
+    /// asynchronously, so a re-attach right after a drop can meet EBUSY for a while (longer on
+    /// a loaded machine): retry with backoff for up to about two seconds.
+    fn attach(prog: &Program, lo: u32) -> XdpLink {
+        let mut wait = std::time::Duration::from_millis(5);
+        for _ in 0..10 {
+            match attach_xdp(prog, lo, XdpMode::Generic) {
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => std::thread::sleep(wait),
+                r => return r.expect("attach"),
+            }
+            wait = (wait * 2).min(std::time::Duration::from_millis(400));
+        }
+        attach_xdp(prog, lo, XdpMode::Generic).expect("attach (still busy after retries)")
     }
 
     /// In a private namespace, runs `f` with `lo` up and its index.
@@ -419,7 +434,7 @@ mod tests {
                 ..Default::default()
             })
             .expect("load");
-            let link = attach_xdp(&prog, lo, XdpMode::Generic).expect("attach");
+            let link = attach(&prog, lo);
             send(50, Ecn::Ect0);
             send(10, Ecn::NotEct);
             let got = recv_all();
@@ -445,7 +460,7 @@ mod tests {
                 ..Default::default()
             })
             .expect("load");
-            let _link = attach_xdp(&prog, lo, XdpMode::Generic).expect("attach");
+            let _link = attach(&prog, lo);
             send(2000, Ecn::Ect0);
             let got = recv_all().len();
             let dropped = prog.maps()[0]
