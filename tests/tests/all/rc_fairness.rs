@@ -1,0 +1,233 @@
+//! Responder-side RC rules and transmit scheduling: deregistration revokes a region at once
+//! (queued READ responses stop and their requester gets a remote access error), responses
+//! share a QP's sending side fairly with its own requests, an encrypted QP connected to itself
+//! works, and `poll_transmit` does not visit idle QPs.
+use std::sync::Arc;
+use std::time::Duration;
+
+use braid::datapath::sim::LinkConfig;
+use braid::proto::{
+    Access, Completion, EndpointConfig, RecvWr, Region, RemoteAddr, SendOp, SendWr, Sge, WcOpcode,
+    WcStatus,
+};
+use braid::testing::{Cluster, Mr, Side};
+use braid::{Device, DeviceConfig};
+
+fn sge(mr: &Mr, offset: u64, len: u32) -> Sge {
+    Sge {
+        lkey: mr.keys.lkey,
+        offset,
+        len,
+    }
+}
+
+fn post(c: &mut Cluster, s: &Side, wr_id: u64, op: SendOp, sges: Vec<Sge>) {
+    c.nodes[s.node]
+        .ep
+        .post_send(
+            s.qp.qpn,
+            SendWr {
+                wr_id,
+                op,
+                sges,
+                signaled: true,
+            },
+        )
+        .expect("post accepted");
+}
+
+/// Runs until `n` completions wait on `s`'s CQ (or nothing is pending) and takes them.
+fn take(c: &mut Cluster, s: &Side, n: usize) -> Vec<Completion> {
+    c.run_until(2_000_000, |c| c.cq_len(s.node, s.cq) >= n);
+    let mut out = Vec::new();
+    while let Some(wc) = c.poll_cq(s.node, s.cq) {
+        out.push(wc);
+    }
+    out
+}
+
+fn read_all(r: &Arc<Region>) -> Vec<u8> {
+    let mut v = vec![0u8; r.len()];
+    r.read(0, &mut v).expect("in bounds");
+    v
+}
+
+fn pattern(n: usize, salt: u8) -> Vec<u8> {
+    (0..n).map(|i| (i * 31 + i / 253) as u8 ^ salt).collect()
+}
+
+// ---- Item 5: an encrypted QP connected to itself ----
+
+/// Every operation on one encrypted QP connected to itself, in the simulator: the QP is both
+/// requester and responder, and every packet must open with its own keys.
+#[test]
+fn an_encrypted_qp_connected_to_itself_runs_every_operation_in_the_simulator() {
+    let mut c = Cluster::new(5, 1, &EndpointConfig::default(), LinkConfig::default());
+    let s = c.new_side(0, true);
+    c.nodes[0]
+        .ep
+        .connect(s.qp.qpn, s.qp)
+        .expect("connect to itself");
+    let n = 20_000usize;
+    let src = c.alloc_mr(&s, n, Access::LOCAL_WRITE);
+    let dst = c.alloc_mr(&s, 4 * n + 8, Access::ALL);
+    let data = pattern(n, 0x5a);
+    src.region.write(0, &data).expect("in bounds");
+    let ep = &mut c.nodes[0].ep;
+    for (id, off) in [(100u64, n as u64 + 8), (101, 2 * n as u64 + 8)] {
+        ep.post_recv(
+            s.qp.qpn,
+            RecvWr {
+                wr_id: id,
+                sges: vec![sge(&dst, off, n as u32)],
+            },
+        )
+        .expect("recv");
+    }
+    // The WRITE_IMM's notification takes a receive too.
+    ep.post_recv(
+        s.qp.qpn,
+        RecvWr {
+            wr_id: 102,
+            sges: vec![],
+        },
+    )
+    .expect("recv");
+    let rkey = dst.keys.rkey;
+    let at = |offset: u64| RemoteAddr { rkey, offset };
+    let full = || vec![sge(&src, 0, n as u32)];
+    post(&mut c, &s, 1, SendOp::Write(at(8)), full());
+    post(&mut c, &s, 2, SendOp::Send, full());
+    post(&mut c, &s, 3, SendOp::SendImm(77), full());
+    post(
+        &mut c,
+        &s,
+        4,
+        SendOp::WriteImm(at(3 * n as u64 + 8), 9),
+        full(),
+    );
+    let got = take(&mut c, &s, 7);
+    let ok: Vec<_> = got.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert!(
+        got.len() == 7 && got.iter().all(|w| w.status == WcStatus::Success),
+        "{ok:?}"
+    );
+    let recvs: Vec<_> = got
+        .iter()
+        .filter(|w| matches!(w.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm))
+        .map(|w| (w.wr_id, w.imm))
+        .collect();
+    assert_eq!(recvs, vec![(100, None), (101, Some(77)), (102, Some(9))]);
+    let all = read_all(&dst.region);
+    for off in [8, n + 8, 2 * n + 8, 3 * n + 8] {
+        assert!(all[off..off + n] == data[..], "bytes at {off}");
+    }
+    // READ back into a cleared source, then the two atomics.
+    src.region.write(0, &vec![0u8; n]).expect("in bounds");
+    post(&mut c, &s, 5, SendOp::Read(at(8)), full());
+    post(
+        &mut c,
+        &s,
+        6,
+        SendOp::FetchAdd(at(0), 5),
+        vec![sge(&src, 0, 8)],
+    );
+    post(
+        &mut c,
+        &s,
+        7,
+        SendOp::CompareSwap {
+            remote: at(0),
+            compare: 5,
+            swap: 40,
+        },
+        vec![sge(&src, 8, 8)],
+    );
+    let got = take(&mut c, &s, 3);
+    let st: Vec<_> = got.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(
+        st,
+        vec![
+            (5, WcStatus::Success),
+            (6, WcStatus::Success),
+            (7, WcStatus::Success)
+        ]
+    );
+    let back = read_all(&src.region);
+    assert_eq!(u64::from_ne_bytes(back[0..8].try_into().expect("8")), 0);
+    assert_eq!(u64::from_ne_bytes(back[8..16].try_into().expect("8")), 5);
+    assert!(back[16..] == data[16..], "READ differs");
+    let mut word = [0u8; 8];
+    dst.region.read(0, &mut word).expect("in bounds");
+    assert_eq!(u64::from_ne_bytes(word), 40);
+    let st = c.nodes[0].ep.stats();
+    assert_eq!((st.rx_auth_failed, st.rx_replayed), (0, 0), "{st:?}");
+}
+
+/// The same over real UDP on loopback, through the runtime.
+#[test]
+fn an_encrypted_qp_connected_to_itself_runs_every_operation_over_udp() {
+    let dev = Device::open(DeviceConfig::udp("127.0.0.1:0".parse().expect("addr")).paths(4))
+        .expect("open a UDP device");
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq();
+    let qp = pd.create_encrypted_qp(&cq, &cq).expect("qp");
+    qp.connect(qp.info()).expect("connect to itself");
+    let n = 100_000usize;
+    let src = pd.alloc_mr(n, Access::LOCAL_WRITE).expect("mr");
+    let dst = pd.alloc_mr(3 * n + 8, Access::ALL).expect("mr");
+    let data = pattern(n, 0x33);
+    src.write(0, &data).expect("in bounds");
+    qp.post_recv(RecvWr {
+        wr_id: 100,
+        sges: vec![dst.sge(n as u64 + 8, n as u32)],
+    })
+    .expect("recv");
+    qp.post_recv(RecvWr {
+        wr_id: 101,
+        sges: vec![dst.sge(2 * n as u64 + 8, n as u32)],
+    })
+    .expect("recv");
+    let wait = |want: usize| {
+        let mut got = Vec::new();
+        while got.len() < want {
+            let wc = cq.wait(Duration::from_secs(20)).expect("a completion");
+            got.push((wc.wr_id, wc.status));
+        }
+        got.sort_unstable_by_key(|&(id, _)| id);
+        got
+    };
+    let send = |id: u64, op: SendOp, sges: Vec<Sge>| {
+        qp.post_send(SendWr {
+            wr_id: id,
+            op,
+            sges,
+            signaled: true,
+        })
+        .expect("post");
+    };
+    let full = || vec![src.sge(0, n as u32)];
+    send(1, SendOp::Write(dst.remote(8)), full());
+    send(2, SendOp::Send, full());
+    send(3, SendOp::SendImm(7), full());
+    let ok = WcStatus::Success;
+    assert_eq!(
+        wait(5),
+        vec![(1, ok), (2, ok), (3, ok), (100, ok), (101, ok)]
+    );
+    let mut all = vec![0u8; 3 * n + 8];
+    dst.read(0, &mut all).expect("in bounds");
+    for off in [8, n + 8, 2 * n + 8] {
+        assert!(all[off..off + n] == data[..], "bytes at {off}");
+    }
+    src.write(0, &vec![0u8; n]).expect("in bounds");
+    send(4, SendOp::Read(dst.remote(8)), full());
+    send(5, SendOp::FetchAdd(dst.remote(0), 5), vec![src.sge(0, 8)]);
+    assert_eq!(wait(2), vec![(4, ok), (5, ok)]);
+    let mut back = vec![0u8; n];
+    src.read(0, &mut back).expect("in bounds");
+    assert!(back[8..] == data[8..], "READ differs");
+    assert_eq!(u64::from_ne_bytes(back[..8].try_into().expect("8")), 0);
+    let st = dev.stats();
+    assert_eq!(st.rx_auth_failed, 0, "{st:?}");
+}
