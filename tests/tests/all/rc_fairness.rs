@@ -231,3 +231,73 @@ fn an_encrypted_qp_connected_to_itself_runs_every_operation_over_udp() {
     let st = dev.stats();
     assert_eq!(st.rx_auth_failed, 0, "{st:?}");
 }
+
+// ---- Item 4: responses do not starve requests ----
+
+/// With 8 MiB of the peer's READs being answered, a local 8-byte WRITE goes out after at most
+/// a quantum of response data, not after all of it.
+#[test]
+fn a_small_write_is_not_starved_by_8_mib_of_read_responses() {
+    let mut c = Cluster::new(11, 2, &EndpointConfig::default(), LinkConfig::default());
+    let (a, b) = c.connect(0, 1);
+    let mib = 1usize << 20;
+    let a_dst = c.alloc_mr(&a, 8 * mib, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    let b_src = c.alloc_mr(&b, 8 * mib, Access::REMOTE_READ | Access::LOCAL_WRITE);
+    b_src
+        .region
+        .write(0, &pattern(8 * mib, 1))
+        .expect("in bounds");
+    let rkey = b_src.keys.rkey;
+    for i in 0..8u64 {
+        let off = i * mib as u64;
+        post(
+            &mut c,
+            &a,
+            i,
+            SendOp::Read(RemoteAddr { rkey, offset: off }),
+            vec![sge(&a_dst, off, mib as u32)],
+        );
+    }
+    // Until B is well into answering.
+    let sent = |c: &Cluster| c.nodes[1].ep.qp_stats(b.qp.qpn).expect("qp").packets_sent;
+    assert!(c.run_until(1_000_000, |c| sent(c) >= 200));
+    let before = sent(&c);
+    let b_word = c.alloc_mr(&b, 8, Access::LOCAL_WRITE);
+    b_word.region.write(0, &[7u8; 8]).expect("in bounds");
+    let rkey_a = a_dst.keys.rkey;
+    post(
+        &mut c,
+        &b,
+        99,
+        SendOp::Write(RemoteAddr {
+            rkey: rkey_a,
+            offset: 8 * mib as u64 - 8,
+        }),
+        vec![sge(&b_word, 0, 8)],
+    );
+    assert!(c.run_until(1_000_000, |c| c.cq_len(1, b.cq) >= 1));
+    let during = sent(&c) - before;
+    let wc = c.poll_cq(1, b.cq).expect("the write's completion");
+    assert_eq!((wc.wr_id, wc.status), (99, WcStatus::Success));
+    // The response packets B sent between posting the WRITE and its completion: the WRITE's
+    // own packet waited for at most a quantum (about a dozen packets); the rest is the round
+    // trip of its ACK. All of the READ data is over 5000 packets.
+    let total = (8 * mib) as u64 / u64::from(c.nodes[1].ep.chunk_size());
+    assert!(
+        during < total / 10,
+        "{during} of B's packets went out before its WRITE completed (all READs: {total})"
+    );
+    // Everything still completes, in order, with the right bytes.
+    let got = take(&mut c, &a, 8);
+    let ids: Vec<_> = got.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(
+        ids,
+        (0..8).map(|i| (i, WcStatus::Success)).collect::<Vec<_>>()
+    );
+    let all = read_all(&a_dst.region);
+    let want = pattern(8 * mib, 1);
+    assert!(
+        all[..8 * mib - 8] == want[..8 * mib - 8],
+        "READ data differs"
+    );
+}

@@ -32,6 +32,7 @@ use crate::coverage::Coverage;
 use crate::hist::{RttHistogram, RttSummary};
 use crate::mem::{Access, Region};
 use crate::seal::QpSeal;
+use crate::share::{SendShare, Turn};
 use crate::tracker::{Class, RecvTracker};
 use crate::types::*;
 use crate::wire::{self, Body, Header, Op, Syndrome};
@@ -577,6 +578,8 @@ struct Qp {
     pack_idx: usize,
     // Responder output.
     resp: VecDeque<RespJob>,
+    /// How new packets are shared between `resp` and `sq` ([`crate::share`]).
+    share: SendShare,
     // Reliability of what this QP sends.
     next_psn: u32,
     snd_una: u32,
@@ -969,6 +972,7 @@ impl Endpoint {
             next_ssn: 0,
             pack_idx: 0,
             resp: VecDeque::new(),
+            share: SendShare::default(),
             next_psn: psn,
             snd_una: psn,
             sent: VecDeque::new(),
@@ -1751,9 +1755,30 @@ impl Qp {
         !self.resp.is_empty() || self.pack_idx < self.sq.len()
     }
 
-    /// Takes the next packet's worth of new work: responses first, then requests.
+    /// Takes the next packet's worth of new work: a response or a request, as the deficit
+    /// round robin of [`crate::share`] picks.
     fn next_new_packet(&mut self, sh: &Shared) -> Option<SentWhat> {
-        if let Some(job) = self.resp.front_mut() {
+        let resp_len = self.resp.front().map(|job| match job {
+            RespJob::Read {
+                msg_len,
+                next_offset,
+                ..
+            } => (*msg_len - *next_offset).min(sh.resp_chunk - self.seal.overhead()),
+            RespJob::Atomic { .. } => 0,
+        });
+        let req_len = match self.sq.get(self.pack_idx) {
+            // Queued already failed (`post_send_or_fail`): never sent; it fails the QP when
+            // it reaches the front.
+            Some(w) if !self.failing && w.status.is_none() => Some(if w.op.carries_data() {
+                (w.len - w.next_offset).min(sh.req_chunk - self.seal.overhead())
+            } else {
+                0
+            }),
+            _ => None,
+        };
+        if self.share.pick(resp_len, req_len)? == Turn::Response
+            && let Some(job) = self.resp.front_mut()
+        {
             match job {
                 RespJob::Read {
                     msn,

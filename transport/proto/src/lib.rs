@@ -15,6 +15,7 @@ pub mod endpoint;
 pub mod hist;
 pub mod mem;
 pub mod seal;
+pub mod share;
 pub mod tracker;
 pub mod types;
 pub mod wire;
