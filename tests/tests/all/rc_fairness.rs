@@ -301,3 +301,166 @@ fn a_small_write_is_not_starved_by_8_mib_of_read_responses() {
         "READ data differs"
     );
 }
+
+// ---- Item 3: deregistration revokes at once ----
+
+/// Every byte of `got` is either untouched (zero) or the byte `want` holds at that offset.
+fn only_old_bytes(got: &[u8], want: &[u8]) -> Result<(), usize> {
+    match got.iter().zip(want).position(|(&g, &w)| g != 0 && g != w) {
+        Some(i) => Err(i),
+        None => Ok(()),
+    }
+}
+
+/// A large READ is being answered when the responder deregisters the source and overwrites
+/// its memory: the requester never sees the new bytes, and the READ fails with a remote
+/// access error (what follows it is flushed).
+#[test]
+fn deregistering_a_region_stops_the_read_responses_served_from_it() {
+    let mut c = Cluster::new(21, 2, &EndpointConfig::default(), LinkConfig::default());
+    let (a, b) = c.connect(0, 1);
+    let len = 4usize << 20;
+    let a_dst = c.alloc_mr(&a, len, Access::LOCAL_WRITE);
+    let b_src = c.alloc_mr(&b, len, Access::REMOTE_READ);
+    let want: Vec<u8> = pattern(len, 9).iter().map(|&x| x | 1).collect(); // never zero
+    b_src.region.write(0, &want).expect("in bounds");
+    let rkey = b_src.keys.rkey;
+    post(
+        &mut c,
+        &a,
+        1,
+        SendOp::Read(RemoteAddr { rkey, offset: 0 }),
+        vec![sge(&a_dst, 0, len as u32)],
+    );
+    post(
+        &mut c,
+        &a,
+        2,
+        SendOp::Read(RemoteAddr { rkey, offset: 0 }),
+        vec![sge(&a_dst, 0, 8)],
+    );
+    let sent = |c: &Cluster| c.nodes[1].ep.qp_stats(b.qp.qpn).expect("qp").packets_sent;
+    assert!(c.run_until(1_000_000, |c| sent(c) >= 300));
+    c.nodes[1]
+        .ep
+        .deregister(b_src.keys.lkey)
+        .expect("registered");
+    let at_deregistration = sent(&c);
+    b_src
+        .region
+        .write(0, &vec![0xEEu8; len])
+        .expect("in bounds");
+    let got = take(&mut c, &a, 2);
+    let st: Vec<_> = got.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(
+        st,
+        vec![(1, WcStatus::RemoteAccessError), (2, WcStatus::Flushed)]
+    );
+    c.drive_bounded(1_000_000);
+    let placed = read_all(&a_dst.region);
+    assert_eq!(
+        only_old_bytes(&placed, &want),
+        Ok(()),
+        "a new byte reached A"
+    );
+    assert!(
+        placed.iter().any(|&x| x != 0),
+        "some of the READ had arrived before deregistration"
+    );
+    let b_stats = c.nodes[1].ep.qp_stats(b.qp.qpn).expect("qp");
+    assert_eq!(b_stats.state, braid::proto::QpState::Error);
+    // Nothing was sent from the region after deregistration (the NAK is not counted).
+    assert_eq!(b_stats.packets_sent, at_deregistration);
+}
+
+/// A WRITE whose local source is deregistered before it went out fails with a local
+/// protection error, and its source memory is not read.
+#[test]
+fn deregistering_a_posted_writes_source_fails_it_with_a_local_protection_error() {
+    let mut c = Cluster::new(22, 2, &EndpointConfig::default(), LinkConfig::default());
+    let (a, b) = c.connect(0, 1);
+    let src = c.alloc_mr(&a, 64 << 10, Access::LOCAL_WRITE);
+    src.region.write(0, &[0x11; 64 << 10]).expect("in bounds");
+    let dst = c.alloc_mr(&b, 64 << 10, Access::REMOTE_WRITE);
+    let rkey = dst.keys.rkey;
+    post(
+        &mut c,
+        &a,
+        1,
+        SendOp::Write(RemoteAddr { rkey, offset: 0 }),
+        vec![sge(&src, 0, 64 << 10)],
+    );
+    post(
+        &mut c,
+        &a,
+        2,
+        SendOp::Write(RemoteAddr { rkey, offset: 0 }),
+        vec![],
+    );
+    c.nodes[0].ep.deregister(src.keys.lkey).expect("registered");
+    let got = take(&mut c, &a, 2);
+    let st: Vec<_> = got.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(
+        st,
+        vec![(1, WcStatus::LocalProtectionError), (2, WcStatus::Flushed)]
+    );
+    c.drive_bounded(1_000_000);
+    assert!(
+        read_all(&dst.region).iter().all(|&x| x == 0),
+        "source was read"
+    );
+}
+
+/// The runtime: dropping a `MemoryRegion` while a READ from it is answered revokes it before
+/// `drop` returns.
+#[test]
+fn dropping_a_memory_region_stops_read_responses_over_udp() {
+    let open = || {
+        Device::open(DeviceConfig::udp("127.0.0.1:0".parse().expect("addr")).paths(4))
+            .expect("open a UDP device")
+    };
+    let (da, db) = (open(), open());
+    let (pa, pb) = (da.alloc_pd(), db.alloc_pd());
+    let (ca, cb) = (da.create_cq(), db.create_cq());
+    let qa = pa.create_qp(&ca, &ca).expect("qp a");
+    let qb = pb.create_qp(&cb, &cb).expect("qp b");
+    qa.connect(qb.info()).expect("connect a");
+    qb.connect(qa.info()).expect("connect b");
+    let len = 64usize << 20;
+    let dst = pa.alloc_mr(len, Access::LOCAL_WRITE).expect("mr");
+    let src = pb.alloc_mr(len, Access::REMOTE_READ).expect("mr");
+    let want: Vec<u8> = pattern(len, 3).iter().map(|&x| x | 1).collect();
+    src.write(0, &want).expect("in bounds");
+    let memory = src.region().clone();
+    qa.post_send(SendWr {
+        wr_id: 1,
+        op: SendOp::Read(src.remote(0)),
+        sges: vec![dst.sge(0, len as u32)],
+        signaled: true,
+    })
+    .expect("post");
+    // Until the first responses have landed.
+    let mut first = [0u8; 64];
+    let started = std::time::Instant::now();
+    while first == [0u8; 64] {
+        assert!(started.elapsed() < Duration::from_secs(20), "no response");
+        dst.read(0, &mut first).expect("in bounds");
+        std::thread::yield_now();
+    }
+    drop(src);
+    memory.write(0, &vec![0xEEu8; len]).expect("in bounds");
+    let wc = ca.wait(Duration::from_secs(20)).expect("a completion");
+    assert_eq!(
+        (wc.wr_id, wc.status),
+        (1, WcStatus::RemoteAccessError),
+        "the READ finished before the drop, or was served after it"
+    );
+    std::thread::sleep(Duration::from_millis(50));
+    let mut placed = vec![0u8; len];
+    dst.read(0, &mut placed).expect("in bounds");
+    assert_eq!(
+        only_old_bytes(&placed, &want),
+        Ok(()),
+        "a new byte reached A"
+    );
+}

@@ -37,6 +37,8 @@ use crate::tracker::{Class, RecvTracker};
 use crate::types::*;
 use crate::wire::{self, Body, Header, Op, Syndrome};
 
+mod revoke;
+
 /// Most NAKs queued per QP; more are dropped (the sender's retransmission asks again).
 const MAX_PENDING_NAKS: usize = 64;
 /// Most READ/atomic responses one QP queues for its peer; more requests get an RNR NAK.
@@ -912,13 +914,19 @@ impl Endpoint {
         Ok(MrKeys { lkey, rkey })
     }
 
-    /// Deregisters the region with local key `lkey`. Peers lose access at once; work requests
-    /// already posted keep their buffers alive until they complete.
+    /// Deregisters the region with local key `lkey`. When it returns, the engine never
+    /// touches the region's memory again: peers lose access at once, a READ still being
+    /// answered from it is refused (its requester gets `RemoteAccessError`), and this side's
+    /// unfinished work requests with buffers in it fail with `LocalProtectionError`; either
+    /// moves the QP concerned to the error state (see `endpoint/revoke.rs`).
     pub fn deregister(&mut self, lkey: u32) -> Result<(), ResourceError> {
         let mr = self.sh.mrs.remove(&lkey).ok_or(ResourceError::UnknownMr)?;
         self.sh.rkeys.remove(&mr.rkey);
         if let Some(n) = self.pds.get_mut(&mr.pd) {
             *n = n.saturating_sub(1);
+        }
+        for i in 0..self.qps.len() {
+            self.qps.at_mut(i).revoke(&mr.region, &mut self.sh);
         }
         Ok(())
     }
@@ -2507,7 +2515,7 @@ impl Qp {
 
     fn on_nak(&mut self, now: Timestamp, n: &wire::Nak, sh: &mut Shared) {
         sh.stats.naks_received += 1;
-        if self.state != QpState::Connected {
+        if self.state != QpState::Connected || self.refused_after_acceptance(n, sh) {
             return;
         }
         let Some(i) = self.sent_index(n.psn) else {
