@@ -464,3 +464,102 @@ fn dropping_a_memory_region_stops_read_responses_over_udp() {
         "a new byte reached A"
     );
 }
+
+// ---- Item 8 (part): poll_transmit visits only QPs with work ----
+
+/// Moves 512 KiB over one of `idle + 1` connected QP pairs and returns how many QP visits
+/// node 0's `poll_transmit` made per datagram it sent.
+fn visits_per_datagram(idle: usize) -> f64 {
+    let mut c = Cluster::new(31, 2, &EndpointConfig::default(), LinkConfig::default());
+    for _ in 0..idle {
+        c.connect(0, 1);
+    }
+    let (a, b) = c.connect(0, 1);
+    let len = 512usize << 10;
+    let src = c.alloc_mr(&a, len, Access::LOCAL_WRITE);
+    let dst = c.alloc_mr(&b, len, Access::REMOTE_WRITE);
+    let rkey = dst.keys.rkey;
+    // Settle first: the fresh QPs are each asked once.
+    c.drive_bounded(1_000);
+    let (v0, d0) = (
+        c.nodes[0].ep.transmit_visits(),
+        c.nodes[0].ep.stats().tx_datagrams,
+    );
+    post(
+        &mut c,
+        &a,
+        1,
+        SendOp::Write(RemoteAddr { rkey, offset: 0 }),
+        vec![sge(&src, 0, len as u32)],
+    );
+    let got = take(&mut c, &a, 1);
+    assert_eq!(got[0].status, WcStatus::Success);
+    let visits = c.nodes[0].ep.transmit_visits() - v0;
+    let datagrams = c.nodes[0].ep.stats().tx_datagrams - d0;
+    assert!(datagrams > 300, "{datagrams}");
+    visits as f64 / datagrams as f64
+}
+
+#[test]
+fn poll_transmit_work_does_not_grow_with_idle_qps() {
+    let few = visits_per_datagram(1);
+    let many = visits_per_datagram(400);
+    eprintln!("visits per datagram: {few} with 1 idle QP, {many} with 400");
+    // Each datagram costs its own visit, plus the visit that finds the QP blocked (by window
+    // or pacer) once per event; idle QPs are never asked.
+    assert!(few < 3.0, "{few} visits per datagram with 1 idle QP");
+    assert!(
+        many <= few * 1.05 + 0.01,
+        "{many} visits per datagram with 400 idle QPs, {few} with 1"
+    );
+}
+
+/// Two QPs with work on one node take turns, one datagram each.
+#[test]
+fn two_busy_qps_take_turns() {
+    let mut c = Cluster::new(32, 2, &EndpointConfig::default(), LinkConfig::default());
+    let pairs = [c.connect(0, 1), c.connect(0, 1)];
+    let len = 256usize << 10;
+    for (i, (a, b)) in pairs.iter().enumerate() {
+        let src = c.alloc_mr(a, len, Access::LOCAL_WRITE);
+        let dst = c.alloc_mr(b, len, Access::REMOTE_WRITE);
+        let rkey = dst.keys.rkey;
+        post(
+            &mut c,
+            a,
+            i as u64,
+            SendOp::Write(RemoteAddr { rkey, offset: 0 }),
+            vec![sge(&src, 0, len as u32)],
+        );
+    }
+    // Ask node 0 directly, without delivering anything: the first datagrams alternate
+    // between the two QPs until their windows fill.
+    let mut buf = vec![0u8; 65_536];
+    let now = c.now;
+    let sent = |c: &Cluster, i: usize| {
+        c.nodes[0]
+            .ep
+            .qp_stats(pairs[i].0.qp.qpn)
+            .expect("qp")
+            .packets_sent
+    };
+    let mut order = Vec::new();
+    for _ in 0..8 {
+        let before = [sent(&c, 0), sent(&c, 1)];
+        if c.nodes[0].ep.poll_transmit(now, &mut buf).is_none() {
+            break;
+        }
+        let after = [sent(&c, 0), sent(&c, 1)];
+        order.push(usize::from(after[1] > before[1]));
+    }
+    assert!(order.len() >= 4, "{order:?}");
+    for w in order.windows(2) {
+        assert_ne!(w[0], w[1], "turns {order:?}");
+    }
+    // And both transfers complete.
+    for (i, (a, _)) in pairs.iter().enumerate() {
+        let got = take(&mut c, a, 1);
+        let st: Vec<_> = got.iter().map(|w| (w.wr_id, w.status)).collect();
+        assert_eq!(st, vec![(i as u64, WcStatus::Success)]);
+    }
+}

@@ -31,6 +31,7 @@ use rand_core::{RngCore, SeedableRng};
 use crate::coverage::Coverage;
 use crate::hist::{RttHistogram, RttSummary};
 use crate::mem::{Access, Region};
+use crate::ready::ReadySet;
 use crate::seal::QpSeal;
 use crate::share::{SendShare, Turn};
 use crate::tracker::{Class, RecvTracker};
@@ -662,18 +663,22 @@ struct Qp {
 /// Every mutable access goes through a [`QpMut`], which recomputes the QP's deadline when it
 /// is dropped, so [`QpTable::next_deadline`] is a scan of cached values rather than of every
 /// QP's timers, and `handle_timeout` visits only the QPs that are due. Debug builds check the
-/// cache against a fresh computation on every `next_deadline`.
+/// cache against a fresh computation on every `next_deadline`. The same drop queues the QP in
+/// the ready set that `poll_transmit` serves ([`crate::ready`]).
 #[derive(Default)]
 struct QpTable {
     qps: Vec<Qp>,
     deadlines: Vec<Option<Timestamp>>,
     index: HashMap<u32, usize>,
+    ready: ReadySet,
 }
 
-/// Mutable access to one QP of a [`QpTable`]; refreshes its cached deadline when dropped.
+/// Mutable access to one QP of a [`QpTable`]; refreshes its cached deadline when dropped, and
+/// queues it as ready to send unless it came from [`QpTable::at_mut_quiet`].
 struct QpMut<'a> {
     qp: &'a mut Qp,
     deadline: &'a mut Option<Timestamp>,
+    ready: Option<(&'a mut ReadySet, usize)>,
 }
 
 impl core::ops::Deref for QpMut<'_> {
@@ -692,6 +697,9 @@ impl core::ops::DerefMut for QpMut<'_> {
 impl Drop for QpMut<'_> {
     fn drop(&mut self) {
         *self.deadline = self.qp.next_deadline();
+        if let Some((ready, i)) = self.ready.take() {
+            ready.push(i);
+        }
     }
 }
 
@@ -708,11 +716,13 @@ impl QpTable {
         self.index.insert(qpn, self.qps.len());
         self.deadlines.push(qp.next_deadline());
         self.qps.push(qp);
+        self.ready.add_slot();
     }
 
     fn remove(&mut self, qpn: u32) -> Option<Qp> {
         let i = self.index.remove(&qpn)?;
         self.deadlines.remove(i);
+        self.ready.remove_slot(i);
         let qp = self.qps.remove(i);
         for slot in self.index.values_mut() {
             if *slot > i {
@@ -736,6 +746,17 @@ impl QpTable {
         QpMut {
             qp: &mut self.qps[i],
             deadline: &mut self.deadlines[i],
+            ready: Some((&mut self.ready, i)),
+        }
+    }
+
+    /// [`at_mut`](Self::at_mut) without queueing the QP as ready: for `poll_transmit`, which
+    /// queues it again only if it sent, and for sweeps that change nothing in most QPs.
+    fn at_mut_quiet(&mut self, i: usize) -> QpMut<'_> {
+        QpMut {
+            qp: &mut self.qps[i],
+            deadline: &mut self.deadlines[i],
+            ready: None,
         }
     }
 
@@ -761,8 +782,8 @@ pub struct Endpoint {
     local: SocketAddr,
     sh: Shared,
     qps: QpTable,
-    /// Where the next round-robin pass of `poll_transmit` starts (an index into `qps`).
-    cursor: usize,
+    /// QPs `poll_transmit` has asked for a datagram, in all (a work counter for tests).
+    tx_visits: u64,
     pds: HashMap<u32, u32>,
     cqs: Vec<u32>,
     next_id: u32,
@@ -809,7 +830,7 @@ impl Endpoint {
             local,
             sh,
             qps: QpTable::default(),
-            cursor: 0,
+            tx_visits: 0,
             pds: HashMap::new(),
             cqs: Vec::new(),
             next_id: 1,
@@ -926,7 +947,11 @@ impl Endpoint {
             *n = n.saturating_sub(1);
         }
         for i in 0..self.qps.len() {
-            self.qps.at_mut(i).revoke(&mr.region, &mut self.sh);
+            let mut qp = self.qps.at_mut_quiet(i);
+            if qp.revoke(&mr.region, &mut self.sh) {
+                drop(qp);
+                self.qps.ready.push(i); // it has a NAK to send
+            }
         }
         Ok(())
     }
@@ -1408,18 +1433,30 @@ impl Endpoint {
     }
 
     /// The next datagram to send, written at the start of `buf` (which must hold
-    /// `config().max_datagram` bytes). QPs take turns, one datagram each.
+    /// `config().max_datagram` bytes). QPs with work take turns, one datagram each; only QPs
+    /// that had an event since they last sent are asked ([`crate::ready`]), so idle QPs cost
+    /// nothing here.
     pub fn poll_transmit(&mut self, now: Timestamp, buf: &mut [u8]) -> Option<Transmit> {
-        let n = self.qps.len();
-        for i in 0..n {
-            let idx = (self.cursor + i) % n;
-            if let Some(t) = self.qps.at_mut(idx).poll_transmit(now, buf, &mut self.sh) {
-                self.cursor = (idx + 1) % n;
+        for _ in 0..self.qps.ready.len() {
+            let i = self.qps.ready.pop()?;
+            self.tx_visits += 1;
+            let t = self.qps.at_mut_quiet(i).poll_transmit(now, buf, &mut self.sh);
+            if let Some(t) = t {
+                // To the back: it may have more, after the others' turns.
+                self.qps.ready.push(i);
                 self.sh.stats.tx_datagrams += 1;
                 return Some(t);
             }
         }
         None
+    }
+
+    /// How many times, in all, `poll_transmit` asked a QP for a datagram: a measure of its
+    /// work for tests (it grows with the datagrams sent and the QPs that had events, not with
+    /// idle QPs).
+    #[doc(hidden)]
+    pub fn transmit_visits(&self) -> u64 {
+        self.tx_visits
     }
 
     /// The next completion, with the completion queue it belongs to.

@@ -14,6 +14,7 @@ mod coverage;
 pub mod endpoint;
 pub mod hist;
 pub mod mem;
+mod ready;
 pub mod seal;
 pub mod share;
 pub mod tracker;

@@ -34,10 +34,11 @@ fn uses(segs: &[super::Seg], region: &Arc<Region>) -> bool {
 }
 
 impl Qp {
-    /// Stops every use of `region` by this QP (see the module documentation).
-    pub(super) fn revoke(&mut self, region: &Arc<Region>, sh: &mut Shared) {
+    /// Stops every use of `region` by this QP (see the module documentation). Returns
+    /// whether the QP changed (it failed).
+    pub(super) fn revoke(&mut self, region: &Arc<Region>, sh: &mut Shared) -> bool {
         if self.state != QpState::Connected && self.state != QpState::Init {
-            return; // in error: its queues were drained, nothing holds the region
+            return false; // in error: its queues were drained, nothing holds the region
         }
         // The oldest READ whose responses still depend on the region: sent ones first (they
         // are older than any queued job).
@@ -85,6 +86,7 @@ impl Qp {
             // the region's reference is used again.
             self.enter_error(sh);
         }
+        fail
     }
 
     /// A fatal NAK for a READ or atomic this side sent and the peer accepted (so the request
