@@ -892,7 +892,10 @@ impl std::fmt::Debug for MemoryRegion {
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
         // Through `with_engine`, so the refusals it may cause leave now.
-        let _ = self.dev.inner().with_engine(|ep| ep.deregister(self.keys.lkey));
+        let _ = self
+            .dev
+            .inner()
+            .with_engine(|ep| ep.deregister(self.keys.lkey));
     }
 }
 

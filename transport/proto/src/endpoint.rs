@@ -1440,7 +1440,10 @@ impl Endpoint {
         for _ in 0..self.qps.ready.len() {
             let i = self.qps.ready.pop()?;
             self.tx_visits += 1;
-            let t = self.qps.at_mut_quiet(i).poll_transmit(now, buf, &mut self.sh);
+            let t = self
+                .qps
+                .at_mut_quiet(i)
+                .poll_transmit(now, buf, &mut self.sh);
             if let Some(t) = t {
                 // To the back: it may have more, after the others' turns.
                 self.qps.ready.push(i);
