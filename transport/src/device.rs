@@ -792,9 +792,13 @@ impl ProtectionDomain {
     /// Registers `len` bytes of caller memory at `ptr` (for the C API).
     ///
     /// # Safety
-    /// As [`Region::from_raw`]: the memory stays valid until the region is dropped and every
-    /// work request using it has completed, and meanwhile it is only accessed through the
-    /// region or atomically.
+    /// As [`Region::from_raw`]: the memory stays valid until the returned [`MemoryRegion`]
+    /// has been dropped (dropping deregisters it; once `drop` returns the engine never
+    /// touches the memory again: READs still being answered from it fail at their requester
+    /// with `RemoteAccessError`, this side's unfinished work requests using it with
+    /// `LocalProtectionError`) and the caller stops using any clone of
+    /// [`MemoryRegion::region`]; meanwhile it is only accessed through the region or
+    /// atomically.
     pub unsafe fn register_raw(
         &self,
         ptr: *mut u8,
@@ -866,7 +870,8 @@ impl ProtectionDomain {
 
 /// A registered memory region. Read and write it through its methods (see
 /// [`braid_proto::mem`] for why there is no `&[u8]` access); peers use its [`rkey`](Self::rkey).
-/// Dropping it deregisters it: peers lose access at once.
+/// Dropping it deregisters it: peers lose access at once, and when `drop` returns the engine
+/// no longer touches its memory (see [`braid_proto::Endpoint::deregister`]).
 pub struct MemoryRegion {
     dev: Device,
     region: Arc<Region>,
@@ -886,7 +891,11 @@ impl std::fmt::Debug for MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        let _ = self.dev.inner().lock().ep.deregister(self.keys.lkey);
+        // Through `with_engine`, so the refusals it may cause leave now.
+        let _ = self
+            .dev
+            .inner()
+            .with_engine(|ep| ep.deregister(self.keys.lkey));
     }
 }
 

@@ -31,10 +31,14 @@ use rand_core::{RngCore, SeedableRng};
 use crate::coverage::Coverage;
 use crate::hist::{RttHistogram, RttSummary};
 use crate::mem::{Access, Region};
+use crate::ready::ReadySet;
 use crate::seal::QpSeal;
+use crate::share::{SendShare, Turn};
 use crate::tracker::{Class, RecvTracker};
 use crate::types::*;
 use crate::wire::{self, Body, Header, Op, Syndrome};
+
+mod revoke;
 
 /// Most NAKs queued per QP; more are dropped (the sender's retransmission asks again).
 const MAX_PENDING_NAKS: usize = 64;
@@ -577,6 +581,8 @@ struct Qp {
     pack_idx: usize,
     // Responder output.
     resp: VecDeque<RespJob>,
+    /// How new packets are shared between `resp` and `sq` ([`crate::share`]).
+    share: SendShare,
     // Reliability of what this QP sends.
     next_psn: u32,
     snd_una: u32,
@@ -657,18 +663,22 @@ struct Qp {
 /// Every mutable access goes through a [`QpMut`], which recomputes the QP's deadline when it
 /// is dropped, so [`QpTable::next_deadline`] is a scan of cached values rather than of every
 /// QP's timers, and `handle_timeout` visits only the QPs that are due. Debug builds check the
-/// cache against a fresh computation on every `next_deadline`.
+/// cache against a fresh computation on every `next_deadline`. The same drop queues the QP in
+/// the ready set that `poll_transmit` serves ([`crate::ready`]).
 #[derive(Default)]
 struct QpTable {
     qps: Vec<Qp>,
     deadlines: Vec<Option<Timestamp>>,
     index: HashMap<u32, usize>,
+    ready: ReadySet,
 }
 
-/// Mutable access to one QP of a [`QpTable`]; refreshes its cached deadline when dropped.
+/// Mutable access to one QP of a [`QpTable`]; refreshes its cached deadline when dropped, and
+/// queues it as ready to send unless it came from [`QpTable::at_mut_quiet`].
 struct QpMut<'a> {
     qp: &'a mut Qp,
     deadline: &'a mut Option<Timestamp>,
+    ready: Option<(&'a mut ReadySet, usize)>,
 }
 
 impl core::ops::Deref for QpMut<'_> {
@@ -687,6 +697,9 @@ impl core::ops::DerefMut for QpMut<'_> {
 impl Drop for QpMut<'_> {
     fn drop(&mut self) {
         *self.deadline = self.qp.next_deadline();
+        if let Some((ready, i)) = self.ready.take() {
+            ready.push(i);
+        }
     }
 }
 
@@ -703,11 +716,13 @@ impl QpTable {
         self.index.insert(qpn, self.qps.len());
         self.deadlines.push(qp.next_deadline());
         self.qps.push(qp);
+        self.ready.add_slot();
     }
 
     fn remove(&mut self, qpn: u32) -> Option<Qp> {
         let i = self.index.remove(&qpn)?;
         self.deadlines.remove(i);
+        self.ready.remove_slot(i);
         let qp = self.qps.remove(i);
         for slot in self.index.values_mut() {
             if *slot > i {
@@ -731,6 +746,17 @@ impl QpTable {
         QpMut {
             qp: &mut self.qps[i],
             deadline: &mut self.deadlines[i],
+            ready: Some((&mut self.ready, i)),
+        }
+    }
+
+    /// [`at_mut`](Self::at_mut) without queueing the QP as ready: for `poll_transmit`, which
+    /// queues it again only if it sent, and for sweeps that change nothing in most QPs.
+    fn at_mut_quiet(&mut self, i: usize) -> QpMut<'_> {
+        QpMut {
+            qp: &mut self.qps[i],
+            deadline: &mut self.deadlines[i],
+            ready: None,
         }
     }
 
@@ -756,8 +782,8 @@ pub struct Endpoint {
     local: SocketAddr,
     sh: Shared,
     qps: QpTable,
-    /// Where the next round-robin pass of `poll_transmit` starts (an index into `qps`).
-    cursor: usize,
+    /// QPs `poll_transmit` has asked for a datagram, in all (a work counter for tests).
+    tx_visits: u64,
     pds: HashMap<u32, u32>,
     cqs: Vec<u32>,
     next_id: u32,
@@ -804,7 +830,7 @@ impl Endpoint {
             local,
             sh,
             qps: QpTable::default(),
-            cursor: 0,
+            tx_visits: 0,
             pds: HashMap::new(),
             cqs: Vec::new(),
             next_id: 1,
@@ -909,13 +935,23 @@ impl Endpoint {
         Ok(MrKeys { lkey, rkey })
     }
 
-    /// Deregisters the region with local key `lkey`. Peers lose access at once; work requests
-    /// already posted keep their buffers alive until they complete.
+    /// Deregisters the region with local key `lkey`. When it returns, the engine never
+    /// touches the region's memory again: peers lose access at once, a READ still being
+    /// answered from it is refused (its requester gets `RemoteAccessError`), and this side's
+    /// unfinished work requests with buffers in it fail with `LocalProtectionError`; either
+    /// moves the QP concerned to the error state (see `endpoint/revoke.rs`).
     pub fn deregister(&mut self, lkey: u32) -> Result<(), ResourceError> {
         let mr = self.sh.mrs.remove(&lkey).ok_or(ResourceError::UnknownMr)?;
         self.sh.rkeys.remove(&mr.rkey);
         if let Some(n) = self.pds.get_mut(&mr.pd) {
             *n = n.saturating_sub(1);
+        }
+        for i in 0..self.qps.len() {
+            let mut qp = self.qps.at_mut_quiet(i);
+            if qp.revoke(&mr.region, &mut self.sh) {
+                drop(qp);
+                self.qps.ready.push(i); // it has a NAK to send
+            }
         }
         Ok(())
     }
@@ -969,6 +1005,7 @@ impl Endpoint {
             next_ssn: 0,
             pack_idx: 0,
             resp: VecDeque::new(),
+            share: SendShare::default(),
             next_psn: psn,
             snd_una: psn,
             sent: VecDeque::new(),
@@ -1396,18 +1433,33 @@ impl Endpoint {
     }
 
     /// The next datagram to send, written at the start of `buf` (which must hold
-    /// `config().max_datagram` bytes). QPs take turns, one datagram each.
+    /// `config().max_datagram` bytes). QPs with work take turns, one datagram each; only QPs
+    /// that had an event since they last sent are asked ([`crate::ready`]), so idle QPs cost
+    /// nothing here.
     pub fn poll_transmit(&mut self, now: Timestamp, buf: &mut [u8]) -> Option<Transmit> {
-        let n = self.qps.len();
-        for i in 0..n {
-            let idx = (self.cursor + i) % n;
-            if let Some(t) = self.qps.at_mut(idx).poll_transmit(now, buf, &mut self.sh) {
-                self.cursor = (idx + 1) % n;
+        for _ in 0..self.qps.ready.len() {
+            let i = self.qps.ready.pop()?;
+            self.tx_visits += 1;
+            let t = self
+                .qps
+                .at_mut_quiet(i)
+                .poll_transmit(now, buf, &mut self.sh);
+            if let Some(t) = t {
+                // To the back: it may have more, after the others' turns.
+                self.qps.ready.push(i);
                 self.sh.stats.tx_datagrams += 1;
                 return Some(t);
             }
         }
         None
+    }
+
+    /// How many times, in all, `poll_transmit` asked a QP for a datagram: a measure of its
+    /// work for tests (it grows with the datagrams sent and the QPs that had events, not with
+    /// idle QPs).
+    #[doc(hidden)]
+    pub fn transmit_visits(&self) -> u64 {
+        self.tx_visits
     }
 
     /// The next completion, with the completion queue it belongs to.
@@ -1751,9 +1803,30 @@ impl Qp {
         !self.resp.is_empty() || self.pack_idx < self.sq.len()
     }
 
-    /// Takes the next packet's worth of new work: responses first, then requests.
+    /// Takes the next packet's worth of new work: a response or a request, as the deficit
+    /// round robin of [`crate::share`] picks.
     fn next_new_packet(&mut self, sh: &Shared) -> Option<SentWhat> {
-        if let Some(job) = self.resp.front_mut() {
+        let resp_len = self.resp.front().map(|job| match job {
+            RespJob::Read {
+                msg_len,
+                next_offset,
+                ..
+            } => (*msg_len - *next_offset).min(sh.resp_chunk - self.seal.overhead()),
+            RespJob::Atomic { .. } => 0,
+        });
+        let req_len = match self.sq.get(self.pack_idx) {
+            // Queued already failed (`post_send_or_fail`): never sent; it fails the QP when
+            // it reaches the front.
+            Some(w) if !self.failing && w.status.is_none() => Some(if w.op.carries_data() {
+                (w.len - w.next_offset).min(sh.req_chunk - self.seal.overhead())
+            } else {
+                0
+            }),
+            _ => None,
+        };
+        if self.share.pick(resp_len, req_len)? == Turn::Response
+            && let Some(job) = self.resp.front_mut()
+        {
             match job {
                 RespJob::Read {
                     msn,
@@ -2482,7 +2555,7 @@ impl Qp {
 
     fn on_nak(&mut self, now: Timestamp, n: &wire::Nak, sh: &mut Shared) {
         sh.stats.naks_received += 1;
-        if self.state != QpState::Connected {
+        if self.state != QpState::Connected || self.refused_after_acceptance(n, sh) {
             return;
         }
         let Some(i) = self.sent_index(n.psn) else {

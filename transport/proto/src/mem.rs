@@ -117,9 +117,17 @@ impl Region {
     ///
     /// # Safety
     /// Every aligned 8-byte word that overlaps `[ptr, ptr + len)` must be valid for reads and
-    /// writes, and stay so until the last clone of the returned `Arc` is dropped; and while
-    /// any clone is alive, those words may only be accessed through this region or through
-    /// other atomic operations (no plain loads or stores that could race with the network).
+    /// writes from this call until both of these hold:
+    /// - every endpoint the region was registered with has returned from
+    ///   [`Endpoint::deregister`](crate::Endpoint::deregister) for each of its registrations
+    ///   (or was dropped): from then on the engine never touches the memory, though it may
+    ///   still hold clones of the `Arc` in work requests waiting to be reported;
+    /// - the caller no longer calls [`read`](Self::read), [`write`](Self::write) or the
+    ///   atomics on any clone of the returned `Arc`.
+    ///
+    /// Dropping a clone never touches the memory. Until then, those words may only be
+    /// accessed through this region or through other atomic operations (no plain loads or
+    /// stores that could race with the network).
     #[allow(unsafe_code)] // Memory registration: the engine's only unsafe code.
     pub unsafe fn from_raw(ptr: *mut u8, len: usize) -> Arc<Region> {
         if len == 0 {

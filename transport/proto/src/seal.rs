@@ -198,6 +198,9 @@ pub struct Sealer {
     tx: LessSafeKey,
     rx: LessSafeKey,
     tx_dir: u8,
+    /// Direction bit of the nonces of received datagrams: the peer's `tx_dir` (the other
+    /// bit, or the same one on a QP connected to itself).
+    rx_dir: u8,
     next_seq: Cell<u64>,
     window: ReplayWindow,
 }
@@ -254,18 +257,22 @@ impl Sealer {
         let context: [&[u8]; 7] = [LABEL, &a.public, &qa, &pa, &b.public, &qb, &pb];
         let a_to_b = direction_key(&prk, &context, b"A->B");
         let b_to_a = direction_key(&prk, &context, b"B->A");
-        // A QP connected to itself is both parties: it sends and receives A->B.
-        let (tx, rx, tx_dir) = if local == peer {
-            (a_to_b, direction_key(&prk, &context, b"A->B"), 0)
+        // A QP connected to itself is both parties: it sends and receives A->B, so its
+        // receive side expects its own direction bit in the nonce. Its sequence numbers are
+        // still used once each (one counter sends, one window receives), so no (key, nonce)
+        // pair repeats.
+        let (tx, rx, tx_dir, rx_dir) = if local == peer {
+            (a_to_b, direction_key(&prk, &context, b"A->B"), 0, 0)
         } else if local_is_a {
-            (a_to_b, b_to_a, 0)
+            (a_to_b, b_to_a, 0, 1)
         } else {
-            (b_to_a, a_to_b, 1)
+            (b_to_a, a_to_b, 1, 0)
         };
         Ok(Sealer {
             tx,
             rx,
             tx_dir,
+            rx_dir,
             next_seq: Cell::new(0),
             window: ReplayWindow::new(),
         })
@@ -317,7 +324,7 @@ impl Sealer {
         scratch.extend_from_slice(datagram);
         let (aad, rest) = scratch.split_at_mut(AAD_LEN); // peek checked the length
         self.rx
-            .open_in_place(nonce(self.tx_dir ^ 1, peek.seq), Aad::from(&*aad), rest)
+            .open_in_place(nonce(self.rx_dir, peek.seq), Aad::from(&*aad), rest)
             .map_err(|_| OpenError::BadTag)?;
         if !self.window.accept(peek.seq) {
             return Err(OpenError::Replayed);
@@ -543,6 +550,46 @@ mod tests {
         assert_eq!(
             sealer_a.open(&buf[..len], &mut scratch).map(|_| ()),
             Err(OpenError::BadTag)
+        );
+    }
+
+    #[test]
+    fn a_qp_connected_to_itself_opens_its_own_packets_once() {
+        let secret = [3u8; 32];
+        let me = Party {
+            public: public_key(&secret),
+            qpn: 5,
+            psn: 42,
+        };
+        let mut sealer = Sealer::new(&secret, me, me).expect("good key");
+        let h = Header {
+            kind: wire::Kind::Nak,
+            path: 0,
+            flags: 0,
+            dst_qpn: 5,
+            src_qpn: 5,
+            psn: 0,
+            send_ts_ns: 1,
+        };
+        let body = Body::Nak(wire::Nak {
+            psn: 3,
+            msn: 4,
+            syndrome: wire::Syndrome::InvalidRequest,
+        });
+        let mut scratch = Vec::new();
+        let mut bufs = [[0u8; 128]; 2];
+        let mut lens = [0usize; 2];
+        for (buf, len) in bufs.iter_mut().zip(&mut lens) {
+            *len = sealer.emit(buf, &h, &body, 0, |_| {}).expect("room");
+        }
+        // Out of order, then a replay.
+        for (buf, len) in bufs.iter().zip(lens).rev() {
+            let p = sealer.open(&buf[..len], &mut scratch).expect("opens");
+            assert_eq!(p.body, body);
+        }
+        assert_eq!(
+            sealer.open(&bufs[0][..lens[0]], &mut scratch).map(|_| ()),
+            Err(OpenError::Replayed)
         );
     }
 

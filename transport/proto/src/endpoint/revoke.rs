@@ -1,0 +1,116 @@
+//! Revocation: what a QP does when a region it uses is deregistered.
+//!
+//! After [`Endpoint::deregister`](super::Endpoint::deregister) returns, the engine never reads
+//! or writes that region's memory again (with [`Region::from_raw`] memory the caller may free
+//! it then). Peers' new requests find no key and are refused at once; what a QP already holds
+//! is swept here, once per deregistration (it is rare, so the sweep's cost, linear in the QP's
+//! queues, stays off the per-packet path):
+//!
+//! - **Responses being served** (a READ's response still queued, or sent and not yet
+//!   acknowledged, which a retransmission would read again): the responder refuses that READ
+//!   with a remote access NAK and moves the QP to the error state, as verbs does for a fatal
+//!   access error. The requester completes that READ with `RemoteAccessError` and flushes what
+//!   follows; the response bytes it already placed are what the region held before
+//!   deregistration, never anything written after. Atomic responses carry their value, not
+//!   the region, and are unaffected.
+//! - **This QP's own work requests** whose local buffers lie in the region (gather sources,
+//!   READ and atomic destinations, posted receives), and that have not finished: the first
+//!   gets `LocalProtectionError`, as verbs reports a work request whose memory registration
+//!   vanished, and the QP goes to the error state, so nothing else touches those buffers.
+//!   Work requests that finished and only wait to be reported in posting order keep their
+//!   status: nothing reads or writes their buffers again.
+//!
+//! A region registered twice (two keys, the same [`Region`]) is revoked for every use when
+//! either registration goes.
+use std::sync::Arc;
+
+use super::{Qp, RespJob, SentWhat, Shared};
+use crate::mem::Region;
+use crate::types::{QpState, WcStatus};
+use crate::wire::{self, Syndrome};
+
+fn uses(segs: &[super::Seg], region: &Arc<Region>) -> bool {
+    segs.iter().any(|s| Arc::ptr_eq(&s.region, region))
+}
+
+impl Qp {
+    /// Stops every use of `region` by this QP (see the module documentation). Returns
+    /// whether the QP changed (it failed).
+    pub(super) fn revoke(&mut self, region: &Arc<Region>, sh: &mut Shared) -> bool {
+        if self.state != QpState::Connected && self.state != QpState::Init {
+            return false; // in error: its queues were drained, nothing holds the region
+        }
+        // The oldest READ whose responses still depend on the region: sent ones first (they
+        // are older than any queued job).
+        let sent = self.sent.iter().find_map(|p| match &p.what {
+            SentWhat::ReadResp { msn, region: r, .. } if !p.acked && Arc::ptr_eq(r, region) => {
+                Some(*msn)
+            }
+            _ => None,
+        });
+        let refused = sent.or_else(|| {
+            self.resp.iter().find_map(|j| match j {
+                RespJob::Read { msn, region: r, .. } if Arc::ptr_eq(r, region) => Some(*msn),
+                _ => None,
+            })
+        });
+        let mut fail = false;
+        if let Some(msn) = refused {
+            self.fatal_nak = Some((msn, Syndrome::RemoteAccess));
+            // Queued even if the NAK queue is full: this one carries the verdict.
+            self.naks.push_back(wire::Nak {
+                psn: 0,
+                msn,
+                syndrome: Syndrome::RemoteAccess,
+            });
+            fail = true;
+        }
+        if let Some(w) = self
+            .sq
+            .iter_mut()
+            .find(|w| !w.is_done() && w.status.is_none() && uses(&w.segs, region))
+        {
+            w.status = Some(WcStatus::LocalProtectionError);
+            fail = true;
+        }
+        if let Some(w) = self
+            .rq
+            .iter_mut()
+            .find(|w| !w.done && w.error.is_none() && uses(&w.segs, region))
+        {
+            w.error = Some(WcStatus::LocalProtectionError);
+            fail = true;
+        }
+        if fail {
+            // Drains the response jobs, the sent packets and both work queues: no copy of
+            // the region's reference is used again.
+            self.enter_error(sh);
+        }
+        fail
+    }
+
+    /// A fatal NAK for a READ or atomic this side sent and the peer accepted (so the request
+    /// packet is acknowledged already): the responder could not serve it after all (its
+    /// region was deregistered, see the module documentation). The work request fails with
+    /// the NAK's status, in posting order. Returns whether the NAK was such a refusal.
+    pub(super) fn refused_after_acceptance(&mut self, n: &wire::Nak, sh: &mut Shared) -> bool {
+        let pending_request = self.sent_index(n.psn).is_some_and(|i| {
+            let p = &self.sent[i];
+            !p.acked && matches!(p.what, SentWhat::Req { msn, .. } if msn == n.msn)
+        });
+        if pending_request {
+            return false; // an ordinary refusal of a request packet
+        }
+        let Some(i) = self.wqe_index(n.msn) else {
+            return false;
+        };
+        let w = &mut self.sq[i];
+        if n.syndrome != Syndrome::RemoteAccess || !w.awaits_response() || w.status.is_some() {
+            return false;
+        }
+        w.status = Some(WcStatus::RemoteAccessError);
+        self.failing = true;
+        self.complete_sq(sh);
+        true
+    }
+}
