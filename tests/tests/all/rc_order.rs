@@ -378,3 +378,85 @@ fn requester_completes_read_and_atomic_in_posting_order() {
         "seed {seed}"
     );
 }
+
+/// The same bad post, made over and over while another thread keeps the engine busy (posting
+/// WRITEs and reading stats), is refused synchronously every time, and the QP stays usable:
+/// no post is accepted and then failed asynchronously.
+#[test]
+fn a_bad_post_is_refused_synchronously_under_a_busy_engine() {
+    use braid::{Device, DeviceConfig, PostError};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::time::Duration;
+
+    let open = || {
+        let dev = Device::open(DeviceConfig::udp("127.0.0.1:0".parse().unwrap()).paths(4))
+            .expect("open a UDP device");
+        let pd = dev.alloc_pd();
+        let cq = dev.create_cq();
+        let qp = pd.create_qp(&cq, &cq).expect("qp");
+        (dev, pd, cq, qp)
+    };
+    let (_da, pa, ca, qa) = open();
+    let (_db, pb, _cb, qb) = open();
+    qa.connect(qb.info()).unwrap();
+    qb.connect(qa.info()).unwrap();
+    let src = Arc::new(pa.alloc_mr(4096, Access::NONE).unwrap());
+    let dst = Arc::new(pb.alloc_mr(4096, Access::REMOTE_WRITE).unwrap());
+    let qa = Arc::new(qa);
+    let stop = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicU64::new(0));
+    let hammer = {
+        let (qa, src, dst) = (qa.clone(), src.clone(), dst.clone());
+        let (stop, count) = (stop.clone(), count.clone());
+        std::thread::spawn(move || {
+            let mut posted = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                count.fetch_add(1, Ordering::Relaxed);
+                let _ = qa.stats();
+                let wr = SendWr {
+                    wr_id: 1_000_000 + posted,
+                    op: SendOp::Write(dst.remote(0)),
+                    sges: vec![src.sge(0, 64)],
+                    signaled: false,
+                };
+                if qa.post_send(wr).is_ok() {
+                    posted += 1;
+                }
+            }
+            posted
+        })
+    };
+    while count.load(Ordering::Relaxed) < 100 {
+        std::thread::yield_now();
+    }
+    let mut bad_sge = src.sge(0, 64);
+    bad_sge.offset = 1 << 20;
+    let refused = (0..3000)
+        .map(|i| {
+            let wr = SendWr {
+                wr_id: i,
+                op: SendOp::Write(dst.remote(0)),
+                sges: vec![bad_sge],
+                signaled: true,
+            };
+            qa.post_send(wr)
+        })
+        .filter(|r| *r == Err(PostError::OutOfBounds))
+        .count();
+    stop.store(true, Ordering::Relaxed);
+    let posted = hammer.join().unwrap();
+    assert_eq!(refused, 3000, "every bad post refused synchronously");
+    assert!(posted > 0, "the hammering thread posted");
+    // A last signaled WRITE completes: nothing failed the QP.
+    let last = SendWr {
+        wr_id: 7,
+        op: SendOp::Write(dst.remote(0)),
+        sges: vec![src.sge(0, 64)],
+        signaled: true,
+    };
+    qa.post_send(last).expect("post");
+    let c = ca.wait(Duration::from_secs(20)).expect("a completion");
+    assert_eq!((c.wr_id, c.status), (7, WcStatus::Success));
+    assert!(ca.poll_one().is_none(), "no error completion");
+}

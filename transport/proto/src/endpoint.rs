@@ -1127,6 +1127,12 @@ impl Endpoint {
         })
     }
 
+    /// Send and receive work requests posted on `qpn` and not yet completed (what
+    /// `max_send_wr` and `max_recv_wr` bound), in O(1).
+    pub fn queue_depths(&self, qpn: u32) -> Option<(usize, usize)> {
+        self.qps.get(qpn).map(|q| (q.sq.len(), q.rq.len()))
+    }
+
     fn resolve(&self, pd: u32, sges: &[Sge], need: Access) -> Result<(Vec<Seg>, u32), PostError> {
         if sges.len() > MAX_SGE {
             return Err(PostError::TooManySges);

@@ -18,6 +18,7 @@ mod rc_order;
 pub mod seal;
 pub mod tracker;
 pub mod types;
+pub mod validate;
 pub mod wire;
 
 pub use braid_cc as cc;
