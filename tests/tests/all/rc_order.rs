@@ -497,3 +497,54 @@ fn a_bad_post_is_refused_synchronously_under_a_busy_engine() {
     assert_eq!((c.wr_id, c.status), (7, WcStatus::Success));
     assert!(ca.poll_one().is_none(), "no error completion");
 }
+
+/// A READ posted just before a refused WRITE still gets its data: the responder fails only
+/// once its responses to the requests before the refusal are delivered.
+#[test]
+fn read_before_a_refusal_gets_its_data() {
+    for (i, link) in [LinkConfig::default(), crate::support::hostile_link(0.05)]
+        .into_iter()
+        .cycle()
+        .take(10)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .enumerate()
+    {
+        let seed = seed(930) + i as u64;
+        let mut sim = Sim::new(seed, &config(4, 10), link);
+        let mut rng = rng(seed);
+        let (a, b) = (sim.a, sim.b);
+        let local = sim.c.alloc_mr(&a, 16384, Access::LOCAL_WRITE);
+        let remote = sim.random_mr(b, 16384, Access::ALL, &mut rng);
+        let read = SendOp::Read(RemoteAddr {
+            rkey: remote.keys.rkey,
+            offset: 0,
+        });
+        sim.post_send(a, send_wr(1, read, vec![sge(&local, 0, 12000)]));
+        let bad = SendOp::Write(RemoteAddr {
+            rkey: remote.keys.rkey ^ 1,
+            offset: 0,
+        });
+        sim.post_send(a, send_wr(2, bad, vec![sge(&local, 12000, 100)]));
+        let got = sim.wait_cq(a, 2, 200_000);
+        let statuses: Vec<(u64, WcStatus)> = got.iter().map(|c| (c.wr_id, c.status)).collect();
+        assert_eq!(
+            statuses,
+            [(1, WcStatus::Success), (2, WcStatus::RemoteAccessError)],
+            "seed {seed}"
+        );
+        assert_eq!(
+            local.region.to_vec(0, 12000).expect("in bounds"),
+            remote.region.to_vec(0, 12000).expect("in bounds"),
+            "seed {seed}: the READ's data"
+        );
+        sim.c.run_until(200_000, |c| c.next_event().is_none());
+        let eb = &sim.c.nodes[b.node].ep;
+        assert_eq!(
+            eb.qp_stats(b.qp.qpn).map(|s| s.state),
+            Some(QpState::Error),
+            "seed {seed}"
+        );
+        assert_eq!(eb.poll_timeout(), None, "seed {seed}");
+    }
+}

@@ -1928,9 +1928,11 @@ impl Qp {
             Ok(()) => self.accepted(now, h, ecn),
             Err(Some(Syndrome::ReceiverNotReady)) => self.nak(h, r.msn, Syndrome::ReceiverNotReady),
             Err(Some(syndrome)) => {
-                // Fatal: the responder stops at this packet ([`crate::rc_order`]).
+                // Fatal: the responder stops at this packet ([`crate::rc_order`]), and this
+                // QP sends no new request of its own (they flush when it fails).
                 self.nak(h, r.msn, syndrome);
                 self.order.refuse(h.psn, r.msn, syndrome);
+                self.failing = true;
             }
             Err(None) => sh.stats.rx_bad_response += 1,
         }
@@ -1943,7 +1945,28 @@ impl Qp {
     /// requester learns that the requests before the refusal arrived).
     fn after_accept(&mut self, sh: &mut Shared) {
         self.complete_rq(sh);
-        if self.state == QpState::Connected && self.order.fence_reached(self.rx.cum()) {
+        self.settle_fence(sh);
+    }
+
+    /// Moves a responder stopped by a fatal refusal to the error state once every packet
+    /// before the refusal has arrived and every response to them (READ data, atomic results)
+    /// has been acknowledged or given up by the requester: a READ posted before the refused
+    /// request still gets its data. The last acknowledgement still goes out.
+    fn settle_fence(&mut self, sh: &mut Shared) {
+        if self.state != QpState::Connected || !self.order.fence_reached(self.rx.cum()) {
+            return;
+        }
+        // Every receive before the fence has completed: the rest flush now, before this side
+        // acknowledges the last packet before the refusal (so before the requester can
+        // report the refusal).
+        self.flush_rq(sh);
+        // Only while fenced (rare): a scan of what is in flight.
+        let delivered = self.resp.is_empty()
+            && self
+                .sent
+                .iter()
+                .all(|p| p.acked || matches!(p.what, SentWhat::Req { .. }));
+        if delivered {
             let ack = self.ack_pending;
             self.enter_error(sh);
             self.ack_pending = ack;
@@ -2150,8 +2173,17 @@ impl Qp {
         let Some(psn) = self.order.refused_psn else {
             return true;
         };
+        // A request packet also counts once its work request is done (a READ or atomic
+        // answered: the request arrived, though its acknowledgement may not have); responses
+        // to the peer's requests do not hold this QP's failure back.
+        let settled = |p: &SentPkt| match p.what {
+            SentWhat::Req { msn, .. } => {
+                p.acked || self.wqe_index(msn).is_none_or(|w| self.sq[w].is_done())
+            }
+            _ => true,
+        };
         match self.sent_index(psn) {
-            Some(i) => self.sent.iter().take(i).all(|p| p.acked),
+            Some(i) => self.sent.iter().take(i).all(settled),
             None => true,
         }
     }
@@ -2480,6 +2512,7 @@ impl Qp {
         if self.in_flight_pkts == 0 && !self.has_new_work() {
             self.cc.on_idle(now);
         }
+        self.settle_fence(sh);
     }
 
     /// Time-based loss detection (RACK): a packet sent a reordering window before the newest
@@ -2582,6 +2615,7 @@ impl Qp {
                 // The requester gave up on this response: stop sending it.
                 let mut none = AckFeedback::NONE;
                 self.packet_acked(i, now, &mut none);
+                self.settle_fence(sh);
                 return;
             }
             _ => {
@@ -2772,6 +2806,22 @@ impl Qp {
         }
         self.sq_base_msn = self.next_msn;
         self.pack_idx = 0;
+        self.flush_rq(sh);
+        self.resp.clear();
+        self.sent.clear();
+        self.snd_una = self.next_psn;
+        self.rtx.clear();
+        self.held.clear();
+        self.in_flight_bytes = 0;
+        self.in_flight_pkts = 0;
+        self.rto_deadline = None;
+        self.reorder_deadline = None;
+        self.ack_pending = false;
+    }
+
+    /// Completes every outstanding receive in posting order: a failed one with its status,
+    /// the rest as flushed.
+    fn flush_rq(&mut self, sh: &mut Shared) {
         for w in self.rq.drain(..) {
             let (status, byte_len) = match (w.error, w.msg) {
                 (Some(e), Some((_, len))) => (e, len),
@@ -2788,16 +2838,6 @@ impl Qp {
             };
             sh.complete(self.recv_cq, c);
         }
-        self.resp.clear();
-        self.sent.clear();
-        self.snd_una = self.next_psn;
-        self.rtx.clear();
-        self.held.clear();
-        self.in_flight_bytes = 0;
-        self.in_flight_pkts = 0;
-        self.rto_deadline = None;
-        self.reorder_deadline = None;
-        self.ack_pending = false;
     }
 }
 

@@ -8,8 +8,10 @@
 //!   key, bounds or rights, an invalid request), it stops at that packet's PSN, as verbs RC
 //!   does: no packet at or after it executes any more (each is answered with the same NAK),
 //!   while packets before it, still on slower paths, are executed as usual. Once every packet
-//!   before the fence has arrived, the QP goes to the error state and its outstanding receives
-//!   complete as flushed.
+//!   before the fence has arrived, its outstanding receives complete as flushed, and once the
+//!   responses to the requests before it (READ data, atomic results) are delivered, the QP
+//!   goes to the error state. The requester fails once every packet before the refused one is
+//!   acknowledged, so both sides agree on what executed.
 //! - **Ordered receive completions.** By default a receive (consumed by SEND, SEND with
 //!   immediate or WRITE with immediate) completes only when its own bytes are all placed *and*
 //!   every packet the peer sent before its last one has arrived, so every earlier request of
