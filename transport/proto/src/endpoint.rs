@@ -1311,7 +1311,9 @@ impl Endpoint {
         let (segs, cap) = self.resolve(pd, &wr.sges, Access::LOCAL_WRITE)?;
         let mut guard = self.qps.get_mut(qpn).ok_or(PostError::UnknownQp)?;
         let qp = &mut *guard;
-        if state == QpState::Error {
+        // A responder stopped by a fatal refusal whose receives have flushed (see
+        // `settle_fence`) takes no more.
+        if state == QpState::Error || qp.order.fence_reached(qp.rx.cum()) {
             let c = Completion {
                 wr_id: wr.wr_id,
                 status: WcStatus::Flushed,
