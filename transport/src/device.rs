@@ -3,14 +3,22 @@
 //!
 //! Concurrency is confined to the engine behind one mutex and to the loom-checked structures
 //! of `braid-sync` around it:
-//! - **Posting.** A post tries the engine lock. If it is free, the post runs on the posting
-//!   thread and so does the engine's transmit loop: a WRITE leaves without waiting for the
-//!   progress thread (an inline doorbell) and errors are returned at once. If the lock is busy
-//!   (the progress thread is placing a batch, another thread is posting), the work request goes
-//!   into the device's hand-off ring ([`braid_sync::Mpsc`]) and, if the progress thread is
-//!   asleep, its doorbell rings ([`Datapath::wake`]). Whoever takes the engine lock next applies
-//!   queued work requests first, in order, before anything else, so a thread's posts keep their
-//!   order and every later engine operation sees them.
+//! - **Posting.** A post is first checked, without the engine lock, against everything it
+//!   can be refused for (the QP's state, keys, protection domain, access rights, bounds,
+//!   lengths, atomic shape: [`braid_proto::validate`], from the device's own copy of its
+//!   registrations; and queue depth, see `QpGate`): a refusal is always a synchronous
+//!   [`PostError`], whether or not the engine is busy. An accepted post then tries the engine
+//!   lock. If it is free, the post runs on the posting thread and so does the engine's
+//!   transmit loop: a WRITE leaves without waiting for the progress thread (an inline
+//!   doorbell). If the lock is busy (the progress thread is placing a batch, another thread is
+//!   posting), the work request goes into the device's hand-off ring ([`braid_sync::Mpsc`])
+//!   and, if the progress thread is asleep, its doorbell rings ([`Datapath::wake`]). Whoever
+//!   takes the engine lock next applies queued work requests first, in order, before anything
+//!   else, so a thread's posts keep their order and every later engine operation sees them.
+//!   A post racing with the deregistration of a region it uses is ordered by the
+//!   registration table's lock: checked before the deregistration, it is applied before it
+//!   (it keeps its buffers, as a work request posted earlier does); checked after, it is
+//!   refused with `InvalidLkey`.
 //! - **Completions.** Each completion queue is an SPSC ring: the engine-lock holder produces,
 //!   application threads consume (behind a per-CQ lock, since several threads may poll one CQ;
 //!   an empty CQ is seen without that lock). Waiters sleep on the CQ's [`braid_sync::Event`].
@@ -19,8 +27,8 @@
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -28,6 +36,7 @@ use braid_datapath::udp::{UdpConfig, UdpDatapath};
 use braid_datapath::uring::UringDatapath;
 use braid_datapath::xdp::{XdpConfig, XdpDatapath};
 use braid_datapath::{Datapath, Ecn, RecvBatch};
+use braid_proto::validate::{self, LocalMr};
 use braid_proto::{
     Access, Completion, CqId, Endpoint, EndpointConfig, EndpointStats, MrKeys, PathStats, PdId,
     PostError, QpInfo, QpOptions, QpStats, RecvWr, Region, RemoteAddr, ResourceError, SendWr, Sge,
@@ -290,8 +299,78 @@ impl CqSink {
 
 /// A work request that found the engine busy, on its way through the hand-off ring.
 enum Post {
-    Send { qpn: u32, wr: SendWr, cq: CqId },
-    Recv { qpn: u32, wr: RecvWr, cq: CqId },
+    Send {
+        qpn: u32,
+        wr: SendWr,
+        cq: CqId,
+        gate: Arc<QpGate>,
+    },
+    Recv {
+        qpn: u32,
+        wr: RecvWr,
+        cq: CqId,
+        gate: Arc<QpGate>,
+    },
+}
+
+impl Post {
+    fn gate(&self) -> &QpGate {
+        match self {
+            Post::Send { gate, .. } | Post::Recv { gate, .. } => gate,
+        }
+    }
+
+    fn is_send(&self) -> bool {
+        matches!(self, Post::Send { .. })
+    }
+}
+
+/// What a post on one QP is checked against without the engine lock.
+///
+/// Queue depth: `depth` is the engine's count of outstanding work requests as last seen by a
+/// lock holder (it may be stale, but only high: it is stored after every post the engine
+/// applies, and the engine only ever lowers it on its own), `in_ring` the posts handed off and
+/// not yet applied. A post is handed off only if the two leave room; otherwise it waits for
+/// the engine lock and gets the engine's exact answer. So a handed-off post always finds room.
+#[derive(Debug)]
+struct QpGate {
+    pd: u32,
+    /// Connected (`post_send` before `connect` is refused with `NotConnected`).
+    connected: AtomicBool,
+    sq: Depth,
+    rq: Depth,
+}
+
+#[derive(Debug, Default)]
+struct Depth {
+    depth: AtomicUsize,
+    in_ring: AtomicUsize,
+}
+
+impl Depth {
+    /// Reserves a place in the hand-off ring if the queue surely has room for it.
+    fn reserve(&self, max: usize) -> bool {
+        let queued = self.in_ring.fetch_add(1, Ordering::AcqRel) + 1;
+        if self.depth.load(Ordering::Acquire) + queued <= max {
+            return true;
+        }
+        self.in_ring.fetch_sub(1, Ordering::AcqRel);
+        false
+    }
+}
+
+impl QpGate {
+    fn depth(&self, send: bool) -> &Depth {
+        if send { &self.sq } else { &self.rq }
+    }
+
+    /// Records the engine's queue depths (call with the engine lock held, after a post).
+    fn publish(&self, ep: &Endpoint, qpn: u32) {
+        if let Some((sq, rq)) = ep.queue_depths(qpn) {
+            self.sq.depth.store(sq, Ordering::Release);
+            self.rq.depth.store(rq, Ordering::Release);
+        }
+    }
 }
 
 struct Core {
@@ -302,25 +381,53 @@ struct Core {
 }
 
 impl Core {
-    /// Applies work requests queued while the engine was busy, oldest first. One that the
-    /// engine refuses cannot return its error to the poster any more: it completes with an
-    /// error status in posting order and fails the QP, as verbs reports a bad buffer
-    /// (see `Endpoint::post_send_or_fail`).
+    /// Applies work requests queued while the engine was busy, oldest first. They were
+    /// checked before the hand-off (see [`Inner::post`]), so the engine accepts them; should
+    /// it refuse one all the same, the refusal cannot reach the poster any more, and it
+    /// completes with an error status in posting order (`Endpoint::post_send_or_fail`).
     fn take_posts(&mut self) {
         let Core { ep, posts, .. } = self;
-        posts.pop_batch(usize::MAX, |p| match p {
-            Post::Send { qpn, wr, cq } => ep.post_send_or_fail(qpn, wr, cq),
-            Post::Recv { qpn, wr, cq } => ep.post_recv_or_fail(qpn, wr, cq),
+        posts.pop_batch(usize::MAX, |p| {
+            let send = p.is_send();
+            let gate = match p {
+                Post::Send { qpn, wr, cq, gate } => {
+                    ep.post_send_or_fail(qpn, wr, cq);
+                    gate.publish(ep, qpn);
+                    gate
+                }
+                Post::Recv { qpn, wr, cq, gate } => {
+                    ep.post_recv_or_fail(qpn, wr, cq);
+                    gate.publish(ep, qpn);
+                    gate
+                }
+            };
+            // After publishing the depth it now counts in, so the sum never falls short.
+            gate.depth(send).in_ring.fetch_sub(1, Ordering::AcqRel);
         });
     }
 
     /// Applies queued work requests, then `p`, returning the engine's verdict on `p`.
     fn post(&mut self, p: Post) -> Result<(), PostError> {
         self.take_posts();
-        match p {
-            Post::Send { qpn, wr, .. } => self.ep.post_send(qpn, wr),
-            Post::Recv { qpn, wr, .. } => self.ep.post_recv(qpn, wr),
-        }
+        // Counted as in the ring until its depth is published, so that a concurrent check
+        // (which reads the two without the lock) never sees less than the engine holds.
+        let send = p.is_send();
+        let depth = p.gate().depth(send);
+        depth.in_ring.fetch_add(1, Ordering::AcqRel);
+        let (r, gate) = match p {
+            Post::Send { qpn, wr, gate, .. } => {
+                let r = self.ep.post_send(qpn, wr);
+                gate.publish(&self.ep, qpn);
+                (r, gate)
+            }
+            Post::Recv { qpn, wr, gate, .. } => {
+                let r = self.ep.post_recv(qpn, wr);
+                gate.publish(&self.ep, qpn);
+                (r, gate)
+            }
+        };
+        gate.depth(send).in_ring.fetch_sub(1, Ordering::AcqRel);
+        r
     }
 }
 
@@ -340,6 +447,12 @@ struct Inner {
     /// Which datapath was chosen and why (for `auto`, what failed before it).
     report: String,
     busy_poll: bool,
+    /// The registered regions by local key, for checking posts without the engine lock.
+    /// Never taken while holding the engine lock (a poster holds it while it waits for the
+    /// engine).
+    mrs: RwLock<HashMap<u32, LocalMr>>,
+    /// The engine's queue limits (`max_send_wr`, `max_recv_wr`, after clamping).
+    max_wr: (usize, usize),
 }
 
 /// Owns the progress thread: dropping the last handle stops it.
@@ -387,24 +500,55 @@ impl Inner {
         core
     }
 
-    /// Posts `p` on this thread if the engine lock is free (the inline doorbell: its packets
-    /// leave from here, and the engine's verdict is returned), or hands it to whoever holds
-    /// the lock and wakes the progress thread if it sleeps.
+    /// Checks `p` (refusing it here if it is bad, whether or not the engine is busy), then
+    /// posts it on this thread if the engine lock is free (the inline doorbell: its packets
+    /// leave from here), or hands it to whoever holds the lock and wakes the progress thread
+    /// if it sleeps.
     fn post(&self, p: Post) -> Result<(), PostError> {
+        // Held until the post is applied or in the ring: a deregistration (which takes it for
+        // writing, then the engine lock, which applies the ring) is ordered before or after.
+        let mrs = self.mrs.read().unwrap_or_else(|e| e.into_inner());
+        let lookup = |lkey| mrs.get(&lkey).copied();
+        let gate = p.gate();
+        match &p {
+            Post::Send { wr, .. } => {
+                if !gate.connected.load(Ordering::Acquire) {
+                    return Err(PostError::NotConnected);
+                }
+                validate::check_send(gate.pd, wr, lookup)?;
+            }
+            Post::Recv { wr, .. } => validate::check_recv(gate.pd, wr, lookup)?,
+        }
+        let max = if p.is_send() {
+            self.max_wr.0
+        } else {
+            self.max_wr.1
+        };
         let r = match self.core.try_lock() {
             Ok(mut core) => core.post(p),
             Err(TryLockError::Poisoned(e)) => e.into_inner().post(p),
-            Err(TryLockError::WouldBlock) => match self.posts.send(p) {
-                Ok(wake) => {
-                    if wake {
-                        self.datapath.wake();
+            Err(TryLockError::WouldBlock) if gate.depth(p.is_send()).reserve(max) => {
+                match self.posts.send(p) {
+                    Ok(wake) => {
+                        if wake {
+                            self.datapath.wake();
+                        }
+                        return Ok(());
                     }
-                    return Ok(());
+                    // The hand-off ring is full: wait for the engine like any other operation.
+                    Err(p) => {
+                        p.gate()
+                            .depth(p.is_send())
+                            .in_ring
+                            .fetch_sub(1, Ordering::AcqRel);
+                        self.lock().post(p)
+                    }
                 }
-                // The hand-off ring is full: wait for the engine like any other operation.
-                Err(p) => self.lock().post(p),
-            },
+            }
+            // The queue may be full: only the engine can say, so wait for it.
+            Err(TryLockError::WouldBlock) => self.lock().post(p),
         };
+        drop(mrs);
         self.flush_pooled();
         r
     }
@@ -664,6 +808,7 @@ impl Device {
         let (datapath, report) = open_datapath(&cfg, ports, engine.max_datagram)?;
         engine.max_datagram = engine.max_datagram.min(datapath.max_payload());
         let ep = Endpoint::new(engine, datapath.local_addr());
+        let max_wr = (ep.config().max_send_wr, ep.config().max_recv_wr);
         let (posts, posts_rx) = Mpsc::new(POST_RING);
         let inner = Arc::new(Inner {
             core: Mutex::new(Core {
@@ -679,6 +824,8 @@ impl Device {
             busy_poll: cfg.busy_poll,
             tx_pool: Pool::new(TX_POOL),
             posts,
+            mrs: RwLock::new(HashMap::new()),
+            max_wr,
         });
         let worker = inner.clone();
         let thread = std::thread::Builder::new()
@@ -811,12 +958,19 @@ impl ProtectionDomain {
     }
 
     fn register(&self, region: Arc<Region>, access: Access) -> Result<MemoryRegion, ResourceError> {
-        let keys = self
-            .dev
-            .inner()
-            .lock()
-            .ep
-            .register(self.pd, region.clone(), access)?;
+        let inner = self.dev.inner();
+        let keys = inner.lock().ep.register(self.pd, region.clone(), access)?;
+        // After the engine lock is released (see `Inner::mrs`).
+        let mr = LocalMr {
+            pd: self.pd.0,
+            access,
+            len: region.len() as u64,
+        };
+        inner
+            .mrs
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(keys.lkey, mr);
         Ok(MemoryRegion {
             dev: self.dev.clone(),
             region,
@@ -861,6 +1015,12 @@ impl ProtectionDomain {
             .create_qp_with(self.pd, send_cq.id, recv_cq.id, opts)?;
         Ok(QueuePair {
             dev: self.dev.clone(),
+            gate: Arc::new(QpGate {
+                pd: self.pd.0,
+                connected: AtomicBool::new(false),
+                sq: Depth::default(),
+                rq: Depth::default(),
+            }),
             info,
             send_cq: send_cq.id,
             recv_cq: recv_cq.id,
@@ -891,11 +1051,16 @@ impl std::fmt::Debug for MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        // Through `with_engine`, so the refusals it may cause leave now.
-        let _ = self
-            .dev
-            .inner()
-            .with_engine(|ep| ep.deregister(self.keys.lkey));
+        let inner = self.dev.inner();
+        // First out of the table posts are checked against (waiting for posts being checked),
+        // then out of the engine, whose lock first applies the posts checked before; through
+        // `with_engine`, so the refusals the revocation causes leave now.
+        inner
+            .mrs
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.keys.lkey);
+        let _ = inner.with_engine(|ep| ep.deregister(self.keys.lkey));
     }
 }
 
@@ -1011,6 +1176,8 @@ impl CompletionQueue {
 /// A reliable queue pair, connected to one peer QP.
 pub struct QueuePair {
     dev: Device,
+    /// What its posts are checked against before they reach the engine.
+    gate: Arc<QpGate>,
     info: QpInfo,
     send_cq: CqId,
     recv_cq: CqId,
@@ -1038,31 +1205,35 @@ impl QueuePair {
 
     /// Connects to the peer QP described by `peer`.
     pub fn connect(&self, peer: QpInfo) -> Result<(), ResourceError> {
-        self.dev.inner().lock().ep.connect(self.info.qpn, peer)
+        self.dev.inner().lock().ep.connect(self.info.qpn, peer)?;
+        self.gate.connected.store(true, Ordering::Release);
+        Ok(())
     }
 
-    /// Posts a send work request. When the engine is free its packets leave from this thread
-    /// and an invalid request is refused here; when another thread holds the engine, the
-    /// request is handed to it (or to the progress thread) and `Ok` is returned: if the
-    /// engine then refuses it, it completes on the send CQ with an error status
-    /// (`LocalProtectionError` or `LocalLengthError`) in posting order and the QP fails, as
-    /// verbs reports a bad buffer; one that found no room (full queue, QP not connected)
+    /// Posts a send work request: either it is refused here with a [`PostError`] (not
+    /// connected, bad key, protection domain, rights or bounds, too many entries or bytes, a
+    /// bad atomic, a full queue), the same way whether or not another thread holds the
+    /// engine, or it is accepted and completes on the send CQ. When the engine is free its
+    /// packets leave from this thread; when another thread holds it, the request is handed to
+    /// that thread (or to the progress thread). On a QP in the error state an accepted request
     /// completes as `Flushed`.
     pub fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
         self.dev.inner().post(Post::Send {
             qpn: self.info.qpn,
             wr,
             cq: self.send_cq,
+            gate: self.gate.clone(),
         })
     }
 
-    /// Posts a receive work request; like [`post_send`](Self::post_send), a request handed
-    /// to a busy engine reports a refusal as an error completion on the receive CQ.
+    /// Posts a receive work request; refused or accepted as [`post_send`](Self::post_send)
+    /// is (bad buffers, full queue).
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), PostError> {
         self.dev.inner().post(Post::Recv {
             qpn: self.info.qpn,
             wr,
             cq: self.recv_cq,
+            gate: self.gate.clone(),
         })
     }
 
@@ -1143,35 +1314,34 @@ mod tests {
     }
 
     #[test]
-    fn a_refused_post_from_the_hand_off_completes_with_an_error() {
-        let bad_write = |src: &MemoryRegion, dst: &MemoryRegion| {
-            let mut bad = write(9, src, dst, 0);
-            bad.sges[0].offset = 1 << 20; // outside the region
-            bad
-        };
-        // Inline posts are refused at once. The progress thread may hold the engine at the
-        // moment of the post (seen under AddressSanitizer's slowdown); the post then takes
-        // the hand-off, as checked below, and ruins that QP, so this tries fresh pairs.
-        let refused_inline = (0..20).any(|_| {
-            let (a, b) = pair();
-            let src = a.pd.alloc_mr(64, Access::NONE).unwrap();
-            let dst = b.pd.alloc_mr(64, Access::REMOTE_WRITE).unwrap();
-            a.qp.post_send(bad_write(&src, &dst)) == Err(PostError::OutOfBounds)
-        });
-        assert!(refused_inline, "an inline post is refused at once");
+    fn a_bad_post_is_refused_at_once_even_while_the_engine_is_busy() {
         let (a, b) = pair();
         let src = a.pd.alloc_mr(64, Access::NONE).unwrap();
         let dst = b.pd.alloc_mr(64, Access::REMOTE_WRITE).unwrap();
-        let bad = bad_write(&src, &dst);
+        let rbuf = a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+        let mut bad = write(9, &src, &dst, 0);
+        bad.sges[0].offset = 1 << 20; // outside the region
+        let bad_recv = RecvWr {
+            wr_id: 11,
+            sges: vec![src.sge(0, 8)], // no local write
+        };
+        // Engine free: refused inline.
+        assert_eq!(a.qp.post_send(bad.clone()), Err(PostError::OutOfBounds));
         assert_eq!(a.qp.post_send(write(8, &src, &dst, 0)), Ok(()));
         {
+            // Engine busy: the same refusals, and good posts go through the hand-off.
             let _busy = a.dev.inner().core.lock().unwrap();
-            assert_eq!(a.qp.post_send(bad), Ok(()));
+            assert_eq!(a.qp.post_send(bad), Err(PostError::OutOfBounds));
+            assert_eq!(a.qp.post_recv(bad_recv), Err(PostError::NoLocalWrite));
             assert_eq!(a.qp.post_send(write(10, &src, &dst, 8)), Ok(()));
+            let good_recv = RecvWr {
+                wr_id: 12,
+                sges: vec![rbuf.sge(0, 8)],
+            };
+            assert_eq!(a.qp.post_recv(good_recv), Ok(()));
+            assert!(!a.dev.inner().posts.is_empty());
         }
-        // In posting order: the WRITE before it succeeds, the refused one fails the QP, the
-        // one after it is flushed.
-        let got: Vec<_> = (0..3)
+        let got: Vec<_> = (0..2)
             .map(|_| {
                 let c = a.cq.wait(WAIT).expect("a completion");
                 (c.wr_id, c.status, c.opcode)
@@ -1181,14 +1351,52 @@ mod tests {
             got,
             vec![
                 (8, WcStatus::Success, WcOpcode::Write),
-                (9, WcStatus::LocalProtectionError, WcOpcode::Write),
-                (10, WcStatus::Flushed, WcOpcode::Write),
+                (10, WcStatus::Success, WcOpcode::Write),
             ]
         );
+        let stats = a.qp.stats().unwrap();
         assert_eq!(
-            a.qp.stats().map(|s| s.state),
-            Some(braid_proto::QpState::Error)
+            (stats.state, stats.outstanding_recvs),
+            (braid_proto::QpState::Connected, 1)
         );
+    }
+
+    #[test]
+    fn a_post_checked_before_a_deregistration_is_applied_before_it() {
+        let (a, b) = pair();
+        let src = a.pd.alloc_mr(64, Access::NONE).unwrap();
+        let dst = b.pd.alloc_mr(64, Access::REMOTE_WRITE).unwrap();
+        let lkey = src.lkey();
+        src.write(0, &[5; 8]).unwrap();
+        {
+            let _busy = a.dev.inner().core.lock().unwrap();
+            assert_eq!(a.qp.post_send(write(1, &src, &dst, 0)), Ok(()));
+        }
+        drop(src);
+        // The deregistration applied the handed-off post first (it was accepted, not lost or
+        // refused late), then revoked the region under it before any of its packets left:
+        // the engine no longer reads the source, so the WRITE fails with a local protection
+        // error and nothing reaches the peer.
+        let c = a.cq.wait(WAIT).expect("a completion");
+        assert_eq!(
+            (c.wr_id, c.status),
+            (1, WcStatus::LocalProtectionError)
+        );
+        let mut got = [0u8; 8];
+        dst.read(0, &mut got).unwrap();
+        assert_eq!(got, [0; 8]);
+        // After the deregistration the key is refused, at once.
+        let wr = SendWr {
+            wr_id: 2,
+            op: SendOp::Write(dst.remote(0)),
+            sges: vec![Sge {
+                lkey,
+                offset: 0,
+                len: 8,
+            }],
+            signaled: true,
+        };
+        assert_eq!(a.qp.post_send(wr), Err(PostError::InvalidLkey));
     }
 
     #[test]

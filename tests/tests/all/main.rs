@@ -18,6 +18,7 @@ mod netns;
 mod netns_faults;
 mod netns_paths;
 mod rc_fairness;
+mod rc_order;
 mod sim_e2e;
 mod support;
 mod telemetry;

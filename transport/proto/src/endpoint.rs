@@ -18,6 +18,28 @@
 //!
 //! Skipping `poll_transmit` stalls the connection; skipping `poll_timeout` loses
 //! retransmissions.
+//!
+//! # Order and fatal errors (RC semantics)
+//!
+//! Packets are placed out of order, straight into memory; completions are ordered:
+//!
+//! - Send completions are in posting order (a READ or atomic completes after every earlier
+//!   work request, even if its response came first).
+//! - A receive (SEND, SEND with immediate, WRITE with immediate) completes only after every
+//!   earlier request of the QP has been fully placed, so "WRITE the data, then SEND the
+//!   notification" holds; the `unordered` flag of [`QpOptions`] drops that wait.
+//! - A fatal refusal at the responder (bad key, bounds or rights; an invalid request such as
+//!   a SEND longer than its receive) stops the responder QP at that packet: nothing at or
+//!   after it executes any more, requests before it (still on slower paths) do, and once they
+//!   have all arrived the QP goes to the error state, its receives completing as flushed. The
+//!   requester completes the refused request with the matching error and every later one as
+//!   flushed; the refused packet is never retransmitted.
+//! - Flushed means "not executed after the refusal reached the responder". One exception:
+//!   packets of a later request that overtook the refused one on a faster path were executed
+//!   on arrival (placement does not wait): their WRITE bytes may be in the responder's memory,
+//!   their SEND bytes in a receive buffer, their atomics applied, their READs answered, and
+//!   still the requester reports the request as flushed. Their receive completes as flushed
+//!   in the ordered mode; on an unordered QP it may already have completed successfully.
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -32,6 +54,7 @@ use crate::coverage::Coverage;
 use crate::hist::{RttHistogram, RttSummary};
 use crate::mem::{Access, Region};
 use crate::ready::ReadySet;
+use crate::rc_order::RcOrder;
 use crate::seal::QpSeal;
 use crate::share::{SendShare, Turn};
 use crate::tracker::{Class, RecvTracker};
@@ -381,6 +404,9 @@ struct RecvWqe {
     /// Why this receive failed (it completes with this status, in posting order, when the QP
     /// goes to the error state).
     error: Option<WcStatus>,
+    /// The latest PSN of its message placed so far: in ordered mode it completes once every
+    /// packet up to this one has arrived ([`RcOrder::may_complete`]).
+    last_psn: Option<u32>,
 }
 
 #[derive(Debug)]
@@ -645,10 +671,9 @@ struct Qp {
     echo: Option<(u32, u64, Timestamp)>,
     ce_count: u32,
     naks: VecDeque<wire::Nak>,
-    /// The request (MSN) that took this QP to the error state as a responder and the NAK
-    /// syndrome it got: if that NAK is lost, the requester's retransmission is answered with
-    /// the same syndrome again rather than a generic remote operation error.
-    fatal_nak: Option<(u32, Syndrome)>,
+    /// Where a fatal refusal stopped this QP as a responder, and whether receives complete
+    /// in order ([`crate::rc_order`]).
+    order: RcOrder,
     rq: VecDeque<RecvWqe>,
     rq_base_ssn: u32,
     /// A work request was refused: send nothing new, fail once the earlier ones finish.
@@ -1050,7 +1075,7 @@ impl Endpoint {
             echo: None,
             ce_count: 0,
             naks: VecDeque::new(),
-            fatal_nak: None,
+            order: RcOrder::new(opts.unordered),
             rq: VecDeque::new(),
             rq_base_ssn: 0,
             failing: false,
@@ -1137,6 +1162,12 @@ impl Endpoint {
             outstanding_sends: q.sq.len(),
             outstanding_recvs: q.rq.len(),
         })
+    }
+
+    /// Send and receive work requests posted on `qpn` and not yet completed (what
+    /// `max_send_wr` and `max_recv_wr` bound), in O(1).
+    pub fn queue_depths(&self, qpn: u32) -> Option<(usize, usize)> {
+        self.qps.get(qpn).map(|q| (q.sq.len(), q.rq.len()))
     }
 
     fn resolve(&self, pd: u32, sges: &[Sge], need: Access) -> Result<(Vec<Seg>, u32), PostError> {
@@ -1299,6 +1330,7 @@ impl Endpoint {
             imm: None,
             done: false,
             error: Some(status),
+            last_psn: None,
         });
         qp.enter_error(&mut self.sh);
     }
@@ -1316,7 +1348,9 @@ impl Endpoint {
         let (segs, cap) = self.resolve(pd, &wr.sges, Access::LOCAL_WRITE)?;
         let mut guard = self.qps.get_mut(qpn).ok_or(PostError::UnknownQp)?;
         let qp = &mut *guard;
-        if state == QpState::Error {
+        // A responder stopped by a fatal refusal whose receives have flushed (see
+        // `settle_fence`) takes no more.
+        if state == QpState::Error || qp.order.fence_reached(qp.rx.cum()) {
             let c = Completion {
                 wr_id: wr.wr_id,
                 status: WcStatus::Flushed,
@@ -1337,6 +1371,7 @@ impl Endpoint {
             imm: None,
             done: false,
             error: None,
+            last_psn: None,
         });
         Ok(())
     }
@@ -1663,7 +1698,9 @@ impl Qp {
             sh.stats.naks_sent += 1;
             return Some(self.transmit(&peer, len, path, 0));
         }
-        if self.state != QpState::Connected {
+        // In the error state only a responder stopped by a fatal refusal acknowledges (the
+        // packets before the refusal, see `after_accept`).
+        if self.state != QpState::Connected && !self.ack_pending {
             return None;
         }
         if self.ack_pending {
@@ -1941,33 +1978,81 @@ impl Qp {
         ecn: u8,
         sh: &mut Shared,
     ) {
+        if let Some(f) = self.order.fence
+            && f.stops(h.psn)
+        {
+            // At or after a fatal refusal: never executed, refused the same way (a lost NAK
+            // is answered again when the requester retransmits).
+            self.nak(h, r.msn, f.syndrome);
+            return;
+        }
         if self.state == QpState::Error {
-            let syndrome = match self.fatal_nak {
-                Some((msn, s)) if msn == r.msn => s,
-                _ => Syndrome::RemoteOperation,
-            };
-            self.nak(h, r.msn, syndrome);
+            if self.order.fence.is_some() {
+                // Before the fence: every such packet arrived before the QP failed, so this
+                // is a duplicate whose acknowledgement may have been lost.
+                self.ack_pending = true;
+            } else {
+                self.nak(h, r.msn, Syndrome::RemoteOperation);
+            }
             return;
         }
         if !self.admit(h, sh) {
             return;
         }
-        match self.execute(r, payload, sh) {
+        match self.execute(h.psn, r, payload, sh) {
             Ok(()) => self.accepted(now, h, ecn),
-            Err(Some(syndrome)) => self.nak(h, r.msn, syndrome),
+            Err(Some(Syndrome::ReceiverNotReady)) => self.nak(h, r.msn, Syndrome::ReceiverNotReady),
+            Err(Some(syndrome)) => {
+                // Fatal: the responder stops at this packet ([`crate::rc_order`]), and this
+                // QP sends no new request of its own (they flush when it fails).
+                self.nak(h, r.msn, syndrome);
+                self.order.refuse(h.psn, r.msn, syndrome);
+                self.failing = true;
+            }
             Err(None) => sh.stats.rx_bad_response += 1,
         }
-        if self.state == QpState::Error {
-            // A local length error took the QP down while executing.
+        self.after_accept(sh);
+    }
+
+    /// After a packet of the peer's was accepted or refused: completes the receives that may
+    /// complete now and, once every packet before a fatal refusal has arrived, moves the QP
+    /// to the error state (its receives flush; the last acknowledgement still goes out, so the
+    /// requester learns that the requests before the refusal arrived).
+    fn after_accept(&mut self, sh: &mut Shared) {
+        self.complete_rq(sh);
+        self.settle_fence(sh);
+    }
+
+    /// Moves a responder stopped by a fatal refusal to the error state once every packet
+    /// before the refusal has arrived and every response to them (READ data, atomic results)
+    /// has been acknowledged or given up by the requester: a READ posted before the refused
+    /// request still gets its data. The last acknowledgement still goes out.
+    fn settle_fence(&mut self, sh: &mut Shared) {
+        if self.state != QpState::Connected || !self.order.fence_reached(self.rx.cum()) {
             return;
         }
-        self.complete_rq(sh);
+        // Every receive before the fence has completed: the rest flush now, before this side
+        // acknowledges the last packet before the refusal (so before the requester can
+        // report the refusal).
+        self.flush_rq(sh);
+        // Only while fenced (rare): a scan of what is in flight.
+        let delivered = self.resp.is_empty()
+            && self
+                .sent
+                .iter()
+                .all(|p| p.acked || matches!(p.what, SentWhat::Req { .. }));
+        if delivered {
+            let ack = self.ack_pending;
+            self.enter_error(sh);
+            self.ack_pending = ack;
+        }
     }
 
     /// Executes one request packet. `Err(Some)` refuses it with a NAK, `Err(None)` drops it
     /// silently (an inconsistent peer).
     fn execute(
         &mut self,
+        psn: u32,
         r: &wire::Request,
         payload: &[u8],
         sh: &mut Shared,
@@ -2014,12 +2099,11 @@ impl Qp {
             Op::Send | Op::SendImm => {
                 let i = recv_idx.unwrap_or(0);
                 if u64::from(r.msg_len) > self.rq[i].cap {
-                    // The QP fails; receives complete in posting order: this one with the
-                    // length error, the ones around it as flushed.
+                    // A fatal refusal (the QP fails once the packets before it arrived);
+                    // receives complete in posting order: this one with the length error,
+                    // the ones after it as flushed.
                     self.rq[i].msg = Some((r.op, r.msg_len));
                     self.rq[i].error = Some(WcStatus::LocalLengthError);
-                    self.fatal_nak = Some((r.msn, Syndrome::InvalidRequest));
-                    self.enter_error(sh);
                     return Err(Some(Syndrome::InvalidRequest));
                 }
                 if !scatter(&self.rq[i].segs, u64::from(r.offset), payload) {
@@ -2084,6 +2168,11 @@ impl Qp {
             if matches!(r.op, Op::SendImm | Op::WriteImm) {
                 w.imm = Some(r.imm);
             }
+            if w.last_psn
+                .is_none_or(|l| crate::rc_order::psn_before(l, psn))
+            {
+                w.last_psn = Some(psn);
+            }
             if w.placed.covered() >= u64::from(r.msg_len) {
                 w.done = true;
             }
@@ -2091,9 +2180,15 @@ impl Qp {
         Ok(())
     }
 
-    /// Completes receives from the front of the queue, in posting order.
+    /// Completes receives from the front of the queue, in posting order; in ordered mode only
+    /// once every packet up to the last of their message has arrived.
     fn complete_rq(&mut self, sh: &mut Shared) {
-        while self.rq.front().is_some_and(|w| w.done) {
+        let cum = self.rx.cum();
+        while self
+            .rq
+            .front()
+            .is_some_and(|w| w.done && w.last_psn.is_some_and(|l| self.order.may_complete(l, cum)))
+        {
             let Some(w) = self.rq.pop_front() else { break };
             self.rq_base_ssn = self.rq_base_ssn.wrapping_add(1);
             let (op, len) = w.msg.unwrap_or((Op::Send, 0));
@@ -2141,8 +2236,30 @@ impl Qp {
                 );
             }
         }
-        if self.sq.front().is_some_and(|w| w.status.is_some()) {
+        if self.sq.front().is_some_and(|w| w.status.is_some()) && self.refusal_settled() {
             self.enter_error(sh);
+        }
+    }
+
+    /// Whether every packet sent before the earliest one the peer refused for good has been
+    /// acknowledged (true without a refusal). Until then those packets are still repaired:
+    /// the responder executes them and fails only once it has them all.
+    fn refusal_settled(&self) -> bool {
+        let Some(psn) = self.order.refused_psn else {
+            return true;
+        };
+        // A request packet also counts once its work request is done (a READ or atomic
+        // answered: the request arrived, though its acknowledgement may not have); responses
+        // to the peer's requests do not hold this QP's failure back.
+        let settled = |p: &SentPkt| match p.what {
+            SentWhat::Req { msn, .. } => {
+                p.acked || self.wqe_index(msn).is_none_or(|w| self.sq[w].is_done())
+            }
+            _ => true,
+        };
+        match self.sent_index(psn) {
+            Some(i) => self.sent.iter().take(i).all(settled),
+            None => true,
         }
     }
 
@@ -2181,6 +2298,7 @@ impl Qp {
             return;
         }
         self.accepted(now, h, ecn);
+        self.after_accept(sh);
         self.complete_sq(sh);
         self.rearm_rto(now, sh);
     }
@@ -2213,6 +2331,7 @@ impl Qp {
             return;
         }
         self.accepted(now, h, ecn);
+        self.after_accept(sh);
         self.complete_sq(sh);
         self.rearm_rto(now, sh);
     }
@@ -2468,6 +2587,7 @@ impl Qp {
         if self.in_flight_pkts == 0 && !self.has_new_work() {
             self.cc.on_idle(now);
         }
+        self.settle_fence(sh);
     }
 
     /// Time-based loss detection (RACK): a packet sent a reordering window before the newest
@@ -2570,6 +2690,7 @@ impl Qp {
                 // The requester gave up on this response: stop sending it.
                 let mut none = AckFeedback::NONE;
                 self.packet_acked(i, now, &mut none);
+                self.settle_fence(sh);
                 return;
             }
             _ => {
@@ -2615,11 +2736,17 @@ impl Qp {
             Syndrome::InvalidRequest => WcStatus::RemoteInvalidRequest,
             Syndrome::RemoteOperation => WcStatus::RemoteOperationError,
         };
+        // A fatal refusal: the packet was not executed and is never sent again.
+        let mut none = AckFeedback::NONE;
+        self.packet_acked(i, now, &mut none);
+        self.order.refused(n.psn);
         // Work requests posted before the refused one may still be in flight (their packets
         // took other paths): let them finish, then fail this one and flush the rest, so the
-        // statuses read in posting order. Nothing new is sent meanwhile. The first refusal of a
-        // request is its status; later NAKs for it do not overwrite it.
-        if self.sq[wi].status.is_none() {
+        // statuses read in posting order. Nothing new is sent meanwhile. The responder stops
+        // at its first refusal and refuses everything after it the same way, so the earliest
+        // refused request in posting order carries the status (the later ones flush, see
+        // `enter_error`); later NAKs for a request do not overwrite its status.
+        if self.sq[wi].status.is_none() && !self.sq.iter().take(wi).any(|w| w.status.is_some()) {
             self.sq[wi].status = Some(status);
         }
         self.failing = true;
@@ -2732,7 +2859,8 @@ impl Qp {
         let mut failed = false;
         for w in self.sq.drain(..) {
             let (status, byte_len) = match w.status {
-                Some(s) => (s, 0),
+                Some(s) if !failed => (s, 0),
+                Some(_) => (WcStatus::Flushed, 0),
                 None if w.is_done() && !failed => (WcStatus::Success, w.len),
                 None => (WcStatus::Flushed, 0),
             };
@@ -2753,6 +2881,22 @@ impl Qp {
         }
         self.sq_base_msn = self.next_msn;
         self.pack_idx = 0;
+        self.flush_rq(sh);
+        self.resp.clear();
+        self.sent.clear();
+        self.snd_una = self.next_psn;
+        self.rtx.clear();
+        self.held.clear();
+        self.in_flight_bytes = 0;
+        self.in_flight_pkts = 0;
+        self.rto_deadline = None;
+        self.reorder_deadline = None;
+        self.ack_pending = false;
+    }
+
+    /// Completes every outstanding receive in posting order: a failed one with its status,
+    /// the rest as flushed.
+    fn flush_rq(&mut self, sh: &mut Shared) {
         for w in self.rq.drain(..) {
             let (status, byte_len) = match (w.error, w.msg) {
                 (Some(e), Some((_, len))) => (e, len),
@@ -2769,16 +2913,6 @@ impl Qp {
             };
             sh.complete(self.recv_cq, c);
         }
-        self.resp.clear();
-        self.sent.clear();
-        self.snd_una = self.next_psn;
-        self.rtx.clear();
-        self.held.clear();
-        self.in_flight_bytes = 0;
-        self.in_flight_pkts = 0;
-        self.rto_deadline = None;
-        self.reorder_deadline = None;
-        self.ack_pending = false;
     }
 }
 

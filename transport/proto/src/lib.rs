@@ -18,10 +18,12 @@ pub mod endpoint;
 pub mod hist;
 pub mod mem;
 mod ready;
+mod rc_order;
 pub mod seal;
 pub mod share;
 pub mod tracker;
 pub mod types;
+pub mod validate;
 pub mod wire;
 
 pub use braid_cc as cc;

@@ -129,13 +129,35 @@ pub struct QpOptions {
     /// engine draws no OS entropy: the runtime passes fresh random bytes, a simulation bytes
     /// derived from its seed.
     pub seal_secret: Option<[u8; 32]>,
+    /// Complete receives as soon as their own bytes are placed (SRD-style), instead of
+    /// after every earlier request of the QP has been placed (the default, verbs RC order).
+    ///
+    /// What the application gives up: "WRITE the data, then SEND (or WRITE_IMM) the
+    /// notification" no longer works, because the receive of the notification may complete
+    /// while packets of the earlier WRITE are still on a slower path; it must not read
+    /// memory an earlier WRITE targets on the strength of a later completion. Receives still
+    /// complete in posting order among themselves, and a fatal refusal still stops the QP,
+    /// but receives of SENDs posted after the refused request may have completed with
+    /// `Success` before the refusal arrived. What it gains: a receive's completion does not
+    /// wait for unrelated earlier traffic (a large WRITE, a lost packet's repair).
+    pub unordered: bool,
 }
 
 impl QpOptions {
+    /// Options for a plain QP with unordered receive completions (see
+    /// [`unordered`](Self::unordered)).
+    pub fn unordered() -> QpOptions {
+        QpOptions {
+            unordered: true,
+            ..QpOptions::default()
+        }
+    }
+
     /// Options for an encrypted QP with this X25519 private key.
     pub fn encrypted(secret: [u8; 32]) -> QpOptions {
         QpOptions {
             seal_secret: Some(secret),
+            ..QpOptions::default()
         }
     }
 }
@@ -145,6 +167,7 @@ impl core::fmt::Debug for QpOptions {
         // Never print the private key.
         f.debug_struct("QpOptions")
             .field("encrypted", &self.seal_secret.is_some())
+            .field("unordered", &self.unordered)
             .finish()
     }
 }

@@ -56,7 +56,6 @@ impl Qp {
         });
         let mut fail = false;
         if let Some(msn) = refused {
-            self.fatal_nak = Some((msn, Syndrome::RemoteAccess));
             // Queued even if the NAK queue is full: this one carries the verdict.
             self.naks.push_back(wire::Nak {
                 psn: 0,
