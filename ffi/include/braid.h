@@ -9,6 +9,7 @@
  * are opaque tokens: a destroyed or forged handle returns BRAID_EBADF, a NULL pointer
  * BRAID_EFAULT, and destroying an object before its children BRAID_EBUSY. Structs with a
  * struct_size field must have it set to their sizeof (the *_init functions do so).
+ * Every function may be called from any thread, and objects may be shared between threads.
  * Link with -lbraid.
  */
 
