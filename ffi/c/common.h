@@ -40,14 +40,40 @@
 /* How long a test waits for one completion before it calls the run failed. */
 #define WAIT_MS 20000
 
-/* Opens a UDP device on the loopback address, 4 paths. */
+/* Options of the two-process examples: `--datapath udp|uring|xdp|auto`, `--encrypted`. */
+static uint32_t opt_datapath = BRAID_DATAPATH_UDP;
+static uint32_t opt_qp_flags = 0;
+
+static inline void parse_options(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--encrypted") == 0) {
+            opt_qp_flags |= BRAID_QP_ENCRYPTED;
+        } else if (strcmp(argv[i], "--datapath") == 0 && i + 1 < argc) {
+            const char *d = argv[++i];
+            opt_datapath = strcmp(d, "uring") == 0  ? BRAID_DATAPATH_URING
+                           : strcmp(d, "xdp") == 0  ? BRAID_DATAPATH_XDP
+                           : strcmp(d, "auto") == 0 ? BRAID_DATAPATH_AUTO
+                                                    : BRAID_DATAPATH_UDP;
+        } else {
+            fprintf(stderr, "usage: %s [--datapath udp|uring|xdp|auto] [--encrypted]\n", argv[0]);
+            exit(2);
+        }
+    }
+}
+
+/* Opens a device on the loopback address with 4 paths, over the chosen datapath. */
 static inline braid_device *open_device(void) {
     braid_device_config cfg;
     CHECK(braid_device_config_init(&cfg));
     cfg.bind = "127.0.0.1:0";
     cfg.paths = 4;
+    cfg.datapath = opt_datapath;
     braid_device *dev = NULL;
     CHECK(braid_device_open(&cfg, &dev));
+    braid_device_attr attr = {.struct_size = sizeof attr};
+    CHECK(braid_device_query(dev, &attr));
+    EXPECT(opt_datapath == BRAID_DATAPATH_AUTO || attr.datapath == opt_datapath,
+           "the datapath asked for (%u, not %u)", attr.datapath, opt_datapath);
     return dev;
 }
 

@@ -74,7 +74,7 @@ static void setup(struct side *s, int sock) {
     CHECK(braid_pd_alloc(s->dev, &s->pd));
     CHECK(braid_cq_create(s->dev, &s->scq));
     CHECK(braid_cq_create(s->dev, &s->rcq));
-    CHECK(braid_qp_create(s->pd, s->scq, s->rcq, 0, &s->qp));
+    CHECK(braid_qp_create(s->pd, s->scq, s->rcq, opt_qp_flags, &s->qp));
     CHECK(braid_mr_alloc(s->pd, REGION, BRAID_ACCESS_LOCAL_WRITE, &s->mr));
     braid_mr_attr a;
     CHECK(braid_mr_query(s->mr, &a));
@@ -177,7 +177,8 @@ static int client(int sock) {
     return 0;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    parse_options(argc, argv);
     int sv[2];
     EXPECT(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair (%s)", strerror(errno));
     fflush(stdout);

@@ -77,7 +77,7 @@ static void setup(struct side *s, int client) {
     CHECK(braid_pd_alloc(s->dev, &s->pd));
     CHECK(braid_cq_create(s->dev, &s->scq));
     CHECK(braid_cq_create(s->dev, &s->rcq));
-    CHECK(braid_qp_create(s->pd, s->scq, s->rcq, 0, &s->qp));
+    CHECK(braid_qp_create(s->pd, s->scq, s->rcq, opt_qp_flags, &s->qp));
     uint32_t remote = BRAID_ACCESS_LOCAL_WRITE | BRAID_ACCESS_REMOTE_WRITE |
                       BRAID_ACCESS_REMOTE_READ | BRAID_ACCESS_REMOTE_ATOMIC;
     if (client) {
@@ -237,7 +237,8 @@ static int client(int sock) {
     return 0;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    parse_options(argc, argv);
     int sv[2];
     EXPECT(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0, "socketpair (%s)", strerror(errno));
     fflush(stdout);

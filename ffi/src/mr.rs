@@ -46,7 +46,7 @@ fn register(
 }
 
 /// Allocates a zero-filled region of `len` bytes (1 to `BRAID_MR_ALLOC_MAX`) owned by the
-/// library and registers it with `access` (`BRAID_ACCESS_*`). Read and write its bytes with
+/// library and registers it with the rights in `access_flags` (`BRAID_ACCESS_*`). Read and write its bytes with
 /// `braid_mr_read` and `braid_mr_write`; the network places data in it directly.
 ///
 /// # Safety
@@ -72,7 +72,8 @@ pub unsafe extern "C" fn braid_mr_alloc(
     })
 }
 
-/// Registers `len` bytes of the caller's memory at `addr` with `access` (`BRAID_ACCESS_*`).
+/// Registers `len` bytes of the caller's memory at `addr` with the rights in `access_flags`
+/// (`BRAID_ACCESS_*`).
 ///
 /// The contract (the library cannot check it):
 /// - `[addr, addr + len)`, rounded out to whole aligned 8-byte words, is readable and

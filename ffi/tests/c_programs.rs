@@ -2,9 +2,10 @@
 //! and that library, runs them, and checks that each exits
 //! cleanly and says OK. Each program checks every byte it transfers and every return code
 //! it expects; a crash (a signal) or a missing error fails the test.
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// How long a program may run before the test calls it hung (a failure bound, not a speed
@@ -62,8 +63,20 @@ fn lib_dir() -> &'static Path {
     })
 }
 
-/// Compiles `ffi/c/<name>.c` into the test's scratch directory.
+/// Compiles `ffi/c/<name>.c` into the test's scratch directory, once per test binary (tests
+/// run in parallel and some share a program).
 fn build(name: &str) -> PathBuf {
+    static BUILT: Mutex<BTreeMap<String, PathBuf>> = Mutex::new(BTreeMap::new());
+    let mut built = BUILT.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(exe) = built.get(name) {
+        return exe.clone();
+    }
+    let exe = compile(name);
+    built.insert(name.to_string(), exe.clone());
+    exe
+}
+
+fn compile(name: &str) -> PathBuf {
     let out_dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("braid-c");
     std::fs::create_dir_all(&out_dir).expect("scratch directory");
     let exe = out_dir.join(name);
@@ -95,8 +108,9 @@ fn build(name: &str) -> PathBuf {
 
 /// Runs a program to its end and returns its standard output; fails on a non-zero exit, a
 /// signal or a hang.
-fn run(exe: &Path) -> String {
+fn run(exe: &Path, args: &[&str]) -> String {
     let mut child = Command::new(exe)
+        .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -135,25 +149,43 @@ fn run(exe: &Path) -> String {
     stdout
 }
 
-#[test]
-fn write_ping_pong_between_two_processes() {
-    let out = run(&build("write_pingpong"));
+fn write_ping_pong(args: &[&str]) {
+    let out = run(&build("write_pingpong"), args);
     assert!(out.contains("write_pingpong: server OK"), "{out}");
     assert!(out.contains("write_pingpong: client OK"), "{out}");
     assert!(out.ends_with("write_pingpong: OK\n"), "{out}");
 }
 
-#[test]
-fn send_recv_exchange_between_two_processes() {
-    let out = run(&build("send_recv"));
+fn send_recv(args: &[&str]) {
+    let out = run(&build("send_recv"), args);
     assert!(out.contains("send_recv: server OK"), "{out}");
     assert!(out.contains("send_recv: client OK (30 exchanges"), "{out}");
     assert!(out.ends_with("send_recv: OK\n"), "{out}");
 }
 
 #[test]
+fn write_ping_pong_between_two_processes() {
+    write_ping_pong(&[]);
+}
+
+#[test]
+fn write_ping_pong_over_io_uring() {
+    write_ping_pong(&["--datapath", "uring"]);
+}
+
+#[test]
+fn send_recv_exchange_between_two_processes() {
+    send_recv(&[]);
+}
+
+#[test]
+fn send_recv_exchange_between_encrypted_qps() {
+    send_recv(&["--encrypted"]);
+}
+
+#[test]
 fn bad_arguments_return_errors_not_crashes() {
-    let out = run(&build("bad_args"));
+    let out = run(&build("bad_args"), &[]);
     let checks: u32 = out
         .trim()
         .strip_prefix("bad_args: OK (")
@@ -165,7 +197,7 @@ fn bad_arguments_return_errors_not_crashes() {
 
 #[test]
 fn epoll_on_the_cq_fd_wakes_for_completions() {
-    let out = run(&build("cq_fd"));
+    let out = run(&build("cq_fd"), &[]);
     // 100 single WRITEs and 100 bursts of 16.
     assert!(out.starts_with("cq_fd: OK (1700 completions"), "{out}");
 }
