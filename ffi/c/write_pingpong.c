@@ -81,8 +81,10 @@ static void setup(struct side *s, int client) {
     uint32_t remote = BRAID_ACCESS_LOCAL_WRITE | BRAID_ACCESS_REMOTE_WRITE |
                       BRAID_ACCESS_REMOTE_READ | BRAID_ACCESS_REMOTE_ATOMIC;
     if (client) {
-        s->buf_mem = aligned_alloc(4096, REGION);
-        s->src_mem = aligned_alloc(4096, REGION);
+        /* aligned_alloc wants a size that is a multiple of the alignment. */
+        size_t alloc = (REGION + 4095) & ~(size_t)4095;
+        s->buf_mem = aligned_alloc(4096, alloc);
+        s->src_mem = aligned_alloc(4096, alloc);
         EXPECT(s->buf_mem && s->src_mem, "memory");
         memset(s->buf_mem, 0, REGION);
         memset(s->src_mem, 0, REGION);

@@ -83,7 +83,15 @@ fn compile(name: &str) -> PathBuf {
     let lib = lib_dir();
     let src = crate_dir().join("c").join(format!("{name}.c"));
     let out = Command::new("gcc")
-        .args(["-std=gnu11", "-O1", "-g", "-Wall", "-Wextra", "-Werror"])
+        .args([
+            "-std=gnu11",
+            "-O1",
+            "-g",
+            "-pthread",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+        ])
         .arg("-I")
         .arg(crate_dir().join("include"))
         .arg("-I")
@@ -200,4 +208,10 @@ fn epoll_on_the_cq_fd_wakes_for_completions() {
     let out = run(&build("cq_fd"), &[]);
     // 100 single WRITEs and 100 bursts of 16.
     assert!(out.starts_with("cq_fd: OK (1700 completions"), "{out}");
+}
+
+#[test]
+fn threads_share_a_qp_and_a_destroyed_handle_fails_cleanly() {
+    let out = run(&build("threads"), &[]);
+    assert!(out.starts_with("threads: OK (2000 completions"), "{out}");
 }
