@@ -131,7 +131,7 @@ fn write() -> RwLockWriteGuard<'static, Registry> {
 
 /// The token of a handle.
 pub(crate) fn token<K>(h: *const K) -> u64 {
-    h as usize as u64
+    h.addr() as u64
 }
 
 fn check<K: Kind>(h: *const K) -> Result<u64> {
@@ -198,7 +198,7 @@ pub(crate) fn insert<K: Kind>(obj: K::Obj, parents: &[u64]) -> Result<*mut K> {
             children: 0,
         },
     );
-    Ok(t as usize as *mut K)
+    Ok(core::ptr::without_provenance_mut(t as usize))
 }
 
 /// Unregisters a live handle without children and returns its object, for the caller to
