@@ -44,6 +44,8 @@ use braid_proto::{
 };
 use braid_sync::{Consumer, Event, Mpsc, Pool, Producer, Ring};
 
+mod cq_fd;
+
 /// Datagrams moved per batch between the engine and the datapath.
 const BATCH: usize = 64;
 /// Longest the progress thread sleeps. Posting threads never wake it for timers, so a
@@ -241,6 +243,8 @@ struct CqShared {
     ring: Arc<Ring<Completion>>,
     /// Notified by the engine side after it publishes completions; `wait` sleeps on it.
     ready: Event,
+    /// The CQ's file descriptor for epoll users, made on first request (`cq_fd.rs`).
+    fd: std::sync::OnceLock<cq_fd::CqFd>,
 }
 
 impl CqShared {
@@ -293,6 +297,9 @@ impl CqSink {
         }
         if std::mem::take(&mut self.unannounced) {
             self.shared.ready.notify();
+            if let Some(fd) = self.shared.fd.get() {
+                fd.signal();
+            }
         }
     }
 }
@@ -895,6 +902,7 @@ impl Device {
             ring: rx.ring().clone(),
             rx: Mutex::new(rx),
             ready: Event::new(),
+            fd: std::sync::OnceLock::new(),
         });
         let mut core = self.inner().lock();
         let id = core.ep.create_cq();
