@@ -17,6 +17,7 @@ mod loopback;
 mod netns;
 mod netns_faults;
 mod netns_paths;
+mod rc_recovery;
 mod sim_e2e;
 mod support;
 mod telemetry;

@@ -31,6 +31,7 @@ use rand_core::{RngCore, SeedableRng};
 use crate::coverage::Coverage;
 use crate::hist::{RttHistogram, RttSummary};
 use crate::mem::{Access, Region};
+use crate::retry::{RetryBudget, Timeout};
 use crate::seal::QpSeal;
 use crate::tracker::{Class, RecvTracker};
 use crate::types::*;
@@ -589,7 +590,8 @@ struct Qp {
     rtt_hist: RttHistogram,
     rto_deadline: Option<Timestamp>,
     backoff: u32,
-    consecutive_rto: u32,
+    /// Counted timeouts and silence since the peer was last heard from.
+    retry: RetryBudget,
     rack_ts: Timestamp,
     /// Round trip of the packet that set `rack_ts`: it includes the queueing that packets
     /// sent around the same time meet, which a smoothed RTT averages away.
@@ -980,7 +982,7 @@ impl Endpoint {
             rtt_hist: RttHistogram::new(),
             rto_deadline: None,
             backoff: 0,
-            consecutive_rto: 0,
+            retry: RetryBudget::default(),
             rack_ts: Timestamp::ZERO,
             rack_rtt_ns: 0,
             reorder_deadline: None,
@@ -1828,7 +1830,7 @@ impl Qp {
     }
 
     fn made_progress(&mut self) {
-        self.consecutive_rto = 0;
+        self.retry.heard();
         self.backoff = 0;
     }
 
@@ -2264,6 +2266,9 @@ impl Qp {
             sh.stats.rx_bad_response += 1;
             return;
         }
+        // Any consistent ACK, even one that acknowledges nothing new (the answer to a probe
+        // that arrived as a duplicate), shows the peer alive: the retry budget starts over.
+        self.retry.heard();
         let mut fb = AckFeedback {
             echo_ts_ns: a.echo_ts_ns,
             echo_psn: a.echo_psn,
@@ -2599,8 +2604,22 @@ impl Qp {
         }
         sh.stats.rto_fired += 1;
         self.rtos += 1;
-        self.consecutive_rto += 1;
-        if self.consecutive_rto > sh.cfg.retry_limit {
+        // The interval this timer was armed for (the backoff has not moved since), and whether
+        // the probe below finds anything old enough to send again.
+        let rto = self.rto_ns(&sh.cfg);
+        let resends = self
+            .sent
+            .iter()
+            .any(|p| !p.acked && !p.lost && p.send_ts.add_nanos(rto) <= now);
+        let charge = Timeout::classify(
+            now.as_nanos(),
+            deadline.as_nanos(),
+            rto,
+            resends,
+            waiting && self.in_flight_pkts == 0,
+        );
+        let counted = charge == Timeout::Counted;
+        if counted && self.retry.charge(rto, &sh.cfg) {
             // The oldest unfinished work request gets the error (a READ waiting for its
             // response counts, though none of its packets is unacknowledged); the rest are
             // flushed, so the statuses read in posting order as verbs users expect.
@@ -2613,9 +2632,11 @@ impl Qp {
         // Probe with the oldest outstanding packets only (as RACK-TLP does): if the tail was
         // really lost, their acknowledgement lets time-based detection declare the rest; if
         // the timeout was spurious (a stalled receiver), it costs a duplicate or two instead
-        // of the whole window.
-        self.cc.on_retransmit_timeout(now);
-        let rto = self.rto_ns(&sh.cfg);
+        // of the whole window. A late timeout (this host stalled) probes too, but says nothing
+        // about the network: no window cut, no re-path, no backoff.
+        if counted {
+            self.cc.on_retransmit_timeout(now);
+        }
         let mut probes = 0;
         for i in 0..self.sent.len() {
             if probes == RTO_PROBE_PACKETS {
@@ -2625,7 +2646,7 @@ impl Qp {
             if p.acked || p.lost || p.send_ts.add_nanos(rto) > now {
                 continue;
             }
-            if probes == 0 {
+            if probes == 0 && counted {
                 // A timeout suggests this path swallows packets: re-path it.
                 self.paths.request_repath(u16::from(p.path));
             }
@@ -2638,12 +2659,14 @@ impl Qp {
             sh.paths[usize::from(path)].lost += 1;
             self.path_stats[usize::from(path)].lost += 1;
             self.paths.on_loss(now, u16::from(path), ts);
-            if !self.paths.is_outlier(u16::from(path)) {
+            if counted && !self.paths.is_outlier(u16::from(path)) {
                 self.sent[i].cc_loss_ts = Some(ts);
                 self.cc.on_congestion_event(now, ts, false, len);
             }
         }
-        self.backoff = (self.backoff + 1).min(MAX_BACKOFF_SHIFT);
+        if counted {
+            self.backoff = (self.backoff + 1).min(MAX_BACKOFF_SHIFT);
+        }
         self.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));
     }
 

@@ -1,0 +1,215 @@
+//! Recovery on a reliable connection: a slow or pausing host is not a dead peer, a dead peer
+//! still fails after the configured retry time, a lost NAK costs a round trip, and placement
+//! tracking has a per-QP bound a peer cannot push. Every assertion names the seed; replay a
+//! failure with `BRAID_SEED=<seed> cargo test -p braid-tests --test all <test name>`.
+use braid::datapath::sim::LinkConfig;
+use braid::proto::{
+    Access, Completion, EndpointConfig, RecvWr, RemoteAddr, SendOp, SendWr, WcOpcode, WcStatus,
+};
+use braid::testing::HostModel;
+
+use crate::support::{Sim, config, rng, seed, sge, snapshot};
+
+const KIB: u32 = 1 << 10;
+const MS: u64 = 1_000_000;
+
+/// A link like a LAN's: 10 µs each way, a little jitter.
+fn lan() -> LinkConfig {
+    LinkConfig {
+        delay_ns: 10_000,
+        jitter_ns: 5_000,
+        ..LinkConfig::default()
+    }
+}
+
+/// Posts `n` WRITEs and `n` READs of `size` bytes each (interleaved) from a to b, and a SEND
+/// of `size` bytes into a RECV posted at b; runs up to `max_steps`; checks every byte and
+/// that every work request completed with Success.
+fn transfer_is_exact(sim: &mut Sim, n: u32, size: u32, max_steps: u64) {
+    let seed = sim.seed;
+    let mut rng = rng(seed);
+    let (a, b) = (sim.a, sim.b);
+    let total = (n * size) as usize;
+    let src = sim.random_mr(a, total + size as usize, Access::LOCAL_WRITE, &mut rng);
+    let back = sim.c.alloc_mr(&a, total, Access::LOCAL_WRITE);
+    let dst = sim.random_mr(b, 2 * total + size as usize, Access::ALL, &mut rng);
+    // READs fetch the upper half of b's region, which the WRITEs do not touch.
+    let upper = total as u64;
+    sim.post_recv(
+        b,
+        RecvWr {
+            wr_id: 1000,
+            sges: vec![sge(&dst, 2 * total as u64, size)],
+        },
+    );
+    let remote = |offset| RemoteAddr {
+        rkey: dst.keys.rkey,
+        offset,
+    };
+    let mut id = 0;
+    for i in 0..u64::from(n) {
+        let off = i * u64::from(size);
+        for (op, sges) in [
+            (SendOp::Write(remote(off)), vec![sge(&src, off, size)]),
+            (
+                SendOp::Read(remote(upper + off)),
+                vec![sge(&back, off, size)],
+            ),
+        ] {
+            id += 1;
+            sim.post_send(
+                a,
+                SendWr {
+                    wr_id: id,
+                    op,
+                    sges,
+                    signaled: true,
+                },
+            );
+        }
+    }
+    id += 1;
+    sim.post_send(
+        a,
+        SendWr {
+            wr_id: id,
+            op: SendOp::Send,
+            sges: vec![sge(&src, total as u64, size)],
+            signaled: true,
+        },
+    );
+    let sends = sim.wait_cq(a, id as usize, max_steps);
+    let recvs = sim.wait_cq(b, 1, max_steps);
+    let bad: Vec<&Completion> = sends
+        .iter()
+        .chain(&recvs)
+        .filter(|c| c.status != WcStatus::Success)
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "seed {seed}: error completions {bad:?} at {:?}",
+        sim.c.now
+    );
+    let ids: Vec<u64> = sends.iter().map(|c| c.wr_id).collect();
+    assert_eq!(ids, (1..=id).collect::<Vec<_>>(), "seed {seed}: order");
+    assert_eq!(recvs[0].opcode, WcOpcode::Recv, "seed {seed}");
+    let (s, d, r) = (
+        snapshot(&src.region),
+        snapshot(&dst.region),
+        snapshot(&back.region),
+    );
+    assert!(d[..total] == s[..total], "seed {seed}: WRITE bytes differ");
+    assert!(
+        r[..] == d[total..2 * total],
+        "seed {seed}: READ bytes differ"
+    );
+    assert!(
+        d[2 * total..2 * total + size as usize] == s[total..total + size as usize],
+        "seed {seed}: SEND bytes differ"
+    );
+}
+
+#[test]
+fn a_host_twenty_times_slower_delivers_every_byte_without_an_error() {
+    for node in [0, 1] {
+        let seed = seed(7101 + node as u64);
+        let mut sim = Sim::new(seed, &config(8, 7), lan());
+        sim.c.set_host(node, HostModel::slower(20));
+        transfer_is_exact(&mut sim, 16, 64 * KIB, 20_000_000);
+    }
+}
+
+/// Both hosts pause for 50 ms at random (40 ms apart on average, each on its own schedule),
+/// as descheduled processes do, and spend 2 µs per datagram: the timeouts each sees while the
+/// other sleeps, and the ones it handles late after its own pause, must not add up to a dead
+/// peer. (The first engine counted seven timeouts in a row, about 128 ms, as death, and
+/// failed a READ here with `RetryExceeded`.)
+/// Both hosts pause for 50 ms at random (40 ms apart on average, each on its own schedule),
+/// as descheduled processes do, and spend 2 µs per datagram: the timeouts each sees while the
+/// other sleeps, and the ones it handles late after its own pause, must not add up to a dead
+/// peer. (Counting seven timeouts in a row, about 128 ms of backoff, as death failed a READ
+/// here with `RetryExceeded`.)
+#[test]
+fn hosts_pausing_50_ms_at_random_deliver_every_byte_without_an_error() {
+    let mut pauses = [0; 2];
+    for run in 0..3 {
+        let seed = seed(1 + run);
+        let mut sim = Sim::new(seed, &config(8, 7), lan());
+        for node in [0, 1] {
+            sim.c.set_host(
+                node,
+                HostModel {
+                    cost_ns: 2_000,
+                    ..HostModel::pausing(40 * MS, 50 * MS)
+                },
+            );
+        }
+        transfer_is_exact(&mut sim, 64, 256 * KIB, 20_000_000);
+        for (node, p) in pauses.iter_mut().enumerate() {
+            *p += sim.c.host_pauses(node);
+        }
+    }
+    assert!(
+        pauses.iter().all(|&p| p >= 5),
+        "the hosts paused only {pauses:?} times"
+    );
+}
+
+#[test]
+fn a_dead_peer_ends_in_retry_exceeded_after_the_configured_time() {
+    let seed = seed(7301);
+    let cfg = EndpointConfig {
+        retry_timeout_ns: 1_000 * MS,
+        ..config(8, 7)
+    };
+    let mut sim = Sim::new(seed, &cfg, lan());
+    let mut rng = rng(seed);
+    let (a, b) = (sim.a, sim.b);
+    let src = sim.random_mr(a, 256 * KIB as usize, Access::LOCAL_WRITE, &mut rng);
+    let dst = sim.random_mr(b, 256 * KIB as usize, Access::ALL, &mut rng);
+    for i in 0..4u64 {
+        sim.post_send(
+            a,
+            SendWr {
+                wr_id: i,
+                op: SendOp::Write(RemoteAddr {
+                    rkey: dst.keys.rkey,
+                    offset: i * 64 * u64::from(KIB),
+                }),
+                sges: vec![sge(&src, i * 64 * u64::from(KIB), 64 * KIB)],
+                signaled: true,
+            },
+        );
+    }
+    let qpn = a.qp.qpn;
+    assert!(
+        sim.c.run_until(1_000_000, |c| c.nodes[0]
+            .ep
+            .qp_stats(qpn)
+            .is_some_and(|s| s.packets_sent >= 20)),
+        "seed {seed}: never got going"
+    );
+    let t0 = sim.c.now;
+    sim.c.nodes.truncate(1); // node b is gone: its packets and timers with it
+    let got = sim.wait_cq(a, 4, 1_000_000);
+    let waited = sim.c.now.nanos_since(t0);
+    let statuses: Vec<WcStatus> = got.iter().map(|c| c.status).collect();
+    assert_eq!(statuses[0], WcStatus::RetryExceeded, "seed {seed}: {got:?}");
+    assert!(
+        statuses[1..].iter().all(|s| *s == WcStatus::Flushed),
+        "seed {seed}: {got:?}"
+    );
+    // Not before the configured silence, and not much after (one ceiling-length timeout
+    // beyond it, plus the round trip that was in flight).
+    let rto_max = cfg.rto_max_ns;
+    // (The silence is counted from the peer's last packet, which may have left it a few
+    // microseconds before `t0`.)
+    assert!(
+        waited >= cfg.retry_timeout_ns - cfg.rto_min_ns,
+        "seed {seed}: gave up after {waited} ns, before the retry time"
+    );
+    assert!(
+        waited <= cfg.retry_timeout_ns + 2 * rto_max,
+        "seed {seed}: gave up only after {waited} ns"
+    );
+}
