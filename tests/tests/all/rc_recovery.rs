@@ -213,3 +213,106 @@ fn a_dead_peer_ends_in_retry_exceeded_after_the_configured_time() {
         "seed {seed}: gave up only after {waited} ns"
     );
 }
+
+/// A peer that places one byte at every other offset of eight 64 KiB RECVs (40 000 separate
+/// pieces, each in its own new packet) gets tracked up to the QP's budget of
+/// `MAX_TRACKED_RANGES` ranges, and every piece past it is dropped (counted as a bad packet):
+/// the tracking never grows further, though each message alone stays under its own cap. A
+/// second QP between the same nodes keeps working.
+#[test]
+fn a_peer_fragmenting_placement_past_the_qp_budget_is_refused() {
+    use braid::proto::MAX_TRACKED_RANGES;
+    use braid::proto::wire::{self, Body, Header, Kind, Op, Request};
+    let seed = seed(7401);
+    let mut sim = Sim::new(seed, &config(8, 7), LinkConfig::default());
+    let (a, b) = (sim.a, sim.b);
+    const RECVS: u32 = 8;
+    const PIECES: u32 = 5_000;
+    const LEN: u32 = 64 * KIB;
+    let sink = sim
+        .c
+        .alloc_mr(&b, (RECVS * LEN) as usize, Access::LOCAL_WRITE);
+    for j in 0..RECVS {
+        sim.post_recv(
+            b,
+            RecvWr {
+                wr_id: u64::from(j),
+                sges: vec![sge(&sink, u64::from(j * LEN), LEN)],
+            },
+        );
+    }
+    let before = sim.c.nodes[1].ep.stats().rx_bad_response;
+    let (from, now) = (sim.c.nodes[0].addr, sim.c.now);
+    let mut psn = a.qp.psn;
+    for j in 0..RECVS {
+        for i in 0..PIECES {
+            let h = Header {
+                kind: Kind::Request,
+                path: 0,
+                flags: 0,
+                dst_qpn: b.qp.qpn,
+                src_qpn: a.qp.qpn,
+                psn,
+                send_ts_ns: 1,
+            };
+            let body = Body::Request(Request {
+                op: Op::Send,
+                msn: j,
+                ssn: j,
+                imm: 0,
+                rkey: 0,
+                msg_len: LEN,
+                offset: 2 * i,
+                remote_offset: 0,
+            });
+            let mut buf = vec![0u8; wire::packet_len(&body, 1)];
+            wire::emit(&mut buf, &h, &body, 1, |p| p.fill(0xa5)).expect("sized");
+            let bad = sim.c.nodes[1].ep.stats().rx_bad_response;
+            sim.c.nodes[1].ep.handle_datagram(now, from, 0, &buf);
+            // A refused packet is not accepted: the next one reuses its sequence number.
+            if sim.c.nodes[1].ep.stats().rx_bad_response == bad {
+                psn = psn.wrapping_add(1);
+            }
+        }
+    }
+    let refused = sim.c.nodes[1].ep.stats().rx_bad_response - before;
+    let total = u64::from(RECVS * PIECES);
+    assert_eq!(
+        refused,
+        total - MAX_TRACKED_RANGES as u64,
+        "seed {seed}: pieces refused past the budget"
+    );
+    let st = sim.c.nodes[1].ep.qp_stats(b.qp.qpn).expect("qp");
+    assert_eq!(st.state, braid::proto::QpState::Connected, "seed {seed}");
+    // Another QP between the same nodes is untouched: a SEND still lands whole.
+    let (x, y) = sim.c.connect(0, 1);
+    let mut rng = rng(seed);
+    let src = sim.random_mr(x, LEN as usize, Access::NONE, &mut rng);
+    let dst = sim.c.alloc_mr(&y, LEN as usize, Access::LOCAL_WRITE);
+    sim.post_recv(
+        y,
+        RecvWr {
+            wr_id: 99,
+            sges: vec![sge(&dst, 0, LEN)],
+        },
+    );
+    sim.post_send(
+        x,
+        SendWr {
+            wr_id: 98,
+            op: SendOp::Send,
+            sges: vec![sge(&src, 0, LEN)],
+            signaled: true,
+        },
+    );
+    let got = sim.wait_cq(y, 1, 1_000_000);
+    assert_eq!(
+        (got[0].wr_id, got[0].status),
+        (99, WcStatus::Success),
+        "seed {seed}"
+    );
+    assert!(
+        snapshot(&dst.region) == snapshot(&src.region),
+        "seed {seed}: bytes"
+    );
+}

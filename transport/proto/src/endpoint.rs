@@ -28,10 +28,10 @@ use braid_time::Timestamp;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 
-use crate::coverage::Coverage;
+use crate::coverage::{Coverage, RangeBudget};
 use crate::hist::{RttHistogram, RttSummary};
 use crate::mem::{Access, Region};
-use crate::retry::{RetryBudget, Timeout};
+use crate::retry::{AwaitedResponses, RetryBudget, Timeout};
 use crate::seal::QpSeal;
 use crate::tracker::{Class, RecvTracker};
 use crate::types::*;
@@ -592,6 +592,10 @@ struct Qp {
     backoff: u32,
     /// Counted timeouts and silence since the peer was last heard from.
     retry: RetryBudget,
+    /// READs and atomics sent and still awaiting their responses.
+    awaited: AwaitedResponses,
+    /// Placement ranges tracked over all of this QP's messages.
+    ranges: RangeBudget,
     rack_ts: Timestamp,
     /// Round trip of the packet that set `rack_ts`: it includes the queueing that packets
     /// sent around the same time meet, which a smoothed RTT averages away.
@@ -983,6 +987,8 @@ impl Endpoint {
             rto_deadline: None,
             backoff: 0,
             retry: RetryBudget::default(),
+            awaited: AwaitedResponses::default(),
+            ranges: RangeBudget::default(),
             rack_ts: Timestamp::ZERO,
             rack_rtt_ns: 0,
             reorder_deadline: None,
@@ -1809,6 +1815,9 @@ impl Qp {
         w.unacked_pkts += 1;
         if w.next_offset >= w.len || !w.op.carries_data() {
             w.packetized = true;
+            if w.awaits_response() {
+                self.awaited.started();
+            }
             self.pack_idx += 1;
         }
         Some(SentWhat::Req {
@@ -1918,7 +1927,7 @@ impl Qp {
             }
             // A peer scattering a message into more pieces than any window could is refused
             // before it writes anything.
-            if !w.placed.admits(u64::from(r.offset), plen) {
+            if !self.ranges.admits(&w.placed, u64::from(r.offset), plen) {
                 return Err(None);
             }
             Some(i)
@@ -2009,7 +2018,7 @@ impl Qp {
             let w = &mut self.rq[i];
             w.msg = Some((r.op, r.msg_len));
             // Cannot fail: `admits` was checked before placing (parsing bounded the range).
-            let _ = w.placed.insert(u64::from(r.offset), plen);
+            let _ = self.ranges.insert(&mut w.placed, u64::from(r.offset), plen);
             if matches!(r.op, Op::SendImm | Op::WriteImm) {
                 w.imm = Some(r.imm);
             }
@@ -2024,6 +2033,7 @@ impl Qp {
     fn complete_rq(&mut self, sh: &mut Shared) {
         while self.rq.front().is_some_and(|w| w.done) {
             let Some(w) = self.rq.pop_front() else { break };
+            self.ranges.release(&w.placed);
             self.rq_base_ssn = self.rq_base_ssn.wrapping_add(1);
             let (op, len) = w.msg.unwrap_or((Op::Send, 0));
             let opcode = if op == Op::WriteImm {
@@ -2054,6 +2064,7 @@ impl Qp {
             .is_some_and(|w| w.status.is_none() && w.is_done())
         {
             let Some(w) = self.sq.pop_front() else { break };
+            self.ranges.release(&w.read_placed);
             self.sq_base_msn = self.sq_base_msn.wrapping_add(1);
             self.pack_idx = self.pack_idx.saturating_sub(1);
             if w.signaled {
@@ -2098,11 +2109,14 @@ impl Qp {
             }
             // Parsing bounded offset + length by the message length, which matches ours.
             let (off, len) = (u64::from(r.offset), payload.len() as u64);
-            if !w.read_placed.admits(off, len) || !scatter(&w.segs, off, payload) {
+            if !self.ranges.admits(&w.read_placed, off, len) || !scatter(&w.segs, off, payload) {
                 return false;
             }
-            let _ = w.read_placed.insert(off, len);
+            let _ = self.ranges.insert(&mut w.read_placed, off, len);
             w.got_resp = true;
+            if w.is_done() {
+                self.awaited.answered();
+            }
             true
         });
         if !ok {
@@ -2135,6 +2149,7 @@ impl Qp {
                 return false;
             }
             w.atomic_result = Some(r.original);
+            self.awaited.answered();
             scatter(&w.segs, 0, &r.original.to_ne_bytes())
         });
         if !ok {
@@ -2480,9 +2495,20 @@ impl Qp {
     }
 
     fn rearm_rto(&mut self, now: Timestamp, sh: &Shared) {
-        let waiting = self.sq.iter().any(|w| w.awaits_response());
+        let waiting = self.awaits_response();
         self.rto_deadline =
             (self.in_flight_pkts > 0 || waiting).then(|| now.add_nanos(self.rto_ns(&sh.cfg)));
+    }
+
+    /// Whether a READ or atomic still awaits its response: O(1) from the count kept as they
+    /// are sent and answered; debug builds check it against a scan of the send queue.
+    fn awaits_response(&self) -> bool {
+        debug_assert_eq!(
+            self.awaited.count(),
+            self.sq.iter().filter(|w| w.awaits_response()).count(),
+            "awaited-response count out of step with the send queue"
+        );
+        self.awaited.any()
     }
 
     fn on_nak(&mut self, now: Timestamp, n: &wire::Nak, sh: &mut Shared) {
@@ -2597,7 +2623,7 @@ impl Qp {
         // Nothing outstanding (the last packet probed needed no resending: its work request had
         // completed, as a READ does when its response arrives before the request's ACK): no
         // timeout to count. Counting it would fail an idle QP `retry_limit` timeouts later.
-        let waiting = self.sq.iter().any(|w| w.awaits_response());
+        let waiting = self.awaits_response();
         if self.in_flight_pkts == 0 && self.rtx.is_empty() && !waiting {
             self.rto_deadline = None;
             return;
@@ -2703,6 +2729,8 @@ impl Qp {
         }
         self.sq_base_msn = self.next_msn;
         self.pack_idx = 0;
+        self.awaited.clear();
+        self.ranges.clear();
         for w in self.rq.drain(..) {
             let (status, byte_len) = match (w.error, w.msg) {
                 (Some(e), Some((_, len))) => (e, len),

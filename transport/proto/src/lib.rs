@@ -22,6 +22,7 @@ pub mod wire;
 
 pub use braid_cc as cc;
 pub use braid_time::Timestamp;
+pub use coverage::MAX_TRACKED_RANGES;
 pub use endpoint::{ECN_CE, ECN_ECT0, Endpoint, QpStats, Transmit};
 pub use hist::{RttHistogram, RttSummary};
 pub use mem::{Access, MemError, Region};

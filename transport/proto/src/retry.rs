@@ -85,6 +85,41 @@ impl RetryBudget {
     }
 }
 
+/// READs and atomics whose requests are all sent and whose responses have not all arrived:
+/// kept as a count, so that re-arming the retransmit timer on every ACK needs no scan of the
+/// send queue to learn whether the peer still owes an answer.
+#[derive(Copy, Clone, Debug, Default)]
+pub(crate) struct AwaitedResponses {
+    count: u32,
+}
+
+impl AwaitedResponses {
+    /// A READ or atomic has sent its last request packet.
+    pub(crate) fn started(&mut self) {
+        self.count = self.count.saturating_add(1);
+    }
+
+    /// One of them got its whole response.
+    pub(crate) fn answered(&mut self) {
+        self.count = self.count.saturating_sub(1);
+    }
+
+    /// The send queue was flushed.
+    pub(crate) fn clear(&mut self) {
+        self.count = 0;
+    }
+
+    /// Whether any response is awaited.
+    pub(crate) fn any(&self) -> bool {
+        self.count > 0
+    }
+
+    /// How many are awaited (for the debug cross-check against a scan).
+    pub(crate) fn count(&self) -> usize {
+        self.count as usize
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
