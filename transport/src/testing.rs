@@ -139,6 +139,10 @@ pub struct Cluster {
     keys_drawn: u64,
     /// Per node: how fast it runs and what waits for it.
     hosts: Vec<HostState>,
+    /// Datagrams to drop as they leave a node: (node, how many more, which).
+    tx_drop: Option<(usize, u32, fn(&[u8]) -> bool)>,
+    /// Datagrams dropped by `tx_drop` so far.
+    tx_dropped: u64,
 }
 
 /// One side of a connected QP pair built by [`Cluster::connect`].
@@ -196,7 +200,20 @@ impl Cluster {
             seed,
             keys_drawn: 0,
             hosts: (0..n).map(|_| HostState::default()).collect(),
+            tx_drop: None,
+            tx_dropped: 0,
         }
+    }
+
+    /// Drops the next `n` datagrams node `node` sends that `which` matches, before they reach
+    /// the network: a loss aimed at exactly one packet (a NAK, say). Replaces any earlier rule.
+    pub fn drop_sent(&mut self, node: usize, n: u32, which: fn(&[u8]) -> bool) {
+        self.tx_drop = Some((node, n, which));
+    }
+
+    /// Datagrams dropped by [`drop_sent`](Self::drop_sent) so far.
+    pub fn dropped_sent(&self) -> u64 {
+        self.tx_dropped
     }
 
     /// Makes node `node` run as `model` says from now on.
@@ -287,7 +304,7 @@ impl Cluster {
     /// slow host that is busy sends nothing until it is free; sending costs it time.
     pub fn flush(&mut self) {
         let now = self.now;
-        for (node, host) in self.nodes.iter_mut().zip(&mut self.hosts) {
+        for (i, (node, host)) in self.nodes.iter_mut().zip(&mut self.hosts).enumerate() {
             if host.is_slow() && !host.ready(now) {
                 continue;
             }
@@ -299,8 +316,17 @@ impl Cluster {
                     ecn: Ecn::from_tos(t.ecn),
                     contents: &self.buf[..t.len],
                 };
-                self.net.send(now, node.addr, &tx);
                 sent += 1;
+                if let Some((n, left, which)) = &mut self.tx_drop
+                    && *n == i
+                    && *left > 0
+                    && which(tx.contents)
+                {
+                    *left -= 1;
+                    self.tx_dropped += 1;
+                    continue;
+                }
+                self.net.send(now, node.addr, &tx);
             }
             if host.is_slow() {
                 host.work(now, sent);

@@ -316,3 +316,105 @@ fn a_peer_fragmenting_placement_past_the_qp_budget_is_refused() {
         "seed {seed}: bytes"
     );
 }
+
+fn is_nak(d: &[u8]) -> bool {
+    braid::proto::wire::Packet::parse(d)
+        .is_ok_and(|p| p.header.kind == braid::proto::wire::Kind::Nak)
+}
+
+/// What a refused one-packet WRITE costs the requester, with its first NAK dropped or not:
+/// (virtual time to the completion, the requester's QP stats, the completion's status).
+fn refused_write(drop_nak: bool) -> (u64, braid::proto::QpStats, WcStatus) {
+    let seed = seed(7501);
+    let mut sim = Sim::new(seed, &config(8, 7), lan());
+    let mut rng = rng(seed);
+    let (a, b) = (sim.a, sim.b);
+    let src = sim.random_mr(a, 4096, Access::LOCAL_WRITE, &mut rng);
+    let dst = sim.random_mr(b, 4096, Access::ALL, &mut rng);
+    if drop_nak {
+        sim.c.drop_sent(1, 1, is_nak);
+    }
+    let t0 = sim.c.now;
+    sim.post_send(
+        a,
+        SendWr {
+            wr_id: 1,
+            op: SendOp::Write(RemoteAddr {
+                rkey: dst.keys.rkey ^ 0x5a5a,
+                offset: 0,
+            }),
+            sges: vec![sge(&src, 0, 1000)],
+            signaled: true,
+        },
+    );
+    let got = sim.wait_cq(a, 1, 100_000);
+    assert_eq!(sim.c.dropped_sent(), u64::from(drop_nak), "seed {seed}");
+    let st = sim.c.nodes[0].ep.qp_stats(a.qp.qpn).expect("qp");
+    (sim.c.now.nanos_since(t0), st, got[0].status)
+}
+
+/// A lost NAK is repeated by the responder: the refused WRITE fails with its remote access
+/// error without a retransmit timeout, a retransmission, a window cut or a re-path, about a
+/// round trip later than when the NAK arrives (the responder, which has no RTT sample of its
+/// own, repeats after 50 µs; the requester's timeout floor is 500 µs).
+#[test]
+fn a_lost_nak_for_a_refused_write_costs_a_round_trip_not_a_timeout() {
+    let (t_ok, ok, s_ok) = refused_write(false);
+    let (t_lost, lost, s_lost) = refused_write(true);
+    assert_eq!(s_ok, WcStatus::RemoteAccessError);
+    assert_eq!(s_lost, WcStatus::RemoteAccessError);
+    assert_eq!(
+        (lost.rtos, lost.retransmits, lost.repaths),
+        (0, 0, 0),
+        "{lost:?}"
+    );
+    assert_eq!(lost.cwnd_bytes, ok.cwnd_bytes, "the window was cut");
+    assert!(
+        t_lost <= t_ok + 100_000,
+        "the lost NAK cost {} ns more",
+        t_lost - t_ok
+    );
+}
+
+/// The same for a receiver-not-ready NAK: the SEND is retried after the RNR wait (posting
+/// the RECV meanwhile), with no timeout, no re-path and no window cut.
+#[test]
+fn a_lost_rnr_nak_costs_a_round_trip_not_a_timeout() {
+    let seed = seed(7502);
+    let mut sim = Sim::new(seed, &config(8, 7), lan());
+    let mut rng = rng(seed);
+    let (a, b) = (sim.a, sim.b);
+    let src = sim.random_mr(a, 4096, Access::NONE, &mut rng);
+    let dst = sim.c.alloc_mr(&b, 4096, Access::LOCAL_WRITE);
+    sim.c.drop_sent(1, 1, is_nak);
+    sim.post_send(
+        a,
+        SendWr {
+            wr_id: 1,
+            op: SendOp::Send,
+            sges: vec![sge(&src, 0, 1000)],
+            signaled: true,
+        },
+    );
+    assert!(
+        sim.c.run_until(100_000, |c| c.dropped_sent() == 1),
+        "seed {seed}: no NAK"
+    );
+    sim.post_recv(
+        b,
+        RecvWr {
+            wr_id: 2,
+            sges: vec![sge(&dst, 0, 4096)],
+        },
+    );
+    let got = sim.wait_cq(a, 1, 100_000);
+    assert_eq!(got[0].status, WcStatus::Success, "seed {seed}");
+    let recv = sim.wait_cq(b, 1, 100_000);
+    assert_eq!(recv[0].status, WcStatus::Success, "seed {seed}");
+    let st = sim.c.nodes[0].ep.qp_stats(a.qp.qpn).expect("qp");
+    assert_eq!((st.rtos, st.repaths), (0, 0), "seed {seed}: {st:?}");
+    assert!(
+        snapshot(&dst.region)[..1000] == snapshot(&src.region)[..1000],
+        "seed {seed}: bytes"
+    );
+}

@@ -31,6 +31,7 @@ use rand_core::{RngCore, SeedableRng};
 use crate::coverage::{Coverage, RangeBudget};
 use crate::hist::{RttHistogram, RttSummary};
 use crate::mem::{Access, Region};
+use crate::nak_repeat::NakRepeat;
 use crate::retry::{AwaitedResponses, RetryBudget, Timeout};
 use crate::seal::QpSeal;
 use crate::tracker::{Class, RecvTracker};
@@ -649,6 +650,8 @@ struct Qp {
     /// syndrome it got: if that NAK is lost, the requester's retransmission is answered with
     /// the same syndrome again rather than a generic remote operation error.
     fatal_nak: Option<(u32, Syndrome)>,
+    /// The last NAK sent, repeated on a short timer in case it was lost.
+    nak_repeat: NakRepeat,
     rq: VecDeque<RecvWqe>,
     rq_base_ssn: u32,
     /// A work request was refused: send nothing new, fail once the earlier ones finish.
@@ -1022,6 +1025,7 @@ impl Endpoint {
             ce_count: 0,
             naks: VecDeque::new(),
             fatal_nak: None,
+            nak_repeat: NakRepeat::default(),
             rq: VecDeque::new(),
             rq_base_ssn: 0,
             failing: false,
@@ -1458,8 +1462,10 @@ impl Qp {
     }
 
     fn next_deadline(&self) -> Option<Timestamp> {
+        // NAKs (and their repeats) go out in any state.
+        let nak = self.nak_repeat.deadline();
         if self.state != QpState::Connected {
-            return None;
+            return nak;
         }
         let held = self
             .held
@@ -1469,6 +1475,7 @@ impl Qp {
         held.chain(self.rto_deadline)
             .chain(self.reorder_deadline)
             .chain(paced)
+            .chain(nak)
             .min()
     }
 
@@ -1612,7 +1619,21 @@ impl Qp {
         sh: &mut Shared,
     ) -> Option<Transmit> {
         let peer = self.peer?;
-        if let Some(nak) = self.naks.pop_front() {
+        let fresh = self.naks.pop_front();
+        let repeat = match fresh {
+            Some(_) => None,
+            None => {
+                let rx = &self.rx;
+                self.nak_repeat
+                    .take_due(now, |psn| rx.classify(psn) != Class::Duplicate)
+            }
+        };
+        if let Some(nak) = fresh.or(repeat) {
+            if fresh.is_some() {
+                let wait =
+                    NakRepeat::interval_ns(self.rtt.srtt_ns, self.rtt.rttvar_ns, self.rtt.samples);
+                self.nak_repeat.sent(nak, now, wait);
+            }
             let path = self.next_path(sh);
             let h = self.header(wire::Kind::Nak, 0, path, now, 0)?;
             let len = self.seal.emit(buf, &h, &Body::Nak(nak), 0, |_| {}).ok()?;

@@ -14,6 +14,7 @@ mod coverage;
 pub mod endpoint;
 pub mod hist;
 pub mod mem;
+mod nak_repeat;
 mod retry;
 pub mod seal;
 pub mod tracker;
