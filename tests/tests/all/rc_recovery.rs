@@ -418,3 +418,118 @@ fn a_lost_rnr_nak_costs_a_round_trip_not_a_timeout() {
         "seed {seed}: bytes"
     );
 }
+
+/// End to end on a real slow host: the child peer process (`braid-test-peer`, over loopback
+/// UDP) is stopped with SIGSTOP for about 50 ms at random moments (and continued with
+/// SIGCONT) while this process WRITEs into its region and READs each piece back: every byte
+/// comes back as written, and no work request completes with an error.
+#[test]
+fn a_peer_process_stopped_50_ms_at_random_loses_no_byte_and_no_completion() {
+    use std::process::Command;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+    use std::time::Duration;
+
+    use braid::{Device, DeviceConfig};
+    use braid_tests::{PEER_REGION_LEN, format_info, parse_info};
+
+    use crate::support::{Peer, below, random_mr};
+
+    let mut peer = Peer::spawn(Command::new(env!("CARGO_BIN_EXE_braid-test-peer")));
+    let (info, rkey, len) = parse_info(&peer.recv()).expect("the peer's QP line");
+    assert_eq!(len, PEER_REGION_LEN);
+    let dev = Device::open(DeviceConfig::udp("127.0.0.1:0".parse().expect("addr")).paths(16))
+        .expect("open a UDP device");
+    let pd = dev.alloc_pd();
+    let cq = dev.create_cq();
+    let qp = pd.create_qp(&cq, &cq).expect("qp");
+    qp.connect(info).expect("connect");
+    assert_eq!(peer.ask(&format_info(&qp.info(), 0, 0)), "READY");
+
+    // Stop and continue the peer at random while the transfer runs.
+    let pid = peer.pid().to_string();
+    let done = Arc::new(AtomicBool::new(false));
+    let paused = Arc::new(AtomicU32::new(0));
+    let pauser = {
+        let (done, paused, pid) = (done.clone(), paused.clone(), pid.clone());
+        std::thread::spawn(move || {
+            let mut rng = rng(7601);
+            let mut pauses = 0u32;
+            let signal = |sig: &str| {
+                let ok = Command::new("kill")
+                    .args([sig, &pid])
+                    .status()
+                    .is_ok_and(|s| s.success());
+                assert!(ok, "kill {sig} {pid}");
+            };
+            while !done.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(10 + below(&mut rng, 60)));
+                signal("-STOP");
+                std::thread::sleep(Duration::from_millis(40 + below(&mut rng, 20)));
+                signal("-CONT");
+                pauses += 1;
+                paused.store(pauses, Ordering::Relaxed);
+            }
+            pauses
+        })
+    };
+
+    const PIECE: u32 = 128 * KIB;
+    // Rounds go on until the peer was paused `PAUSES` times (at most `ROUNDS` of them).
+    const ROUNDS: u64 = 2_000;
+    const PAUSES: u32 = 8;
+    const SOURCES: u64 = 16;
+    let (src, data) = random_mr(
+        &pd,
+        (SOURCES * u64::from(PIECE)) as usize,
+        Access::NONE,
+        7602,
+    );
+    let back = pd
+        .alloc_mr(PIECE as usize, Access::LOCAL_WRITE)
+        .expect("mr");
+    let slots = PEER_REGION_LEN / 2 / u64::from(PIECE);
+    let wait = Duration::from_secs(30);
+    let mut failure = None;
+    for round in 0..ROUNDS {
+        if paused.load(Ordering::Relaxed) >= PAUSES {
+            break;
+        }
+        // Into the second half of its region (the first half holds its pattern).
+        let at = PEER_REGION_LEN / 2 + (round % slots) * u64::from(PIECE);
+        let off = (round % SOURCES) * u64::from(PIECE);
+        let remote = braid::RemoteAddr { rkey, offset: at };
+        let post = |id, op, sge| {
+            qp.post_send(SendWr {
+                wr_id: id,
+                op,
+                sges: vec![sge],
+                signaled: true,
+            })
+            .expect("post");
+        };
+        post(2 * round, SendOp::Write(remote), src.sge(off, PIECE));
+        post(2 * round + 1, SendOp::Read(remote), back.sge(0, PIECE));
+        for id in [2 * round, 2 * round + 1] {
+            let wc = cq.wait(wait).expect("a completion within the wait");
+            if (wc.wr_id, wc.status) != (id, WcStatus::Success) {
+                failure.get_or_insert(format!("round {round}: {wc:?}"));
+            }
+        }
+        if failure.is_some() {
+            break;
+        }
+        let mut got = vec![0u8; PIECE as usize];
+        back.read(0, &mut got).expect("in bounds");
+        let want = &data[off as usize..(off + u64::from(PIECE)) as usize];
+        if got != want {
+            failure = Some(format!("round {round}: the READ returned other bytes"));
+            break;
+        }
+    }
+    done.store(true, Ordering::Relaxed);
+    let pauses = pauser.join().expect("the pausing thread");
+    assert_eq!(failure, None, "after {pauses} pauses of the peer");
+    assert!(pauses >= PAUSES, "the peer was paused only {pauses} times");
+    peer.quit(wait);
+}

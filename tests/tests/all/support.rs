@@ -247,6 +247,11 @@ impl Peer {
         }
     }
 
+    /// The child's process id (to stop and continue it with signals).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// SIGKILL, and reap.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
