@@ -118,6 +118,14 @@ impl HostState {
     }
 }
 
+/// A rule of [`Cluster::drop_sent`]: the node, how many more to drop, and which datagrams.
+#[derive(Copy, Clone, Debug)]
+struct TxDrop {
+    node: usize,
+    left: u32,
+    which: fn(&[u8]) -> bool,
+}
+
 /// Most queued arrivals a slow host handles in one go (a receive batch).
 const HOST_BATCH: usize = 32;
 
@@ -139,8 +147,8 @@ pub struct Cluster {
     keys_drawn: u64,
     /// Per node: how fast it runs and what waits for it.
     hosts: Vec<HostState>,
-    /// Datagrams to drop as they leave a node: (node, how many more, which).
-    tx_drop: Option<(usize, u32, fn(&[u8]) -> bool)>,
+    /// Datagrams to drop as they leave a node.
+    tx_drop: Option<TxDrop>,
     /// Datagrams dropped by `tx_drop` so far.
     tx_dropped: u64,
 }
@@ -208,7 +216,11 @@ impl Cluster {
     /// Drops the next `n` datagrams node `node` sends that `which` matches, before they reach
     /// the network: a loss aimed at exactly one packet (a NAK, say). Replaces any earlier rule.
     pub fn drop_sent(&mut self, node: usize, n: u32, which: fn(&[u8]) -> bool) {
-        self.tx_drop = Some((node, n, which));
+        self.tx_drop = Some(TxDrop {
+            node,
+            left: n,
+            which,
+        });
     }
 
     /// Datagrams dropped by [`drop_sent`](Self::drop_sent) so far.
@@ -317,12 +329,12 @@ impl Cluster {
                     contents: &self.buf[..t.len],
                 };
                 sent += 1;
-                if let Some((n, left, which)) = &mut self.tx_drop
-                    && *n == i
-                    && *left > 0
-                    && which(tx.contents)
+                if let Some(d) = &mut self.tx_drop
+                    && d.node == i
+                    && d.left > 0
+                    && (d.which)(tx.contents)
                 {
-                    *left -= 1;
+                    d.left -= 1;
                     self.tx_dropped += 1;
                     continue;
                 }
