@@ -379,6 +379,9 @@ fn outage_ending_at(seed: u64, fraction: f64, expect: Expect) -> (String, Vec<Co
     let tag = format!("outage ending at {fraction} of the last retransmission (seed {seed})");
     let cfg = EndpointConfig {
         paths: PATHS,
+        // The give-up is timed by the count of timeouts (`last_retransmission_ns`): no
+        // retry time on top of it.
+        retry_timeout_ns: 0,
         ..EndpointConfig::default()
     };
     let mut c = Cluster::new(seed, 2, &cfg, CLEAN.link());
@@ -432,6 +435,9 @@ fn a_qp_stays_connected_after_its_work_completed_though_the_last_ack_was_lost() 
     let tag = format!("seed {seed}");
     let cfg = EndpointConfig {
         paths: PATHS,
+        // The give-up is timed by the count of timeouts (`last_retransmission_ns`): no
+        // retry time on top of it.
+        retry_timeout_ns: 0,
         ..EndpointConfig::default()
     };
     let mut c = Cluster::new(seed, 2, &cfg, CLEAN.link());
@@ -583,6 +589,9 @@ fn config(s: &Scenario) -> EndpointConfig {
     EndpointConfig {
         paths: PATHS,
         retry_limit: s.retry_limit,
+        // The scenarios time the give-up by the count of timeouts (`last_retransmission_ns`):
+        // no retry time on top of it.
+        retry_timeout_ns: 0,
         ..EndpointConfig::default()
     }
 }

@@ -19,6 +19,7 @@ mod netns_faults;
 mod netns_paths;
 mod rc_fairness;
 mod rc_order;
+mod rc_recovery;
 mod sim_e2e;
 mod support;
 mod telemetry;

@@ -307,6 +307,8 @@ fn open(kind: DatapathKind, host: Host<'_>, port: u16, retry_limit: u32) -> Dev 
         .interface(host.ifname);
     cfg.engine = EndpointConfig {
         retry_limit,
+        // The give-up bounds are set for the count of timeouts: no retry time on top of it.
+        retry_timeout_ns: 0,
         ..cfg.engine
     };
     let dev = host

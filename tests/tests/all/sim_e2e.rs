@@ -10,7 +10,9 @@ use braid::testing::Mr;
 use rand_chacha::ChaCha8Rng;
 use rand_core::RngCore;
 
-use crate::support::{Sim, below, config, hostile_link, rng, seed, sge, snapshot, split};
+use crate::support::{
+    Sim, below, config, hostile_link, quick_give_up, rng, seed, sge, snapshot, split,
+};
 
 const MIB: u32 = 1 << 20;
 /// The value each fetch-and-add adds.
@@ -819,7 +821,7 @@ fn assert_gave_up(sim: &mut Sim, since: braid::proto::Timestamp, bound_ns: u64) 
 #[test]
 fn a_vanished_peer_gives_retry_exceeded_then_flushed_within_a_second() {
     let seed = seed(41);
-    let mut sim = Sim::new(seed, &config(8, 7), LinkConfig::default());
+    let mut sim = Sim::new(seed, &quick_give_up(config(8, 7)), LinkConfig::default());
     let t0 = start_then(&mut sim, 100);
     sim.c.nodes.truncate(1); // node b is gone: its packets and timers with it
     assert_gave_up(&mut sim, t0, 1_000_000_000);
@@ -828,7 +830,7 @@ fn a_vanished_peer_gives_retry_exceeded_then_flushed_within_a_second() {
 #[test]
 fn a_black_holed_peer_gives_retry_exceeded_then_flushed_within_a_second() {
     let seed = seed(42);
-    let mut sim = Sim::new(seed, &config(8, 7), hostile_link(0.01));
+    let mut sim = Sim::new(seed, &quick_give_up(config(8, 7)), hostile_link(0.01));
     let t0 = start_then(&mut sim, 100);
     for node in [0, 1] {
         let addr = sim.c.nodes[node].addr;
@@ -842,7 +844,7 @@ fn a_black_holed_peer_gives_retry_exceeded_then_flushed_within_a_second() {
 #[test]
 fn work_posted_after_the_qp_failed_completes_flushed() {
     let seed = seed(43);
-    let mut sim = Sim::new(seed, &config(8, 3), LinkConfig::default());
+    let mut sim = Sim::new(seed, &quick_give_up(config(8, 3)), LinkConfig::default());
     let t0 = start_then(&mut sim, 10);
     sim.c.nodes.truncate(1);
     assert_gave_up(&mut sim, t0, 1_000_000_000);
@@ -970,7 +972,7 @@ fn rnr_send_with_no_recv_ever_ends_in_rnr_retry_exceeded() {
 #[test]
 fn a_peer_vanishing_while_a_read_is_answered_fails_the_read_first() {
     let seed = seed(44);
-    let mut sim = Sim::new(seed, &config(8, 7), LinkConfig::default());
+    let mut sim = Sim::new(seed, &quick_give_up(config(8, 7)), LinkConfig::default());
     let mut rng = rng(seed);
     let (a, b) = (sim.a, sim.b);
     let local = sim.random_mr(a, 8 * MIB as usize, Access::LOCAL_WRITE, &mut rng);

@@ -53,6 +53,15 @@ pub fn config(paths: u16, retry_limit: u32) -> EndpointConfig {
     }
 }
 
+/// `cfg` with a short retry time (100 ms of counted silence), for tests that time how a QP
+/// gives up on a vanished peer (the default is seconds).
+pub fn quick_give_up(cfg: EndpointConfig) -> EndpointConfig {
+    EndpointConfig {
+        retry_timeout_ns: 100_000_000,
+        ..cfg
+    }
+}
+
 /// Two nodes (0 = requester `a`, 1 = responder `b`) with one connected QP pair.
 pub struct Sim {
     /// The cluster.
@@ -236,6 +245,11 @@ impl Peer {
             assert!(Instant::now() < deadline, "peer did not exit after QUIT");
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// The child's process id (to stop and continue it with signals).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// SIGKILL, and reap.

@@ -16,6 +16,64 @@
 /// window, since a window of sprayed packets can leave at most that many holes.
 pub(crate) const MAX_GAPS: usize = 4 * crate::tracker::WINDOW as usize;
 
+/// The most separate ranges one QP tracks at once, over all its messages (its posted RECVs
+/// and its READs awaiting responses). Without it, a peer could fragment every one of up to
+/// [`MAX_RECV_WR`](crate::types::MAX_RECV_WR) RECVs into [`MAX_GAPS`] ranges, about a GiB of
+/// tracking per QP. An honest peer stays far below: every packet it has outstanding lies
+/// within the receive tracker's window of [`WINDOW`](crate::tracker::WINDOW) PSNs past the
+/// cumulative point, so at most that many holes are open, and at most that many messages are
+/// partly placed or placed but waiting for an earlier one. A packet that would open a range
+/// past the budget is dropped before it writes anything (counted as a bad packet, never
+/// acknowledged); filling or extending a range is always admitted, so the budget never stops
+/// a message that is being completed.
+pub const MAX_TRACKED_RANGES: usize = 4 * crate::tracker::WINDOW as usize;
+
+/// The ranges one QP tracks, against [`MAX_TRACKED_RANGES`].
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct RangeBudget {
+    used: usize,
+}
+
+impl RangeBudget {
+    /// Places `[start, start + len)` into `cov` if both the message's cap and this QP's budget
+    /// admit it. On error nothing changes.
+    pub(crate) fn insert(
+        &mut self,
+        cov: &mut Coverage,
+        start: u64,
+        len: u64,
+    ) -> Result<(), TooFragmented> {
+        if !self.admits(cov, start, len) {
+            return Err(TooFragmented);
+        }
+        let before = cov.ranges.len();
+        cov.insert(start, len)?;
+        self.used = (self.used + cov.ranges.len()).saturating_sub(before);
+        Ok(())
+    }
+
+    /// Whether [`insert`](Self::insert) would succeed.
+    pub(crate) fn admits(&self, cov: &Coverage, start: u64, len: u64) -> bool {
+        cov.admits(start, len) && (self.used < MAX_TRACKED_RANGES || !cov.opens(start, len))
+    }
+
+    /// A message's tracking is dropped (it completed or was flushed).
+    pub(crate) fn release(&mut self, cov: &Coverage) {
+        self.used = self.used.saturating_sub(cov.ranges.len());
+    }
+
+    /// Every message's tracking is dropped (the QP went to error).
+    pub(crate) fn clear(&mut self) {
+        self.used = 0;
+    }
+
+    /// Ranges tracked now.
+    #[cfg(test)]
+    pub(crate) fn used(&self) -> usize {
+        self.used
+    }
+}
+
 /// The union of the byte ranges of one message placed so far.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Coverage {
@@ -32,6 +90,22 @@ impl Coverage {
     /// Bytes covered by at least one placed range.
     pub(crate) fn covered(&self) -> u64 {
         self.covered
+    }
+
+    /// Whether inserting this range would add a separate range (it touches none placed).
+    pub(crate) fn opens(&self, start: u64, len: u64) -> bool {
+        if len == 0 {
+            return false;
+        }
+        let end = start.saturating_add(len);
+        self.ranges.partition_point(|&(_, e)| e < start)
+            == self.ranges.partition_point(|&(s, _)| s <= end)
+    }
+
+    /// Separate ranges placed.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.ranges.len()
     }
 
     /// Whether [`insert`](Self::insert) of this range would succeed.
@@ -126,7 +200,47 @@ mod tests {
         assert_eq!(c.covered(), MAX_GAPS as u64 + 1);
     }
 
+    #[test]
+    fn the_qp_budget_refuses_new_ranges_but_admits_merges() {
+        let mut budget = RangeBudget::default();
+        let mut msgs = vec![Coverage::default(); MAX_TRACKED_RANGES / 16 + 1];
+        // Sixteen ranges in each message until the budget is spent.
+        for (m, c) in msgs.iter_mut().enumerate().take(MAX_TRACKED_RANGES / 16) {
+            for i in 0..16 {
+                budget.insert(c, i * 10, 1).unwrap();
+            }
+            assert_eq!(budget.used(), (m + 1) * 16);
+        }
+        assert_eq!(budget.used(), MAX_TRACKED_RANGES);
+        // A fresh message cannot open a range, though its own cap is far away.
+        let last = msgs.len() - 1;
+        assert!(msgs[last].admits(0, 1));
+        assert_eq!(budget.insert(&mut msgs[last], 0, 1), Err(TooFragmented));
+        assert_eq!(msgs[last].len(), 0);
+        // Extending or merging is still admitted, and merging gives budget back.
+        budget.insert(&mut msgs[0], 1, 1).unwrap();
+        assert_eq!(budget.used(), MAX_TRACKED_RANGES);
+        budget.insert(&mut msgs[0], 0, 200).unwrap();
+        assert_eq!(budget.used(), MAX_TRACKED_RANGES - 15);
+        budget.insert(&mut msgs[last], 0, 1).unwrap();
+        // Releasing a message gives its ranges back.
+        budget.release(&msgs[1]);
+        assert_eq!(budget.used(), MAX_TRACKED_RANGES - 30);
+    }
+
     proptest! {
+        /// `opens` says exactly when an insert adds a range.
+        #[test]
+        fn opens_predicts_a_new_range(pieces in proptest::collection::vec((0u64..512, 0u64..64), 0..64)) {
+            let mut c = Coverage::default();
+            for (s, l) in pieces {
+                let (before, opens) = (c.len(), c.opens(s, l));
+                c.insert(s, l).unwrap();
+                prop_assert_eq!(opens, c.len() > before);
+                prop_assert!(opens || c.len() <= before);
+            }
+        }
+
         #[test]
         fn matches_a_byte_map(pieces in proptest::collection::vec((0u64..512, 0u64..64), 0..64)) {
             let mut c = Coverage::default();

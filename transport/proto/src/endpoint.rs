@@ -50,11 +50,13 @@ use braid_time::Timestamp;
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 
-use crate::coverage::Coverage;
+use crate::coverage::{Coverage, RangeBudget};
 use crate::hist::{RttHistogram, RttSummary};
 use crate::mem::{Access, Region};
 use crate::ready::ReadySet;
 use crate::rc_order::RcOrder;
+use crate::nak_repeat::NakRepeat;
+use crate::retry::{AwaitedResponses, RetryBudget, Timeout};
 use crate::seal::QpSeal;
 use crate::share::{SendShare, Turn};
 use crate::tracker::{Class, RecvTracker};
@@ -621,7 +623,12 @@ struct Qp {
     rtt_hist: RttHistogram,
     rto_deadline: Option<Timestamp>,
     backoff: u32,
-    consecutive_rto: u32,
+    /// Counted timeouts and silence since the peer was last heard from.
+    retry: RetryBudget,
+    /// READs and atomics sent and still awaiting their responses.
+    awaited: AwaitedResponses,
+    /// Placement ranges tracked over all of this QP's messages.
+    ranges: RangeBudget,
     rack_ts: Timestamp,
     /// Round trip of the packet that set `rack_ts`: it includes the queueing that packets
     /// sent around the same time meet, which a smoothed RTT averages away.
@@ -674,6 +681,8 @@ struct Qp {
     /// Where a fatal refusal stopped this QP as a responder, and whether receives complete
     /// in order ([`crate::rc_order`]).
     order: RcOrder,
+    /// The last NAK sent, repeated on a short timer in case it was lost.
+    nak_repeat: NakRepeat,
     rq: VecDeque<RecvWqe>,
     rq_base_ssn: u32,
     /// A work request was refused: send nothing new, fail once the earlier ones finish.
@@ -1042,7 +1051,9 @@ impl Endpoint {
             rtt_hist: RttHistogram::new(),
             rto_deadline: None,
             backoff: 0,
-            consecutive_rto: 0,
+            retry: RetryBudget::default(),
+            awaited: AwaitedResponses::default(),
+            ranges: RangeBudget::default(),
             rack_ts: Timestamp::ZERO,
             rack_rtt_ns: 0,
             reorder_deadline: None,
@@ -1076,6 +1087,7 @@ impl Endpoint {
             ce_count: 0,
             naks: VecDeque::new(),
             order: RcOrder::new(opts.unordered),
+            nak_repeat: NakRepeat::default(),
             rq: VecDeque::new(),
             rq_base_ssn: 0,
             failing: false,
@@ -1537,8 +1549,10 @@ impl Qp {
     }
 
     fn next_deadline(&self) -> Option<Timestamp> {
+        // NAKs (and their repeats) go out in any state.
+        let nak = self.nak_repeat.deadline();
         if self.state != QpState::Connected {
-            return None;
+            return nak;
         }
         let held = self
             .held
@@ -1548,6 +1562,7 @@ impl Qp {
         held.chain(self.rto_deadline)
             .chain(self.reorder_deadline)
             .chain(paced)
+            .chain(nak)
             .min()
     }
 
@@ -1691,7 +1706,21 @@ impl Qp {
         sh: &mut Shared,
     ) -> Option<Transmit> {
         let peer = self.peer?;
-        if let Some(nak) = self.naks.pop_front() {
+        let fresh = self.naks.pop_front();
+        let repeat = match fresh {
+            Some(_) => None,
+            None => {
+                let rx = &self.rx;
+                self.nak_repeat
+                    .take_due(now, |psn| rx.classify(psn) != Class::Duplicate)
+            }
+        };
+        if let Some(nak) = fresh.or(repeat) {
+            if fresh.is_some() {
+                let wait =
+                    NakRepeat::interval_ns(self.rtt.srtt_ns, self.rtt.rttvar_ns, self.rtt.samples);
+                self.nak_repeat.sent(nak, now, wait);
+            }
             let path = self.next_path(sh);
             let h = self.header(wire::Kind::Nak, 0, path, now, 0)?;
             let len = self.seal.emit(buf, &h, &Body::Nak(nak), 0, |_| {}).ok()?;
@@ -1917,6 +1946,9 @@ impl Qp {
         w.unacked_pkts += 1;
         if w.next_offset >= w.len || !w.op.carries_data() {
             w.packetized = true;
+            if w.awaits_response() {
+                self.awaited.started();
+            }
             self.pack_idx += 1;
         }
         Some(SentWhat::Req {
@@ -1938,7 +1970,7 @@ impl Qp {
     }
 
     fn made_progress(&mut self) {
-        self.consecutive_rto = 0;
+        self.retry.heard();
         self.backoff = 0;
     }
 
@@ -2074,7 +2106,7 @@ impl Qp {
             }
             // A peer scattering a message into more pieces than any window could is refused
             // before it writes anything.
-            if !w.placed.admits(u64::from(r.offset), plen) {
+            if !self.ranges.admits(&w.placed, u64::from(r.offset), plen) {
                 return Err(None);
             }
             Some(i)
@@ -2164,7 +2196,7 @@ impl Qp {
             let w = &mut self.rq[i];
             w.msg = Some((r.op, r.msg_len));
             // Cannot fail: `admits` was checked before placing (parsing bounded the range).
-            let _ = w.placed.insert(u64::from(r.offset), plen);
+            let _ = self.ranges.insert(&mut w.placed, u64::from(r.offset), plen);
             if matches!(r.op, Op::SendImm | Op::WriteImm) {
                 w.imm = Some(r.imm);
             }
@@ -2190,6 +2222,7 @@ impl Qp {
             .is_some_and(|w| w.done && w.last_psn.is_some_and(|l| self.order.may_complete(l, cum)))
         {
             let Some(w) = self.rq.pop_front() else { break };
+            self.ranges.release(&w.placed);
             self.rq_base_ssn = self.rq_base_ssn.wrapping_add(1);
             let (op, len) = w.msg.unwrap_or((Op::Send, 0));
             let opcode = if op == Op::WriteImm {
@@ -2220,6 +2253,7 @@ impl Qp {
             .is_some_and(|w| w.status.is_none() && w.is_done())
         {
             let Some(w) = self.sq.pop_front() else { break };
+            self.ranges.release(&w.read_placed);
             self.sq_base_msn = self.sq_base_msn.wrapping_add(1);
             self.pack_idx = self.pack_idx.saturating_sub(1);
             if w.signaled {
@@ -2286,11 +2320,14 @@ impl Qp {
             }
             // Parsing bounded offset + length by the message length, which matches ours.
             let (off, len) = (u64::from(r.offset), payload.len() as u64);
-            if !w.read_placed.admits(off, len) || !scatter(&w.segs, off, payload) {
+            if !self.ranges.admits(&w.read_placed, off, len) || !scatter(&w.segs, off, payload) {
                 return false;
             }
-            let _ = w.read_placed.insert(off, len);
+            let _ = self.ranges.insert(&mut w.read_placed, off, len);
             w.got_resp = true;
+            if w.is_done() {
+                self.awaited.answered();
+            }
             true
         });
         if !ok {
@@ -2324,6 +2361,7 @@ impl Qp {
                 return false;
             }
             w.atomic_result = Some(r.original);
+            self.awaited.answered();
             scatter(&w.segs, 0, &r.original.to_ne_bytes())
         });
         if !ok {
@@ -2456,6 +2494,9 @@ impl Qp {
             sh.stats.rx_bad_response += 1;
             return;
         }
+        // Any consistent ACK, even one that acknowledges nothing new (the answer to a probe
+        // that arrived as a duplicate), shows the peer alive: the retry budget starts over.
+        self.retry.heard();
         let mut fb = AckFeedback {
             echo_ts_ns: a.echo_ts_ns,
             echo_psn: a.echo_psn,
@@ -2668,9 +2709,20 @@ impl Qp {
     }
 
     fn rearm_rto(&mut self, now: Timestamp, sh: &Shared) {
-        let waiting = self.sq.iter().any(|w| w.awaits_response());
+        let waiting = self.awaits_response();
         self.rto_deadline =
             (self.in_flight_pkts > 0 || waiting).then(|| now.add_nanos(self.rto_ns(&sh.cfg)));
+    }
+
+    /// Whether a READ or atomic still awaits its response: O(1) from the count kept as they
+    /// are sent and answered; debug builds check it against a scan of the send queue.
+    fn awaits_response(&self) -> bool {
+        debug_assert_eq!(
+            self.awaited.count(),
+            self.sq.iter().filter(|w| w.awaits_response()).count(),
+            "awaited-response count out of step with the send queue"
+        );
+        self.awaited.any()
     }
 
     fn on_nak(&mut self, now: Timestamp, n: &wire::Nak, sh: &mut Shared) {
@@ -2792,15 +2844,29 @@ impl Qp {
         // Nothing outstanding (the last packet probed needed no resending: its work request had
         // completed, as a READ does when its response arrives before the request's ACK): no
         // timeout to count. Counting it would fail an idle QP `retry_limit` timeouts later.
-        let waiting = self.sq.iter().any(|w| w.awaits_response());
+        let waiting = self.awaits_response();
         if self.in_flight_pkts == 0 && self.rtx.is_empty() && !waiting {
             self.rto_deadline = None;
             return;
         }
         sh.stats.rto_fired += 1;
         self.rtos += 1;
-        self.consecutive_rto += 1;
-        if self.consecutive_rto > sh.cfg.retry_limit {
+        // The interval this timer was armed for (the backoff has not moved since), and whether
+        // the probe below finds anything old enough to send again.
+        let rto = self.rto_ns(&sh.cfg);
+        let resends = self
+            .sent
+            .iter()
+            .any(|p| !p.acked && !p.lost && p.send_ts.add_nanos(rto) <= now);
+        let charge = Timeout::classify(
+            now.as_nanos(),
+            deadline.as_nanos(),
+            rto,
+            resends,
+            waiting && self.in_flight_pkts == 0,
+        );
+        let counted = charge == Timeout::Counted;
+        if counted && self.retry.charge(rto, &sh.cfg) {
             // The oldest unfinished work request gets the error (a READ waiting for its
             // response counts, though none of its packets is unacknowledged); the rest are
             // flushed, so the statuses read in posting order as verbs users expect.
@@ -2813,9 +2879,11 @@ impl Qp {
         // Probe with the oldest outstanding packets only (as RACK-TLP does): if the tail was
         // really lost, their acknowledgement lets time-based detection declare the rest; if
         // the timeout was spurious (a stalled receiver), it costs a duplicate or two instead
-        // of the whole window.
-        self.cc.on_retransmit_timeout(now);
-        let rto = self.rto_ns(&sh.cfg);
+        // of the whole window. A late timeout (this host stalled) probes too, but says nothing
+        // about the network: no window cut, no re-path, no backoff.
+        if counted {
+            self.cc.on_retransmit_timeout(now);
+        }
         let mut probes = 0;
         for i in 0..self.sent.len() {
             if probes == RTO_PROBE_PACKETS {
@@ -2825,7 +2893,7 @@ impl Qp {
             if p.acked || p.lost || p.send_ts.add_nanos(rto) > now {
                 continue;
             }
-            if probes == 0 {
+            if probes == 0 && counted {
                 // A timeout suggests this path swallows packets: re-path it.
                 self.paths.request_repath(u16::from(p.path));
             }
@@ -2838,12 +2906,14 @@ impl Qp {
             sh.paths[usize::from(path)].lost += 1;
             self.path_stats[usize::from(path)].lost += 1;
             self.paths.on_loss(now, u16::from(path), ts);
-            if !self.paths.is_outlier(u16::from(path)) {
+            if counted && !self.paths.is_outlier(u16::from(path)) {
                 self.sent[i].cc_loss_ts = Some(ts);
                 self.cc.on_congestion_event(now, ts, false, len);
             }
         }
-        self.backoff = (self.backoff + 1).min(MAX_BACKOFF_SHIFT);
+        if counted {
+            self.backoff = (self.backoff + 1).min(MAX_BACKOFF_SHIFT);
+        }
         self.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));
     }
 
@@ -2881,6 +2951,8 @@ impl Qp {
         }
         self.sq_base_msn = self.next_msn;
         self.pack_idx = 0;
+        self.awaited.clear();
+        self.ranges.clear();
         self.flush_rq(sh);
         self.resp.clear();
         self.sent.clear();

@@ -38,9 +38,18 @@ pub struct EndpointConfig {
     pub rto_min_ns: u64,
     /// Retransmit timeout ceiling (after backoff), ns.
     pub rto_max_ns: u64,
-    /// Consecutive retransmit timeouts without progress before the QP fails with
-    /// `RetryExceeded`.
+    /// Counted retransmit timeouts in a row, without any sign of life from the peer, before
+    /// the QP may fail with `RetryExceeded`; it fails once `retry_timeout_ns` is spent too.
+    /// A timeout handled late because this host stalled, or one with nothing old enough to
+    /// resend, is not counted (see [`retry_timeout_ns`](Self::retry_timeout_ns)).
     pub retry_limit: u32,
+    /// The retry budget as a time, ns: how long the peer may stay silent (no ACK, no new
+    /// response or request, no RNR NAK) while retransmit timeouts keep firing before the QP
+    /// fails with `RetryExceeded`, like verbs' `timeout x retry_cnt`. Only the intervals of
+    /// counted timeouts add up, so time this host spent stalled (a descheduled progress
+    /// thread, a paused process) does not count against the peer. Default 4 s; 0 leaves only
+    /// [`retry_limit`](Self::retry_limit).
+    pub retry_timeout_ns: u64,
     /// RNR NAKs one message may receive before it fails with `RnrRetryExceeded`.
     pub rnr_retry_limit: u32,
     /// Wait after an RNR NAK before sending the message again, ns.
@@ -65,6 +74,7 @@ impl Default for EndpointConfig {
             rto_min_ns: 500_000,
             rto_max_ns: 64_000_000,
             retry_limit: 7,
+            retry_timeout_ns: 4_000_000_000,
             rnr_retry_limit: 7,
             rnr_timer_ns: 200_000,
             max_send_wr: 4096,
