@@ -732,7 +732,7 @@ impl Drop for QpMut<'_> {
     fn drop(&mut self) {
         *self.deadline = self.qp.next_deadline();
         if let Some((ready, i)) = self.ready.take() {
-            ready.push(i);
+            ready.mark(i);
         }
     }
 }
@@ -984,7 +984,7 @@ impl Endpoint {
             let mut qp = self.qps.at_mut_quiet(i);
             if qp.revoke(&mr.region, &mut self.sh) {
                 drop(qp);
-                self.qps.ready.push(i); // it has a NAK to send
+                self.qps.ready.mark(i); // it has a NAK to send
             }
         }
         Ok(())
@@ -1484,16 +1484,15 @@ impl Endpoint {
     /// that had an event since they last sent are asked ([`crate::ready`]), so idle QPs cost
     /// nothing here.
     pub fn poll_transmit(&mut self, now: Timestamp, buf: &mut [u8]) -> Option<Transmit> {
-        for _ in 0..self.qps.ready.len() {
-            let i = self.qps.ready.pop()?;
+        while let Some(i) = self.qps.ready.take_next() {
             self.tx_visits += 1;
             let t = self
                 .qps
                 .at_mut_quiet(i)
                 .poll_transmit(now, buf, &mut self.sh);
             if let Some(t) = t {
-                // To the back: it may have more, after the others' turns.
-                self.qps.ready.push(i);
+                // It may have more, after the others' turns.
+                self.qps.ready.sent(i);
                 self.sh.stats.tx_datagrams += 1;
                 return Some(t);
             }
