@@ -1032,6 +1032,16 @@ impl CompletionQueue {
         }
     }
 
+    /// Waits up to `timeout` until the queue holds a completion, without taking it (for a
+    /// thread that hands completions to a consumer running elsewhere in order). Returns
+    /// whether one is there.
+    pub fn wait_ready(&self, timeout: Duration) -> bool {
+        let ring = &self.shared.ring;
+        self.shared
+            .ready
+            .wait_until(|| !ring.is_empty(), Some(timeout))
+    }
+
     /// The device it belongs to.
     pub fn device(&self) -> &Device {
         &self.dev

@@ -935,6 +935,27 @@ impl std::fmt::Display for ConnectError {
 
 impl std::error::Error for ConnectError {}
 
+/// See [`Device::connection_watch`].
+#[derive(Clone)]
+pub struct ConnectionWatch {
+    signal: Arc<Signal>,
+}
+
+impl ConnectionWatch {
+    /// A number that changes whenever connection events are queued.
+    pub fn generation(&self) -> u64 {
+        self.signal.generation.load(Ordering::Acquire)
+    }
+}
+
+impl std::fmt::Debug for ConnectionWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectionWatch")
+            .field("generation", &self.generation())
+            .finish()
+    }
+}
+
 /// Wakes threads waiting for connection events: a generation counter bumped before each
 /// notification, so a waiter that saw generation `g` sleeps until it moves.
 #[derive(Default)]
@@ -1279,6 +1300,22 @@ impl Device {
             let r = ep.post_recv(local.qpn, wr).map_err(ConnectError::Post);
             rt.apply(ep, dp);
             r
+        })
+    }
+
+    /// The local QP number serving `peer`, while its connection is being set up or is up.
+    pub fn local_qpn(&self, peer: SocketAddr) -> Option<u32> {
+        self.with_handshake(|_, rt, _, _| rt.as_ref()?.local_qp(peer).map(|(q, _)| q.qpn))
+    }
+
+    /// A watch on the connection events: its generation moves whenever events are queued, so
+    /// a poller can skip [`poll_connection_event`](Self::poll_connection_event) (which takes
+    /// the engine lock) while it stands still. `None` until the handshake is enabled.
+    pub fn connection_watch(&self) -> Option<ConnectionWatch> {
+        self.with_handshake(|_, rt, _, _| {
+            rt.as_ref().map(|r| ConnectionWatch {
+                signal: r.ready.clone(),
+            })
         })
     }
 
