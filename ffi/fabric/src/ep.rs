@@ -145,6 +145,7 @@ enum Op {
     /// A rendezvous send waiting for its FIN.
     Rndv {
         _mr: MemoryRegion,
+        peer: SocketAddr,
         ctx: *mut c_void,
         flags: u64,
         len: usize,
@@ -1174,6 +1175,7 @@ impl EpInner {
             &mut st,
             Op::Rndv {
                 _mr: mr,
+                peer,
                 ctx: req.ctx,
                 flags: Self::tx_flags(tagged),
                 len,
@@ -1699,14 +1701,42 @@ impl EpInner {
         }
     }
 
+    /// A completion failed on QP `qpn`: its peer's connection is broken. Rendezvous sends
+    /// to that peer wait for a FIN that cannot come any more: they fail now.
     fn mark_broken(&self, st: &mut State, qpn: u32, status: WcStatus) {
         if status == WcStatus::Flushed {
             // Flushed work follows the error that broke the QP, already recorded.
             return;
         }
-        for p in st.peers.values_mut() {
-            if p.qpn == qpn {
+        let mut gone = Vec::new();
+        for (addr, p) in st.peers.iter_mut() {
+            if p.qpn == qpn && !p.broken {
                 p.broken = true;
+                gone.push(*addr);
+            }
+        }
+        let err = wc_errno(status);
+        for peer in gone {
+            let tokens: Vec<u64> = st
+                .ops
+                .iter()
+                .filter(|(_, op)| matches!(op, Op::Rndv { peer: p, .. } if *p == peer))
+                .map(|(t, _)| *t)
+                .collect();
+            for t in tokens {
+                if let Some(Op::Rndv {
+                    ctx,
+                    flags,
+                    len,
+                    report,
+                    ..
+                }) = st.ops.remove(&t)
+                {
+                    self.complete_send(st, ctx, flags, len, report, Some(err));
+                }
+            }
+            for q in st.unexpected.iter_mut() {
+                q.retain(|u| !(u.peer == peer && matches!(u.kind, UnexpKind::Rts { .. })));
             }
         }
     }

@@ -363,6 +363,9 @@ fn device_config(src: SocketAddr) -> Result<DeviceConfig, i32> {
     // it runs: a sender that finds none retries (receiver not ready) rather than failing.
     cfg.engine.rnr_retry_limit = 1_000_000;
     cfg.engine.rnr_timer_ns = 100_000;
+    // Libfabric applications expect a peer that is merely slow (a loaded host) to stay
+    // connected: about a second of silence, not Braid's default ~130 ms, fails the QP.
+    cfg.engine.retry_limit = 20;
     Ok(cfg)
 }
 
