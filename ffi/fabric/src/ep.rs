@@ -13,6 +13,8 @@
 //! kind 2 RTS:   rendezvous: the sender registered its buffer under rkey; the receiver READs
 //!               `length` bytes from offset 0, then answers with a FIN carrying `token`.
 //! kind 3 FIN:   the READ for `token` is done (flag ERROR: it failed); the send completes.
+//! kind 4 PROBE: nothing; sent while rendezvous sends to the peer wait, so that a dead peer
+//!               is noticed (Braid's retries fail) instead of waiting for a FIN forever.
 //! flags: 1 TAGGED, 2 CQ DATA (the cq data field is valid), 4 ERROR (FIN).
 //! ```
 use std::collections::{HashMap, VecDeque};
@@ -37,6 +39,11 @@ use crate::{EAGER_MAX, HEADER_LEN, RX_QUEUE, RX_SLOTS, SLOT_LEN, TX_SLOTS, fi};
 const KIND_EAGER: u8 = 1;
 const KIND_RTS: u8 = 2;
 const KIND_FIN: u8 = 3;
+/// A probe: carries nothing; the receiver reposts its buffer. Sent to a peer whose rendezvous
+/// sends wait for their FIN, so that a dead peer fails the connection (and those sends).
+const KIND_PROBE: u8 = 4;
+/// How often a peer with rendezvous sends outstanding is probed.
+const PROBE_EVERY: Duration = Duration::from_millis(500);
 const FLAG_TAGGED: u8 = 1;
 const FLAG_DATA: u8 = 2;
 const FLAG_ERROR: u8 = 4;
@@ -206,6 +213,7 @@ struct State {
     /// FINs waiting for a provider buffer: (peer, token, error).
     fins: VecDeque<(SocketAddr, u64, bool)>,
     conn_gen: u64,
+    last_probe: std::time::Instant,
     tx_op_flags: u64,
     rx_op_flags: u64,
     min_multi_recv: usize,
@@ -361,6 +369,7 @@ pub(crate) unsafe extern "C" fn endpoint_open2(
                 unexpected_bytes: 0,
                 fins: VecDeque::new(),
                 conn_gen: u64::MAX,
+                last_probe: std::time::Instant::now(),
                 tx_op_flags,
                 rx_op_flags,
                 min_multi_recv: 64,
@@ -900,6 +909,24 @@ impl EpInner {
             ) {
                 st.fins.push_front((peer, token, err));
                 break;
+            }
+        }
+        if st.last_probe.elapsed() >= PROBE_EVERY {
+            st.last_probe = std::time::Instant::now();
+            let mut waiting: Vec<SocketAddr> = st
+                .ops
+                .values()
+                .filter_map(|op| match op {
+                    Op::Rndv { peer, .. } => Some(*peer),
+                    _ => None,
+                })
+                .collect();
+            waiting.sort();
+            waiting.dedup();
+            for peer in waiting {
+                if st.peers.get(&peer).is_some_and(|p| !p.broken) {
+                    self.send_ctrl(st, peer, KIND_PROBE, 0, 0, 0, 0, None);
+                }
             }
         }
         self.ops_seq.fetch_add(1, Ordering::Relaxed);
