@@ -4,6 +4,7 @@
  * still in use, and the operations the provider does not offer. */
 #include "common.h"
 #include <rdma/fi_atomic.h>
+#include <rdma/fi_collective.h>
 #include <rdma/fi_rma.h>
 
 #define ERR(call, code)                                                                 \
@@ -24,7 +25,10 @@ int main(void)
 	hints->ep_attr->type = FI_EP_MSG;
 	ERR(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info), FI_ENODATA);
 	hints->ep_attr->type = FI_EP_RDM;
+	/* RMA needs provider keys, which an mr_mode of 0 does not allow. */
 	hints->caps = FI_RMA;
+	ERR(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info), FI_ENODATA);
+	hints->caps = FI_COLLECTIVE;
 	ERR(fi_getinfo(FI_VERSION(1, 17), NULL, NULL, 0, hints, &info), FI_ENODATA);
 	hints->caps = FI_MSG;
 	hints->tx_attr->inject_size = 1 << 20;
@@ -133,15 +137,23 @@ int main(void)
 	ERR(fi_setopt(&ep->fid, FI_OPT_ENDPOINT, 999, &tiny, sizeof(tiny)), FI_ENOPROTOOPT);
 	ERR(fi_control(&ep->fid, 999, NULL), FI_ENOSYS);
 
-	/* What the provider does not offer: explicit refusals, never a NULL op. */
-	ERR(fi_write(ep, mem, 8, NULL, a, 0, 1, NULL), FI_ENOSYS);
-	ERR(fi_read(ep, mem, 8, NULL, a, 0, 1, NULL), FI_ENOSYS);
-	ERR(fi_writedata(ep, mem, 8, NULL, 5, a, 0, 1, NULL), FI_ENOSYS);
+	/* Capabilities this endpoint was not opened with, and what the provider does not offer:
+	 * explicit refusals, never a NULL op. */
+	ERR(fi_write(ep, mem, 8, NULL, a, 0, 1, NULL), FI_EOPNOTSUPP);
+	ERR(fi_read(ep, mem, 8, NULL, a, 0, 1, NULL), FI_EOPNOTSUPP);
+	ERR(fi_writedata(ep, mem, 8, NULL, 5, a, 0, 1, NULL), FI_EOPNOTSUPP);
+	uint64_t one64 = 1;
+	ERR(fi_atomic(ep, &one64, 1, NULL, a, 0, 1, FI_UINT64, FI_SUM, NULL), FI_EOPNOTSUPP);
 	size_t count;
-	ERR(fi_atomicvalid(ep, FI_UINT64, FI_SUM, &count), FI_EOPNOTSUPP);
-	ERR(fi_fetch_atomicvalid(ep, FI_UINT64, FI_SUM, &count), FI_EOPNOTSUPP);
-	ERR(fi_compare_atomicvalid(ep, FI_UINT64, FI_CSWAP, &count), FI_EOPNOTSUPP);
-	ERR(fi_atomic(ep, mem, 1, NULL, a, 0, 1, FI_UINT64, FI_SUM, NULL), FI_ENOSYS);
+	ERR(fi_atomicvalid(ep, FI_UINT64, FI_MIN, &count), FI_EOPNOTSUPP);
+	ERR(fi_atomicvalid(ep, FI_DOUBLE, FI_SUM, &count), FI_EOPNOTSUPP);
+	ERR(fi_fetch_atomicvalid(ep, FI_UINT8, FI_SUM, &count), FI_EOPNOTSUPP);
+	ERR(fi_compare_atomicvalid(ep, FI_UINT64, FI_CSWAP_NE, &count), FI_EOPNOTSUPP);
+	struct fi_atomic_attr aattr;
+	ERR(fi_query_atomic(domain, FI_FLOAT, FI_SUM, &aattr, 0), FI_EOPNOTSUPP);
+	CHECK(fi_query_atomic(domain, FI_UINT64, FI_SUM, &aattr, 0));
+	EXPECT(aattr.size == 8 && aattr.count == 1);
+	ERR(fi_barrier(ep, a, NULL), FI_ENOSYS);
 	ERR(fi_connect(ep, &self, NULL, 0), FI_ENOSYS);
 	ERR(fi_accept(ep, NULL, 0), FI_ENOSYS);
 	ERR(fi_shutdown(ep, 0), FI_ENOSYS);

@@ -36,6 +36,8 @@ use crate::util::{
 };
 use crate::{EAGER_MAX, HEADER_LEN, RX_QUEUE, RX_SLOTS, SLOT_LEN, TX_SLOTS, fi};
 
+mod rma;
+
 const KIND_EAGER: u8 = 1;
 const KIND_RTS: u8 = 2;
 const KIND_FIN: u8 = 3;
@@ -158,6 +160,18 @@ enum Op {
         len: usize,
         report: bool,
     },
+    /// An RMA or atomic operation (see `rma`).
+    Rma {
+        ctx: *mut c_void,
+        flags: u64,
+        len: usize,
+        report: bool,
+        /// A provider buffer used as the source (inject) or scratch result.
+        slot: Option<u32>,
+        _mrs: Vec<MemoryRegion>,
+        /// Counts against the read counter (READ, fetching atomics) or the write counter.
+        read: bool,
+    },
     /// A rendezvous READ into a receive buffer.
     Read {
         recv: Recv,
@@ -192,6 +206,8 @@ struct Bound {
     av: Option<Arc<AvInner>>,
     send_cntr: Option<Arc<CntrInner>>,
     recv_cntr: Option<Arc<CntrInner>>,
+    write_cntr: Option<Arc<CntrInner>>,
+    read_cntr: Option<Arc<CntrInner>>,
     bound_eq: bool,
 }
 
@@ -388,9 +404,9 @@ pub(crate) unsafe extern "C" fn endpoint_open2(
                 ops: EP_OPS.ptr(),
                 cm: CM_OPS.ptr(),
                 msg: MSG_OPS.ptr(),
-                rma: crate::ep_stubs::RMA_OPS.ptr(),
+                rma: rma::RMA_OPS.ptr(),
                 tagged: TAGGED_OPS.ptr(),
-                atomic: crate::ep_stubs::ATOMIC_OPS.ptr(),
+                atomic: rma::ATOMIC_OPS.ptr(),
                 collective: crate::ep_stubs::COLLECTIVE_OPS.ptr(),
             },
             magic: Ep::MAGIC,
@@ -507,12 +523,12 @@ unsafe extern "C" fn ep_bind(fid: *mut fi::fid, bfid: *mut fi::fid, flags: u64) 
                     Ok(c) => c,
                     Err(x) => return x,
                 };
+                // Remote-side counters (FI_REMOTE_READ/WRITE) need FI_RMA_EVENT, which
+                // Braid's one-sided operations do not report to the target.
                 let known = fi::FI_SEND as u64
                     | fi::FI_RECV as u64
                     | fi::FI_READ as u64
-                    | fi::FI_WRITE as u64
-                    | fi::FI_REMOTE_READ as u64
-                    | fi::FI_REMOTE_WRITE as u64;
+                    | fi::FI_WRITE as u64;
                 if flags & !known != 0 || flags == 0 {
                     return neg(fi::FI_EBADFLAGS);
                 }
@@ -521,6 +537,12 @@ unsafe extern "C" fn ep_bind(fid: *mut fi::fid, bfid: *mut fi::fid, flags: u64) 
                 }
                 if flags & fi::FI_RECV as u64 != 0 {
                     st.bound.recv_cntr = Some(c.inner.clone());
+                }
+                if flags & fi::FI_WRITE as u64 != 0 {
+                    st.bound.write_cntr = Some(c.inner.clone());
+                }
+                if flags & fi::FI_READ as u64 != 0 {
+                    st.bound.read_cntr = Some(c.inner.clone());
                 }
                 c.inner
                     .eps
@@ -1695,6 +1717,39 @@ impl EpInner {
                 }
             }
             Op::Rndv { .. } => {}
+            Op::Rma {
+                ctx,
+                flags,
+                len,
+                report,
+                slot,
+                _mrs,
+                read,
+            } => {
+                drop(_mrs);
+                if let Some(s) = slot {
+                    st.free_tx.push(s);
+                }
+                let cntr = if read {
+                    st.bound.read_cntr.clone()
+                } else {
+                    st.bound.write_cntr.clone()
+                };
+                if let Some(cn) = cntr {
+                    if ok {
+                        cn.add(1);
+                    } else {
+                        cn.add_err(1);
+                    }
+                }
+                if report || !ok {
+                    let mut e = Entry::ok(ctx, flags, len);
+                    e.err = (!ok).then(|| (wc_errno(c.status), 0));
+                    if let Some(cq) = &st.bound.tx_cq {
+                        cq.push(e);
+                    }
+                }
+            }
             Op::Read {
                 recv,
                 _mrs,
@@ -1801,6 +1856,21 @@ impl EpInner {
         };
         if c.status != WcStatus::Success {
             self.mark_broken(st, c.qpn, c.status);
+            return;
+        }
+        if c.opcode == braid::WcOpcode::RecvRdmaWithImm {
+            // A peer's fi_writedata: the data landed in a registered region; report it.
+            self.repost(st, peer_id, slot);
+            let mut e = Entry::ok(
+                std::ptr::null_mut(),
+                fi::FI_RMA as u64 | fi::FI_REMOTE_WRITE as u64 | fi::FI_REMOTE_CQ_DATA as u64,
+                c.byte_len as usize,
+            );
+            e.data = u64::from(c.imm.unwrap_or(0));
+            e.src = self.src_of(st, peer);
+            if let Some(cq) = &st.bound.rx_cq {
+                cq.push(e);
+            }
             return;
         }
         let Some(p) = st.peers.get(&peer) else { return };

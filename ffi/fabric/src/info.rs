@@ -6,10 +6,17 @@ use crate::fi;
 use crate::util::{c_str, c_strdup, from_sockaddr, guard, interfaces, neg, to_sockaddr_in};
 
 /// Primary capabilities the provider implements.
-pub(crate) const PRIMARY_CAPS: u64 = fi::FI_MSG as u64 | fi::FI_TAGGED as u64;
+pub(crate) const PRIMARY_CAPS: u64 =
+    fi::FI_MSG as u64 | fi::FI_TAGGED as u64 | fi::FI_RMA as u64 | fi::FI_ATOMIC as u64;
+/// The primary capabilities that need memory registration with provider keys.
+pub(crate) const KEYED_CAPS: u64 = fi::FI_RMA as u64 | fi::FI_ATOMIC as u64;
 /// Secondary capabilities it implements.
 pub(crate) const SECONDARY_CAPS: u64 = fi::FI_SEND as u64
     | fi::FI_RECV as u64
+    | fi::FI_READ as u64
+    | fi::FI_WRITE as u64
+    | fi::FI_REMOTE_READ as u64
+    | fi::FI_REMOTE_WRITE as u64
     | fi::FI_DIRECTED_RECV
     | fi::FI_SOURCE
     | fi::FI_REMOTE_COMM
@@ -128,7 +135,7 @@ unsafe fn specs(
         data_progress: fi::FI_PROGRESS_AUTO,
         resource_mgmt: fi::FI_RM_ENABLED,
         av_type: fi::FI_AV_UNSPEC,
-        mr_mode: 0,
+        mr_mode: fi::FI_MR_PROV_KEY as i32,
         tx_op_flags: 0,
         rx_op_flags: 0,
         api_version: version,
@@ -242,9 +249,25 @@ unsafe fn specs(
             if d.auth_key_size != 0 {
                 return Err(neg(fi::FI_ENODATA));
             }
-            // Message and tagged traffic needs no memory registration from the application;
-            // regions it registers anyway get provider keys.
-            spec.mr_mode = d.mr_mode & fi::FI_MR_PROV_KEY as i32;
+            // Message and tagged traffic needs no memory registration from the application.
+            // RMA and atomics need keys the provider chooses: offered only to applications
+            // that accept FI_MR_PROV_KEY (or the old FI_MR_BASIC, which implies it).
+            let prov_key = d.mr_mode & (fi::FI_MR_PROV_KEY as i32 | fi::FI_MR_BASIC as i32) != 0;
+            if !prov_key {
+                if h.caps & KEYED_CAPS != 0 {
+                    return Err(neg(fi::FI_ENODATA));
+                }
+                spec.caps &= !(KEYED_CAPS
+                    | fi::FI_READ as u64
+                    | fi::FI_WRITE as u64
+                    | fi::FI_REMOTE_READ as u64
+                    | fi::FI_REMOTE_WRITE as u64);
+            }
+            spec.mr_mode = if spec.caps & KEYED_CAPS != 0 {
+                fi::FI_MR_PROV_KEY as i32
+            } else {
+                0
+            };
         }
         // SAFETY: as above.
         if let Some(t) = unsafe { h.tx_attr.as_ref() } {
@@ -363,7 +386,7 @@ pub(crate) fn alloc_info(s: &Spec) -> *mut fi::fi_info {
             inject_size: crate::EAGER_MAX,
             size: crate::TX_SLOTS,
             iov_limit: crate::IOV_LIMIT,
-            rma_iov_limit: 0,
+            rma_iov_limit: 1,
             tclass: 0,
         };
         *rx = fi::fi_rx_attr {

@@ -4,12 +4,13 @@
 //!
 //! What it offers: reliable connectionless endpoints (`FI_EP_RDM`) with `FI_MSG` and
 //! `FI_TAGGED` (tag and ignore mask, directed receive, unexpected messages buffered until a
-//! receive matches), address vectors (table and map), completion queues in the context, msg,
-//! data and tagged formats with error entries, `FI_WAIT_FD` and `fi_cq_sread`, event queues,
-//! counters and memory registration with provider keys. What it does not offer (the ops
-//! exist and return `-FI_ENOSYS` or `-FI_EOPNOTSUPP`, no op pointer is NULL): connected
-//! endpoints (`FI_EP_MSG`), `FI_EP_DGRAM`, RMA, atomics, collectives, scalable endpoints,
-//! shared contexts, triggered operations, wait sets and poll sets.
+//! receive matches), `FI_RMA` (write, read, writedata) and `FI_ATOMIC` for what the engine
+//! does (64-bit sum, read, compare-and-swap), address vectors (table and map), completion
+//! queues in the context, msg, data and tagged formats with error entries, `FI_WAIT_FD` and
+//! `fi_cq_sread`, event queues, counters and memory registration with provider keys. What it
+//! does not offer (the ops exist and return `-FI_ENOSYS` or `-FI_EOPNOTSUPP`, no op pointer is
+//! NULL): connected endpoints (`FI_EP_MSG`), `FI_EP_DGRAM`, collectives, scalable endpoints,
+//! shared contexts, triggered operations, wait sets, poll sets and `FI_MR_VIRT_ADDR`.
 //!
 //! How it maps onto Braid: a domain is one Braid device (one UDP port on the domain's
 //! interface address) with the connection handshake enabled, so the first operation to an

@@ -364,8 +364,10 @@ fn device_config(src: SocketAddr) -> Result<DeviceConfig, i32> {
     cfg.engine.rnr_retry_limit = 1_000_000;
     cfg.engine.rnr_timer_ns = 100_000;
     // Libfabric applications expect a peer that is merely slow (a loaded host) to stay
-    // connected: about a second of silence, not Braid's default ~130 ms, fails the QP.
-    cfg.engine.retry_limit = 20;
+    // connected: about 2.5 s without progress (40 timeouts, the 64 ms ceiling reached after
+    // 7), not Braid's default ~130 ms, fails the QP. With 20 (about 1 s), fi_pingpong's 3-6 MiB
+    // transfers on loopback still failed now and then on this 2-CPU machine at load 12.
+    cfg.engine.retry_limit = 40;
     Ok(cfg)
 }
 
@@ -484,14 +486,40 @@ unsafe extern "C" fn no_srx_ctx(
 ) -> i32 {
     neg(fi::FI_ENOSYS)
 }
+/// `fi_query_atomic`: 64-bit SUM (also fetching), ATOMIC_READ and CSWAP, one element.
 unsafe extern "C" fn no_query_atomic(
-    _: *mut fi::fid_domain,
-    _: fi::fi_datatype,
-    _: fi::fi_op,
-    _: *mut fi::fi_atomic_attr,
-    _: u64,
+    domain: *mut fi::fid_domain,
+    datatype: fi::fi_datatype,
+    op: fi::fi_op,
+    attr: *mut fi::fi_atomic_attr,
+    flags: u64,
 ) -> i32 {
-    neg(fi::FI_EOPNOTSUPP)
+    guard(|| {
+        // SAFETY: validated by get().
+        if let Err(e) = unsafe { get::<Domain>(domain.cast()) } {
+            return e;
+        }
+        if datatype != fi::FI_UINT64 && datatype != fi::FI_INT64 {
+            return neg(fi::FI_EOPNOTSUPP);
+        }
+        let fetch = flags & fi::FI_FETCH_ATOMIC as u64 != 0;
+        let compare = flags & fi::FI_COMPARE_ATOMIC as u64 != 0;
+        let ok = match op {
+            fi::FI_SUM => !compare,
+            fi::FI_ATOMIC_READ => fetch && !compare,
+            fi::FI_CSWAP => compare,
+            _ => false,
+        };
+        if !ok {
+            return neg(fi::FI_EOPNOTSUPP);
+        }
+        // SAFETY: null or writable by contract.
+        if let Some(a) = unsafe { attr.as_mut() } {
+            a.size = 8;
+            a.count = 1;
+        }
+        0
+    })
 }
 unsafe extern "C" fn no_query_collective(
     _: *mut fi::fid_domain,
@@ -544,7 +572,8 @@ unsafe extern "C" fn mr_reg(
             acc = acc | Access::REMOTE_READ;
         }
         if access & fi::FI_REMOTE_WRITE as u64 != 0 {
-            acc = acc | Access::REMOTE_WRITE;
+            // Atomics are remote writes to libfabric.
+            acc = acc | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC;
         }
         // SAFETY: registering application memory is fi_mr_reg's contract: the buffer stays
         // valid until the region is closed, and while remote peers may access it the

@@ -125,6 +125,11 @@ fn c_a_killed_peer_gives_error_completions_not_a_hang() {
 }
 
 #[test]
+fn c_rma_write_read_writedata_and_atomics_verified() {
+    run("rma");
+}
+
+#[test]
 fn c_bad_arguments_return_errors() {
     run("badargs");
 }

@@ -110,8 +110,16 @@ fn fi_info_lists_the_braid_provider_with_its_attributes() {
         .and_then(|n| n.trim().parse::<u64>().ok())
         .expect("max_msg_size line");
     assert!(max >= 8 << 20, "max_msg_size {max}");
-    // Nothing claims what the provider does not do.
-    assert!(!v.contains("FI_RMA") && !v.contains("FI_ATOMIC"), "{v}");
+    // RMA and atomics with provider keys; nothing it does not do.
+    assert!(v.contains("FI_RMA") && v.contains("FI_ATOMIC"), "{v}");
+    assert!(
+        v.contains("FI_MR_PROV_KEY") && !v.contains("FI_MR_VIRT_ADDR"),
+        "{v}"
+    );
+    assert!(
+        !v.contains("FI_COLLECTIVE") && !v.contains("FI_LOCAL_COMM"),
+        "{v}"
+    );
     // One domain per interface, loopback included.
     assert!(v.contains("name: lo"), "{v}");
 }
@@ -125,8 +133,8 @@ fn fi_info_honours_the_hints() {
     // Capabilities it lacks, another endpoint type, address format, domain or source
     // address: no data.
     for args in [
-        &["-p", "braid", "-c", "FI_RMA"][..],
-        &["-p", "braid", "-c", "FI_ATOMIC"][..],
+        &["-p", "braid", "-c", "FI_COLLECTIVE"][..],
+        &["-p", "braid", "-c", "FI_MSG|FI_LOCAL_COMM"][..],
         &["-p", "braid", "-t", "FI_EP_MSG"][..],
         &["-p", "braid", "-t", "FI_EP_DGRAM"][..],
         &["-p", "braid", "-a", "FI_SOCKADDR_IN6"][..],
