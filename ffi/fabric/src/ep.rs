@@ -958,27 +958,25 @@ impl EpInner {
         match ev {
             ConnectionEvent::Established(c) => {
                 let stale = st.peers.get(&c.peer).is_some_and(|p| p.qpn != c.local.qpn);
-                if stale {
-                    if let Some(p) = st.peers.remove(&c.peer) {
-                        st.peer_ids.remove(&p.id);
-                    }
+                if stale && let Some(p) = st.peers.remove(&c.peer) {
+                    st.peer_ids.remove(&p.id);
                 }
                 if !st.peers.contains_key(&c.peer) {
                     self.add_peer(st, c.peer);
                 }
             }
             ConnectionEvent::Replaced { peer, old_qpn } => {
-                if st.peers.get(&peer).is_some_and(|p| p.qpn == old_qpn) {
-                    if let Some(p) = st.peers.remove(&peer) {
-                        st.peer_ids.remove(&p.id);
-                    }
+                if st.peers.get(&peer).is_some_and(|p| p.qpn == old_qpn)
+                    && let Some(p) = st.peers.remove(&peer)
+                {
+                    st.peer_ids.remove(&p.id);
                 }
             }
             ConnectionEvent::Failed { peer, qpn, .. } => {
-                if st.peers.get(&peer).is_some_and(|p| p.qpn == qpn) {
-                    if let Some(p) = st.peers.remove(&peer) {
-                        st.peer_ids.remove(&p.id);
-                    }
+                if st.peers.get(&peer).is_some_and(|p| p.qpn == qpn)
+                    && let Some(p) = st.peers.remove(&peer)
+                {
+                    st.peer_ids.remove(&p.id);
                 }
             }
             _ => {}
@@ -1269,6 +1267,9 @@ impl EpInner {
         if multi && (tagged || self.caps & fi::FI_MULTI_RECV as u64 == 0) {
             return -(fi::FI_EOPNOTSUPP as isize);
         }
+        if multi && req.iovs.len() != 1 {
+            return -(fi::FI_EINVAL as isize);
+        }
         let src = if self.caps & fi::FI_DIRECTED_RECV != 0 && req.src != FI_ADDR_NOTAVAIL {
             match st.bound.av.as_ref().and_then(|a| a.lookup(req.src)) {
                 Some(s) => Some(s),
@@ -1293,7 +1294,7 @@ impl EpInner {
         if tagged && flags & fi::FI_PEEK as u64 != 0 {
             return self.peek(&mut st, r, flags);
         }
-        if tagged && flags & fi::FI_CLAIM as u64 != 0 {
+        if tagged && flags & fi::FI_CLAIM != 0 {
             // Take the message claimed with this context.
             let Some(i) = st.unexpected[1]
                 .iter()
@@ -1304,7 +1305,7 @@ impl EpInner {
             let Some(u) = st.unexpected[1].remove(i) else {
                 return -(fi::FI_EINVAL as isize);
             };
-            if flags & fi::FI_DISCARD as u64 != 0 {
+            if flags & fi::FI_DISCARD != 0 {
                 self.discard(&mut st, u, r);
             } else {
                 self.deliver_unexpected(&mut st, u, r, true);
@@ -1315,13 +1316,10 @@ impl EpInner {
             return -(fi::FI_EAGAIN as isize);
         }
         // Unexpected messages first, oldest first.
-        loop {
-            let Some(i) = st.unexpected[t]
-                .iter()
-                .position(|u| u.claimed.is_none() && Self::matches(&r, u.peer, tagged, u.tag))
-            else {
-                break;
-            };
+        while let Some(i) = st.unexpected[t]
+            .iter()
+            .position(|u| u.claimed.is_none() && Self::matches(&r, u.peer, tagged, u.tag))
+        {
             let Some(u) = st.unexpected[t].remove(i) else {
                 break;
             };
@@ -1362,20 +1360,19 @@ impl EpInner {
                     e.flags |= fi::FI_REMOTE_CQ_DATA as u64;
                 }
                 let peer = u.peer;
-                if flags & fi::FI_CLAIM as u64 != 0 {
+                if flags & fi::FI_CLAIM != 0 {
                     u.claimed = Some(r.ctx);
                 }
                 e.src = self.src_of(st, peer);
-                if flags & fi::FI_DISCARD as u64 != 0 && flags & fi::FI_CLAIM as u64 == 0 {
-                    if let Some(i) = st.unexpected[1]
+                if flags & fi::FI_DISCARD != 0
+                    && flags & fi::FI_CLAIM == 0
+                    && let Some(i) = st.unexpected[1]
                         .iter()
                         .position(|u| u.claimed.is_none() && Self::matches(&r, u.peer, true, u.tag))
-                    {
-                        if let Some(u) = st.unexpected[1].remove(i) {
-                            self.discard(st, u, r);
-                            return 0;
-                        }
-                    }
+                    && let Some(u) = st.unexpected[1].remove(i)
+                {
+                    self.discard(st, u, r);
+                    return 0;
                 }
             }
             None => e.err = Some((fi::FI_ENOMSG, 0)),
@@ -1441,11 +1438,9 @@ impl EpInner {
         }
         let n = len.min(left);
         let base = r.iovs.first()?.base;
-        // SAFETY: `used + n <= total` bytes of the single multi-receive buffer.
-        let piece = Iov {
-            base: unsafe { base.add(used) },
-            len: n,
-        };
+        // SAFETY: a multi-receive has one buffer of `total` bytes, and `used + n <= total`.
+        let at = unsafe { base.add(used) };
+        let piece = Iov { base: at, len: n };
         r.multi = Some(used + n);
         let last = total - (used + n) < st.min_multi_recv.max(1);
         Some((
@@ -1572,10 +1567,10 @@ impl EpInner {
             wr_id: bounce_id(peer_id, slot),
             sges: vec![p.rx.sge(u64::from(slot) * SLOT_LEN as u64, SLOT_LEN as u32)],
         };
-        if self.dom.dev.post_recv_to(peer, wr).is_err() {
-            if let Some(p) = st.peers.get_mut(&peer) {
-                p.broken = true;
-            }
+        if self.dom.dev.post_recv_to(peer, wr).is_err()
+            && let Some(p) = st.peers.get_mut(&peer)
+        {
+            p.broken = true;
         }
     }
 
@@ -1659,14 +1654,14 @@ impl EpInner {
             sges,
             signaled: true,
         };
-        if self.dom.dev.post_send_to(peer, wr).is_err() {
-            if let Some(Op::Read { recv, .. }) = st.ops.remove(&id) {
-                st.fins.push_back((peer, token, true));
-                let mut e = Entry::ok(recv.ctx, Self::rx_flags(tagged), 0);
-                e.err = Some((fi::FI_EIO, len));
-                if let Some(cq) = &st.bound.rx_cq {
-                    cq.push(e);
-                }
+        if self.dom.dev.post_send_to(peer, wr).is_err()
+            && let Some(Op::Read { recv, .. }) = st.ops.remove(&id)
+        {
+            st.fins.push_back((peer, token, true));
+            let mut e = Entry::ok(recv.ctx, Self::rx_flags(tagged), 0);
+            e.err = Some((fi::FI_EIO, len));
+            if let Some(cq) = &st.bound.rx_cq {
+                cq.push(e);
             }
         }
     }
@@ -1703,17 +1698,16 @@ impl EpInner {
             }
             Op::Ctrl { slot, rndv } => {
                 st.free_tx.push(slot);
-                if !ok {
-                    if let Some(Op::Rndv {
+                if !ok
+                    && let Some(Op::Rndv {
                         ctx,
                         flags,
                         len,
                         report,
                         ..
                     }) = rndv.and_then(|t| st.ops.remove(&t))
-                    {
-                        self.complete_send(st, ctx, flags, len, report, Some(wc_errno(c.status)));
-                    }
+                {
+                    self.complete_send(st, ctx, flags, len, report, Some(wc_errno(c.status)));
                 }
             }
             Op::Rndv { .. } => {}
@@ -2083,7 +2077,7 @@ const MSG_FLAGS: u64 = crate::info::OP_FLAGS
     | fi::FI_MORE as u64
     | fi::FI_PEEK as u64
     | fi::FI_CLAIM
-    | fi::FI_DISCARD as u64
+    | fi::FI_DISCARD
     | fi::FI_FENCE as u64;
 
 unsafe extern "C" fn msg_recv(

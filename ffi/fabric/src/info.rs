@@ -203,20 +203,19 @@ unsafe fn specs(
         // SAFETY: as above.
         if let Some(f) = unsafe { h.fabric_attr.as_ref() } {
             // SAFETY: strings of a valid fabric_attr are null or C strings.
-            if let Some(n) = unsafe { c_str(f.name) } {
-                if !n.eq_ignore_ascii_case("braid") {
-                    return Err(neg(fi::FI_ENODATA));
-                }
+            if let Some(n) = unsafe { c_str(f.name) }
+                && !n.eq_ignore_ascii_case("braid")
+            {
+                return Err(neg(fi::FI_ENODATA));
             }
             // SAFETY: as above.
-            if let Some(p) = unsafe { c_str(f.prov_name) } {
-                if !p
+            if let Some(p) = unsafe { c_str(f.prov_name) }
+                && !p
                     .split(';')
                     .next()
                     .is_some_and(|n| n.eq_ignore_ascii_case("braid"))
-                {
-                    return Err(neg(fi::FI_ENODATA));
-                }
+            {
+                return Err(neg(fi::FI_ENODATA));
             }
         }
         // SAFETY: as above.

@@ -174,10 +174,10 @@ pub(crate) unsafe extern "C" fn fabric_open(
         // SAFETY: attr is non-null and valid by fi_fabric's contract.
         let a = unsafe { &*attr };
         // SAFETY: the name is null or a C string.
-        if let Some(n) = unsafe { c_str(a.name) } {
-            if !n.eq_ignore_ascii_case("braid") {
-                return neg(fi::FI_ENODATA);
-            }
+        if let Some(n) = unsafe { c_str(a.name) }
+            && !n.eq_ignore_ascii_case("braid")
+        {
+            return neg(fi::FI_ENODATA);
         }
         let obj = Box::new(Fabric {
             fid: fi::fid_fabric {
@@ -502,8 +502,8 @@ unsafe extern "C" fn no_query_atomic(
         if datatype != fi::FI_UINT64 && datatype != fi::FI_INT64 {
             return neg(fi::FI_EOPNOTSUPP);
         }
-        let fetch = flags & fi::FI_FETCH_ATOMIC as u64 != 0;
-        let compare = flags & fi::FI_COMPARE_ATOMIC as u64 != 0;
+        let fetch = flags & fi::FI_FETCH_ATOMIC != 0;
+        let compare = flags & fi::FI_COMPARE_ATOMIC != 0;
         let ok = match op {
             fi::FI_SUM => !compare,
             fi::FI_ATOMIC_READ => fetch && !compare,
@@ -699,10 +699,13 @@ unsafe extern "C" fn mr_bind(fid: *mut fi::fid, _: *mut fi::fid, _: u64) -> i32 
 
 // ---------------------------------------------------------------------------------------------
 
+/// Entries by index (`None` once removed), and the first index of each address.
+type AvEntries = (Vec<Option<SocketAddr>>, HashMap<SocketAddr, u64>);
+
 /// An address vector's entries: index → peer device address, and back.
 #[derive(Default)]
 pub(crate) struct AvInner {
-    pub(crate) entries: RwLock<(Vec<Option<SocketAddr>>, HashMap<SocketAddr, u64>)>,
+    pub(crate) entries: RwLock<AvEntries>,
 }
 
 impl AvInner {
@@ -767,7 +770,7 @@ unsafe extern "C" fn av_open(
         if !matches!(a.type_, fi::FI_AV_UNSPEC | fi::FI_AV_MAP | fi::FI_AV_TABLE) {
             return neg(fi::FI_EINVAL);
         }
-        if a.flags & (fi::FI_EVENT as u64 | fi::FI_READ as u64 | fi::FI_SYMMETRIC as u64) != 0
+        if a.flags & (fi::FI_EVENT as u64 | fi::FI_READ as u64 | fi::FI_SYMMETRIC) != 0
             || !a.name.is_null()
             || a.rx_ctx_bits != 0
         {
@@ -927,10 +930,10 @@ unsafe extern "C" fn av_remove(
             let Some(slot) = usize::try_from(idx).ok().and_then(|i| e.0.get_mut(i)) else {
                 return neg(fi::FI_EINVAL);
             };
-            if let Some(s) = slot.take() {
-                if e.1.get(&s) == Some(&idx) {
-                    e.1.remove(&s);
-                }
+            if let Some(s) = slot.take()
+                && e.1.get(&s) == Some(&idx)
+            {
+                e.1.remove(&s);
             }
         }
         0
@@ -1092,12 +1095,10 @@ impl CqInner {
         let was_empty = q.is_empty();
         q.push_back(e);
         drop(q);
-        if was_empty {
-            if let Some(fd) = self.fd {
-                let one: u64 = 1;
-                // SAFETY: writing 8 bytes from a local to our own eventfd.
-                unsafe { libc::write(fd, std::ptr::addr_of!(one).cast(), 8) };
-            }
+        if was_empty && let Some(fd) = self.fd {
+            let one: u64 = 1;
+            // SAFETY: writing 8 bytes from a local to our own eventfd.
+            unsafe { libc::write(fd, std::ptr::addr_of!(one).cast(), 8) };
         }
         self.cond.notify_all();
     }
@@ -1573,18 +1574,17 @@ unsafe extern "C" fn cntr_open(
             return neg(fi::FI_EINVAL);
         }
         // SAFETY: null or valid by contract.
-        if let Some(a) = unsafe { attr.as_ref() } {
-            if a.events != fi::FI_CNTR_EVENTS_COMP
+        if let Some(a) = unsafe { attr.as_ref() }
+            && (a.events != fi::FI_CNTR_EVENTS_COMP
                 || !matches!(
                     a.wait_obj,
                     fi::FI_WAIT_NONE
                         | fi::FI_WAIT_UNSPEC
                         | fi::FI_WAIT_MUTEX_COND
                         | fi::FI_WAIT_YIELD
-                )
-            {
-                return neg(fi::FI_ENOSYS);
-            }
+                ))
+        {
+            return neg(fi::FI_ENOSYS);
         }
         let obj = Box::new(Cntr {
             fid: fi::fid_cntr {
@@ -1769,13 +1769,13 @@ unsafe extern "C" fn eq_open(
             return neg(fi::FI_EINVAL);
         }
         // SAFETY: null or valid by contract.
-        if let Some(a) = unsafe { attr.as_ref() } {
-            if !matches!(
+        if let Some(a) = unsafe { attr.as_ref() }
+            && !matches!(
                 a.wait_obj,
                 fi::FI_WAIT_NONE | fi::FI_WAIT_UNSPEC | fi::FI_WAIT_MUTEX_COND | fi::FI_WAIT_YIELD
-            ) {
-                return neg(fi::FI_ENOSYS);
-            }
+            )
+        {
+            return neg(fi::FI_ENOSYS);
         }
         let obj = Box::new(Eq {
             fid: fi::fid_eq {

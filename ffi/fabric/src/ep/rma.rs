@@ -142,7 +142,7 @@ impl EpInner {
                 )
             }
             Kind::Add { add, result } => {
-                if req.addr % 8 != 0 {
+                if !req.addr.is_multiple_of(8) {
                     return EINVAL;
                 }
                 let read = result.is_some();
@@ -174,7 +174,7 @@ impl EpInner {
                 swap,
                 result,
             } => {
-                if req.addr % 8 != 0 {
+                if !req.addr.is_multiple_of(8) {
                     return EINVAL;
                 }
                 if let Err(e) = register(result, &mut mrs, &mut sges) {
@@ -222,6 +222,7 @@ impl EpInner {
     }
 }
 
+#[allow(clippy::too_many_arguments)] // the C ops' own argument lists
 fn run(
     ep: *mut fi::fid_ep,
     iovs: Result<Vec<Iov>, isize>,
@@ -254,13 +255,14 @@ fn run(
     })
 }
 
+/// An RMA message's local iovs, peer, remote address, key, context and CQ data.
+type RmaMsg = (Result<Vec<Iov>, isize>, u64, u64, u64, *mut c_void, u64);
+
 /// The single remote iov of an RMA message (more are refused).
 ///
 /// # Safety
 /// `msg` is null or valid, its iov arrays of their stated counts.
-unsafe fn rma_msg(
-    msg: *const fi::fi_msg_rma,
-) -> Result<(Result<Vec<Iov>, isize>, u64, u64, u64, *mut c_void, u64), isize> {
+unsafe fn rma_msg(msg: *const fi::fi_msg_rma) -> Result<RmaMsg, isize> {
     // SAFETY: null or valid by contract.
     let m = unsafe { msg.as_ref() }.ok_or(EINVAL)?;
     if m.rma_iov_count != 1 || m.rma_iov.is_null() {
