@@ -1144,7 +1144,11 @@ impl EpInner {
         }
         let tag = req.tag.unwrap_or(0);
         let data = req.data.unwrap_or(0);
-        if len <= EAGER_MAX {
+        // FI_DELIVERY_COMPLETE promises the data is in the receive buffer when the send
+        // completes: rendezvous gives exactly that (the FIN follows the receiver's READ),
+        // eager does not (its completion means "in the peer's provider buffer").
+        let delivery = flags & fi::FI_DELIVERY_COMPLETE as u64 != 0 && !inject && len > 0;
+        if len <= EAGER_MAX && !delivery {
             let Some(slot) = st.free_tx.pop() else {
                 return -(fi::FI_EAGAIN as isize);
             };
