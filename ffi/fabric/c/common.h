@@ -48,12 +48,17 @@ struct end {
 	size_t namelen;
 };
 
+/* Set before end_open to ask for FI_PROGRESS_MANUAL (no provider thread). */
+static int want_manual_progress;
+
 static inline struct fi_info *braid_info(uint64_t caps, enum fi_wait_obj wait)
 {
 	struct fi_info *hints = fi_allocinfo(), *info = NULL;
 	(void)wait;
 	EXPECT(hints);
 	hints->caps = caps;
+	if (want_manual_progress)
+		hints->domain_attr->data_progress = FI_PROGRESS_MANUAL;
 	hints->ep_attr->type = FI_EP_RDM;
 	hints->fabric_attr->prov_name = strdup("braid");
 	hints->domain_attr->name = strdup("lo");

@@ -2,7 +2,8 @@
  * is posted) are buffered and matched later, in order; the ignore mask works as a wildcard;
  * a directed receive takes only its peer's messages; FI_PEEK finds without taking; a 1 MiB
  * tagged message (rendezvous: a Braid READ into the receive buffer) arrives intact; a short
- * receive buffer gives an FI_ETRUNC error entry with the overflow in olen. */
+ * receive buffer gives an FI_ETRUNC error entry with the overflow in olen; a send with
+ * FI_DELIVERY_COMPLETE completes only once its bytes are in the receive buffer. */
 #include "common.h"
 
 #define BIG (1 << 20)
@@ -132,6 +133,52 @@ int main(void)
 		EXPECT(wait_comp(b.cq, &ce, &err, 30) == 0);
 		EXPECT(err.err == FI_ETRUNC && err.olen == 60 && err.op_context == small);
 		EXPECT(err.tag == 5);
+	}
+
+	/* FI_DELIVERY_COMPLETE: the send completes only once its bytes are in the receive
+	 * buffer. The receiver uses manual progress, so nothing moves into its buffer until it
+	 * calls the provider: until then the sender sees no completion. */
+	{
+		struct end m;
+		static char dc_src[100], dc_dst[100];
+		want_manual_progress = 1;
+		end_open(&m, FI_TAGGED);
+		want_manual_progress = 0;
+		EXPECT(m.info->domain_attr->data_progress == FI_PROGRESS_MANUAL);
+		fi_addr_t m_at_a = end_insert(&a, &m);
+		end_insert(&m, &a);
+		/* One plain message first, so the connection and its receive buffers are up. */
+		CHECK(fi_trecv(m.ep, dc_dst, sizeof(dc_dst), NULL, FI_ADDR_UNSPEC, 76, 0, dc_dst));
+		CHECK(fi_tsend(a.ep, "warm", 5, NULL, m_at_a, 76, NULL));
+		wait_ok(m.cq, &ce);
+		wait_ok(a.cq, &ce);
+		memset(dc_dst, 0, sizeof(dc_dst));
+		memset(dc_src, 'D', sizeof(dc_src));
+		CHECK(fi_trecv(m.ep, dc_dst, sizeof(dc_dst), NULL, FI_ADDR_UNSPEC, 77, 0, dc_dst));
+		struct iovec iov = { dc_src, sizeof(dc_src) };
+		struct fi_msg_tagged msg = { .msg_iov = &iov, .iov_count = 1, .addr = m_at_a,
+					     .tag = 77, .context = dc_src };
+		CHECK(fi_tsendmsg(a.ep, &msg, FI_DELIVERY_COMPLETE));
+		double t0 = now_s();
+		while (now_s() - t0 < 0.3)
+			EXPECT(fi_cq_read(a.cq, &ce, 1) == -FI_EAGAIN);
+		EXPECT(dc_dst[0] == 0);
+		/* The receiver makes progress: the data lands, then the sender completes. */
+		int got_rx = 0, got_tx = 0;
+		t0 = now_s();
+		while ((!got_rx || !got_tx) && now_s() - t0 < 30) {
+			if (!got_rx && fi_cq_read(m.cq, &ce, 1) == 1) {
+				EXPECT(ce.op_context == dc_dst && ce.len == sizeof(dc_dst));
+				got_rx = 1;
+			}
+			if (!got_tx && fi_cq_read(a.cq, &ce, 1) == 1) {
+				EXPECT(ce.op_context == dc_src);
+				EXPECT(dc_dst[0] == 'D' && dc_dst[99] == 'D');
+				got_tx = 1;
+			}
+		}
+		EXPECT(got_rx && got_tx);
+		end_close(&m);
 	}
 
 	end_close(&c);
