@@ -1,7 +1,8 @@
 /* Tagged matching through the braid provider: unexpected messages (sent before any receive
  * is posted) are buffered and matched later, in order; the ignore mask works as a wildcard;
  * a directed receive takes only its peer's messages; FI_PEEK finds without taking; a 1 MiB
- * tagged message (rendezvous: a Braid READ into the receive buffer) arrives intact; a short
+ * tagged message (rendezvous: a Braid READ into the receive buffer) arrives intact;
+ * FI_PEEK|FI_CLAIM reserves a message and fi_cancel cancels a receive; a short
  * receive buffer gives an FI_ETRUNC error entry with the overflow in olen; a send with
  * FI_DELIVERY_COMPLETE completes only once its bytes are in the receive buffer. */
 #include "common.h"
@@ -133,6 +134,36 @@ int main(void)
 		EXPECT(wait_comp(b.cq, &ce, &err, 30) == 0);
 		EXPECT(err.err == FI_ETRUNC && err.olen == 60 && err.op_context == small);
 		EXPECT(err.tag == 5);
+	}
+
+	/* FI_PEEK | FI_CLAIM reserves an unexpected message for a later FI_CLAIM receive with
+	 * the same context; an ordinary receive no longer matches it. */
+	{
+		static char claimed[64], other[64];
+		static struct fi_context cctx;
+		CHECK(fi_tsend(a.ep, "claim me", 9, NULL, b_at_a, 0x30, NULL));
+		wait_ok(a.cq, NULL);
+		struct iovec iov = { claimed, sizeof(claimed) };
+		struct fi_msg_tagged m = { .msg_iov = &iov, .iov_count = 1, .addr = FI_ADDR_UNSPEC,
+					   .tag = 0x30, .context = &cctx };
+		int found = 0;
+		double t0 = now_s();
+		while (!found && now_s() - t0 < 30) {
+			CHECK(fi_trecvmsg(b.ep, &m, FI_PEEK | FI_CLAIM));
+			if (wait_comp(b.cq, &ce, &err, 30))
+				found = 1;
+			else
+				EXPECT(err.err == FI_ENOMSG);
+		}
+		EXPECT(found && ce.op_context == &cctx && ce.len == 9);
+		/* Claimed: an ordinary receive for the same tag does not get it. */
+		CHECK(fi_trecv(b.ep, other, sizeof(other), NULL, FI_ADDR_UNSPEC, 0x30, 0, other));
+		CHECK(fi_trecvmsg(b.ep, &m, FI_CLAIM));
+		wait_ok(b.cq, &ce);
+		EXPECT(ce.op_context == &cctx && strcmp(claimed, "claim me") == 0);
+		EXPECT(fi_cancel(&b.ep->fid, other) == 0);
+		EXPECT(wait_comp(b.cq, &ce, &err, 30) == 0 && err.err == FI_ECANCELED);
+		EXPECT(err.op_context == other);
 	}
 
 	/* FI_DELIVERY_COMPLETE: the send completes only once its bytes are in the receive
