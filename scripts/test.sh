@@ -18,6 +18,8 @@ fi
 
 if [[ $(id -u) -eq 0 ]]; then
   ./scripts/netns.sh deps
+  # libfabric-dev and libfabric-bin for the provider's tests (fi_info, fi_pingpong).
+  ./scripts/libfabric.sh deps
 fi
 
 echo "== cargo test --workspace"

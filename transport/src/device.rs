@@ -385,6 +385,8 @@ struct Core {
     cqs: HashMap<CqId, CqSink>,
     /// The hand-off ring's consumer end: whoever holds the engine lock consumes.
     posts: Consumer<Post>,
+    /// The connection handshake, once enabled (`crate::handshake`).
+    hs: Option<crate::handshake::Runtime>,
 }
 
 impl Core {
@@ -645,6 +647,11 @@ impl Inner {
                 now = self.now();
                 self.lock()
             });
+            if crate::handshake::is_handshake(bytes) {
+                let Core { ep, hs, .. } = &mut **core;
+                crate::handshake::on_datagram(hs, ep, now, meta.src, bytes, &*self.datapath);
+                return;
+            }
             core.ep
                 .handle_datagram(now, meta.src, meta.ecn as u8, bytes);
         });
@@ -716,6 +723,8 @@ impl Inner {
                 if core.ep.poll_timeout().is_some_and(|t| t <= now) {
                     core.ep.handle_timeout(now);
                 }
+                let Core { ep, hs, .. } = &mut *core;
+                crate::handshake::on_timer(hs, ep, now, &*self.datapath);
             }
             self.flush(&mut tx);
         }
@@ -822,6 +831,7 @@ impl Device {
                 ep,
                 cqs: HashMap::new(),
                 posts: posts_rx,
+                hs: None,
             }),
             datapath,
             epoch: Instant::now(),
@@ -849,6 +859,27 @@ impl Device {
 
     fn inner(&self) -> &Inner {
         &self.owner.inner
+    }
+
+    /// Runs `f` on the engine and the handshake runtime under the engine lock, then sends what
+    /// the engine produced (for `crate::handshake`).
+    pub(crate) fn with_handshake<R>(
+        &self,
+        f: impl FnOnce(
+            &mut Endpoint,
+            &mut Option<crate::handshake::Runtime>,
+            Timestamp,
+            &dyn Datapath,
+        ) -> R,
+    ) -> R {
+        let inner = self.inner();
+        let r = {
+            let mut core = inner.lock();
+            let Core { ep, hs, .. } = &mut *core;
+            f(ep, hs, inner.now(), &*inner.datapath)
+        };
+        inner.flush_pooled();
+        r
     }
 
     /// The address peers send to.
@@ -939,6 +970,10 @@ impl std::fmt::Debug for ProtectionDomain {
 }
 
 impl ProtectionDomain {
+    pub(crate) fn id(&self) -> PdId {
+        self.pd
+    }
+
     /// Allocates a zero-filled region of `len` bytes and registers it with `access`.
     pub fn alloc_mr(&self, len: usize, access: Access) -> Result<MemoryRegion, ResourceError> {
         self.register(Region::new(len), access)
@@ -1139,6 +1174,10 @@ impl std::fmt::Debug for CompletionQueue {
 }
 
 impl CompletionQueue {
+    pub(crate) fn id(&self) -> CqId {
+        self.id
+    }
+
     /// Takes up to `out.len()` completions without waiting; returns how many.
     pub fn poll(&self, out: &mut [Completion]) -> usize {
         self.shared.pop(out)
@@ -1173,6 +1212,16 @@ impl CompletionQueue {
                 .ready
                 .wait_until(|| !ring.is_empty(), Some(left));
         }
+    }
+
+    /// Waits up to `timeout` until the queue holds a completion, without taking it (for a
+    /// thread that hands completions to a consumer running elsewhere in order). Returns
+    /// whether one is there.
+    pub fn wait_ready(&self, timeout: Duration) -> bool {
+        let ring = &self.shared.ring;
+        self.shared
+            .ready
+            .wait_until(|| !ring.is_empty(), Some(timeout))
     }
 
     /// The device it belongs to.

@@ -42,6 +42,7 @@
 #![warn(missing_docs, unreachable_pub)]
 
 mod device;
+pub mod handshake;
 #[cfg(feature = "testing")]
 pub mod testing;
 
@@ -54,6 +55,7 @@ pub use device::{
     CompletionQueue, DatapathKind, Device, DeviceConfig, MemoryRegion, OpenError, ProtectionDomain,
     QueuePair,
 };
+pub use handshake::{ConnectError, Connection, ConnectionEvent};
 
 /// The datapaths (UDP sockets, simulated network).
 pub use braid_datapath as datapath;
