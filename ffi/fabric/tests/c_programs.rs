@@ -67,9 +67,12 @@ fn run(name: &str) {
         src.display(),
         String::from_utf8_lossy(&cc.stderr)
     );
+    // The library this test run built, beside the test binaries in target/<profile>/deps
+    // (cargo compiles the lib with all its crate types; only `cargo build` copies the cdylib
+    // up to target/<profile>).
     let lib = std::env::current_exe()
         .ok()
-        .and_then(|e| Some(e.parent()?.parent()?.join("libbraid_fi.so")))
+        .and_then(|e| Some(e.parent()?.join("libbraid_fi.so")))
         .expect("target folder");
     assert!(lib.exists(), "{} was not built", lib.display());
     let prov = dir.join("provider");

@@ -43,10 +43,11 @@ fn require_tools(test: &str) -> bool {
 fn provider_dir() -> PathBuf {
     static N: AtomicU32 = AtomicU32::new(0);
     let exe = std::env::current_exe().expect("test binary path");
-    // target/<profile>/deps/<test> → target/<profile>/libbraid_fi.so
+    // target/<profile>/deps/<test> → target/<profile>/deps/libbraid_fi.so: the library this
+    // test run built (cargo compiles the lib with all its crate types, the cdylib included,
+    // beside the test binaries; only `cargo build` copies it up to target/<profile>).
     let lib = exe
         .parent()
-        .and_then(Path::parent)
         .map(|d| d.join("libbraid_fi.so"))
         .expect("target folder");
     assert!(lib.exists(), "{} was not built", lib.display());
