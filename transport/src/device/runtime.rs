@@ -697,8 +697,9 @@ impl Inner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::QueuePair;
-    use crate::device::{CompletionQueue, Device, DeviceConfig, MemoryRegion, ProtectionDomain};
+    use crate::device::{
+        CompletionQueue, Device, DeviceConfig, MemoryRegion, ProtectionDomain, QueuePair,
+    };
     use braid_proto::{SendOp, Sge, WcOpcode, WcStatus};
 
     const WAIT: Duration = Duration::from_secs(20);
