@@ -21,8 +21,6 @@
 //!   touching freed memory. Destroying a parent that still has children returns
 //!   [`BRAID_EBUSY`].
 #![warn(missing_docs, unreachable_pub)]
-#![deny(unsafe_op_in_unsafe_fn)]
-#![warn(clippy::undocumented_unsafe_blocks)]
 // The C names (braid_device, braid_wc, ...) are the ones the header shows.
 #![allow(non_camel_case_types)]
 

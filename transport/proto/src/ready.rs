@@ -45,7 +45,9 @@ impl ReadySet {
         if i >= self.slots {
             return;
         }
-        let was = (0..self.slots).map(|j| self.is_marked(j)).collect::<Vec<_>>();
+        let was = (0..self.slots)
+            .map(|j| self.is_marked(j))
+            .collect::<Vec<_>>();
         self.marks.iter_mut().for_each(|w| *w = 0);
         self.marked = 0;
         self.slots -= 1;

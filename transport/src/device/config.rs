@@ -1,0 +1,317 @@
+//! How a device is opened: [`DeviceConfig`] and its builders, the datapath choice
+//! ([`DatapathKind`], including `auto`'s fallback order) and [`OpenError`].
+use std::io;
+use std::net::SocketAddr;
+
+use braid_datapath::Datapath;
+use braid_datapath::udp::{UdpConfig, UdpDatapath};
+use braid_datapath::uring::UringDatapath;
+use braid_datapath::xdp::{XdpConfig, XdpDatapath};
+use braid_proto::EndpointConfig;
+
+/// Which datapath a device uses.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum DatapathKind {
+    /// Plain UDP sockets with sendmmsg/recvmmsg: needs no privileges, works anywhere.
+    #[default]
+    Udp,
+    /// UDP sockets driven through io_uring (multishot receive, batched sends).
+    Uring,
+    /// AF_XDP on the interface that owns the local address: needs root (CAP_NET_ADMIN and
+    /// CAP_BPF) and an IPv4 address on a real or veth interface.
+    Xdp,
+    /// AF_XDP if it can be set up, else io_uring, else plain UDP sockets; the device says
+    /// which it got and why ([`Device::datapath_report`](crate::Device::datapath_report)).
+    Auto,
+}
+
+impl DatapathKind {
+    /// The name used on command lines and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            DatapathKind::Udp => "udp",
+            DatapathKind::Uring => "uring",
+            DatapathKind::Xdp => "xdp",
+            DatapathKind::Auto => "auto",
+        }
+    }
+}
+
+impl std::fmt::Display for DatapathKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for DatapathKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "udp" => Ok(DatapathKind::Udp),
+            "uring" | "io_uring" | "io-uring" => Ok(DatapathKind::Uring),
+            "xdp" | "af_xdp" | "af-xdp" => Ok(DatapathKind::Xdp),
+            "auto" => Ok(DatapathKind::Auto),
+            other => Err(format!(
+                "unknown datapath {other:?} (one of: udp, uring, xdp, auto)"
+            )),
+        }
+    }
+}
+
+/// How to open a device.
+#[derive(Clone, Debug)]
+pub struct DeviceConfig {
+    /// Local address to bind (port 0 picks one).
+    pub local: SocketAddr,
+    /// Datapath backend.
+    pub datapath: DatapathKind,
+    /// Engine settings (paths, timers, queue depths, congestion control). Its `seed` is
+    /// replaced by OS entropy unless `deterministic_seed` is set.
+    pub engine: EndpointConfig,
+    /// Use `engine.seed` as is (for reproducible key and PSN choice in tests).
+    pub deterministic_seed: bool,
+    /// Network interface for AF_XDP; `None` picks the one that owns `local`'s address.
+    pub interface: Option<String>,
+    /// The progress thread spins on the datapath instead of sleeping in the kernel. It then
+    /// takes no wake-up per packet, which shortens the time from arrival to placement, but it
+    /// keeps one core busy all the time. Use it only where that core is the progress thread's
+    /// alone: a spinning thread that shares a core with other busy threads (the application
+    /// spinning on its CQ, a peer device on the same machine) takes the CPU time they need
+    /// to make progress, and everything slows down.
+    pub busy_poll: bool,
+}
+
+impl DeviceConfig {
+    /// A UDP device on `local` with default engine settings (16 paths).
+    pub fn udp(local: SocketAddr) -> DeviceConfig {
+        DeviceConfig {
+            local,
+            datapath: DatapathKind::Udp,
+            engine: EndpointConfig::default(),
+            deterministic_seed: false,
+            interface: None,
+            busy_poll: false,
+        }
+    }
+
+    /// Makes the progress thread spin on the datapath instead of sleeping (see
+    /// [`busy_poll`](Self::busy_poll): only for a core of its own).
+    pub fn busy_poll(mut self, on: bool) -> Self {
+        self.busy_poll = on;
+        self
+    }
+
+    /// Sets the datapath backend.
+    pub fn datapath(mut self, kind: DatapathKind) -> Self {
+        self.datapath = kind;
+        self
+    }
+
+    /// Sets the network interface AF_XDP attaches to.
+    pub fn interface(mut self, name: impl Into<String>) -> Self {
+        self.interface = Some(name.into());
+        self
+    }
+
+    /// Sets the number of paths (UDP source ports) to spray over, 1 to 256.
+    pub fn paths(mut self, paths: u16) -> Self {
+        self.engine.paths = paths;
+        self
+    }
+
+    /// Sets the number of UDP source ports the device opens, `paths` to 256 (default: twice
+    /// the paths, at most 256). Ports beyond the paths are where PLB moves congested paths.
+    pub fn ports(mut self, ports: u16) -> Self {
+        self.engine.ports = ports;
+        self
+    }
+
+    /// Sets the largest datagram (UDP payload), e.g. 8972 for jumbo frames or loopback.
+    pub fn max_datagram(mut self, bytes: usize) -> Self {
+        self.engine.max_datagram = bytes;
+        self
+    }
+}
+
+/// Why a device could not be opened.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// The configuration is invalid (e.g. 0 or more than 256 paths).
+    InvalidConfig(&'static str),
+    /// The chosen datapath could not be set up: bind failed, missing privileges (AF_XDP needs
+    /// CAP_NET_ADMIN and CAP_BPF), or missing kernel support (io_uring, AF_XDP).
+    Datapath {
+        /// The datapath that failed.
+        kind: DatapathKind,
+        /// Why.
+        source: io::Error,
+    },
+    /// The progress thread could not be started.
+    Thread(io::Error),
+    /// The OS random generator, which seeds keys and initial PSNs, failed.
+    Entropy(io::Error),
+}
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpenError::InvalidConfig(why) => write!(f, "invalid device configuration: {why}"),
+            OpenError::Datapath { kind, source } => {
+                write!(f, "{kind} datapath setup failed: {source}")
+            }
+            OpenError::Thread(e) => write!(f, "could not start the progress thread: {e}"),
+            OpenError::Entropy(e) => write!(f, "no OS randomness for keys and PSNs: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for OpenError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            OpenError::Datapath { source: e, .. }
+            | OpenError::Thread(e)
+            | OpenError::Entropy(e) => Some(e),
+            OpenError::InvalidConfig(_) => None,
+        }
+    }
+}
+
+impl DeviceConfig {
+    /// The engine settings a device opens with: `engine`, checked, with its seed drawn from
+    /// the OS unless `deterministic_seed` is set.
+    pub(super) fn engine_config(&self) -> Result<EndpointConfig, OpenError> {
+        if self.engine.paths == 0 || self.engine.paths > braid_proto::MAX_PATHS {
+            return Err(OpenError::InvalidConfig("paths must be 1 to 256"));
+        }
+        let mut engine = self.engine.clone();
+        if !self.deterministic_seed {
+            let mut seed = [0u8; 8];
+            getrandom::getrandom(&mut seed).map_err(|e| OpenError::Entropy(io::Error::other(e)))?;
+            engine.seed = u64::from_le_bytes(seed);
+        }
+        Ok(engine)
+    }
+}
+
+/// Binds the datapath `cfg` asks for; `auto` tries AF_XDP, then io_uring, then plain UDP
+/// sockets. Returns it with a one-line report of the choice.
+pub(super) fn open_datapath(
+    cfg: &DeviceConfig,
+    ports: u16,
+    max_datagram: usize,
+) -> Result<(Box<dyn Datapath>, String), OpenError> {
+    let open = |kind| bind_datapath(cfg, kind, ports, max_datagram);
+    if cfg.datapath != DatapathKind::Auto {
+        let d = open(cfg.datapath).map_err(|source| OpenError::Datapath {
+            kind: cfg.datapath,
+            source,
+        })?;
+        let report = format!("{} (as configured)", cfg.datapath);
+        return Ok((d, report));
+    }
+    let mut failed = Vec::new();
+    for kind in [DatapathKind::Xdp, DatapathKind::Uring, DatapathKind::Udp] {
+        match open(kind) {
+            Ok(d) => {
+                let report = if failed.is_empty() {
+                    format!("{kind} (auto: first choice)")
+                } else {
+                    format!("{kind} (auto; {})", failed.join("; "))
+                };
+                log::info!("braid device on {}: datapath {report}", cfg.local);
+                return Ok((d, report));
+            }
+            Err(e) => failed.push(format!("{kind} unavailable: {e}")),
+        }
+    }
+    // Plain UDP sockets failed too: report that error.
+    let source = open(DatapathKind::Udp)
+        .err()
+        .unwrap_or_else(|| io::Error::other(failed.join("; ")));
+    Err(OpenError::Datapath {
+        kind: DatapathKind::Udp,
+        source,
+    })
+}
+
+/// Binds one datapath of `kind` on `cfg.local` (`Auto` binds plain UDP sockets).
+fn bind_datapath(
+    cfg: &DeviceConfig,
+    kind: DatapathKind,
+    ports: u16,
+    max_datagram: usize,
+) -> io::Result<Box<dyn Datapath>> {
+    let udp_config = || {
+        let mut u = UdpConfig::new(cfg.local, ports);
+        u.max_payload = max_datagram;
+        u
+    };
+    Ok(match kind {
+        DatapathKind::Udp | DatapathKind::Auto => Box::new(UdpDatapath::bind(udp_config())?),
+        DatapathKind::Uring => Box::new(UringDatapath::bind(udp_config())?),
+        DatapathKind::Xdp => {
+            let mut local = cfg.local;
+            if local.port() == 0 {
+                // AF_XDP steers one fixed port: pick a free one the way the kernel would.
+                local.set_port(std::net::UdpSocket::bind(local)?.local_addr()?.port());
+            }
+            let mut x = XdpConfig::new(local, ports);
+            x.interface = cfg.interface.clone();
+            Box::new(XdpDatapath::bind(x)?)
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_datapath_name_parses_back_to_its_kind() {
+        for kind in [
+            DatapathKind::Udp,
+            DatapathKind::Uring,
+            DatapathKind::Xdp,
+            DatapathKind::Auto,
+        ] {
+            assert_eq!(kind.to_string(), kind.name());
+            assert_eq!(kind.name().parse::<DatapathKind>(), Ok(kind));
+        }
+        assert_eq!("io_uring".parse::<DatapathKind>(), Ok(DatapathKind::Uring));
+        assert_eq!("af-xdp".parse::<DatapathKind>(), Ok(DatapathKind::Xdp));
+        let err = "rdma".parse::<DatapathKind>().unwrap_err();
+        assert!(err.contains("\"rdma\""), "{err}");
+    }
+
+    #[test]
+    fn path_counts_outside_1_to_256_are_refused() {
+        let cfg = DeviceConfig::udp("127.0.0.1:0".parse().unwrap());
+        for paths in [0, braid_proto::MAX_PATHS + 1] {
+            let got = cfg.clone().paths(paths).engine_config();
+            assert!(
+                matches!(got, Err(OpenError::InvalidConfig(_))),
+                "{paths} paths: {got:?}"
+            );
+        }
+        for paths in [1, braid_proto::MAX_PATHS] {
+            let got = cfg.clone().paths(paths).engine_config().unwrap();
+            assert_eq!(got.paths, paths);
+        }
+    }
+
+    #[test]
+    fn the_configured_seed_is_kept_only_when_deterministic() {
+        let mut cfg = DeviceConfig::udp("127.0.0.1:0".parse().unwrap());
+        cfg.engine.seed = 0x5eed;
+        cfg.deterministic_seed = true;
+        assert_eq!(cfg.engine_config().unwrap().seed, 0x5eed);
+        cfg.deterministic_seed = false;
+        // Two draws from the OS differ (but with probability 2^-64); were the configured
+        // seed kept, both would be 0x5eed.
+        let s1 = cfg.engine_config().unwrap().seed;
+        let s2 = cfg.engine_config().unwrap().seed;
+        assert_ne!(s1, s2);
+    }
+}

@@ -1,0 +1,887 @@
+//! The core of a device: it owns the [`Endpoint`] behind the engine lock, hands posts over
+//! to whoever holds that lock, runs the progress thread (receive batches, timers) and the
+//! transmit loop, and keeps each completion queue's engine side.
+//!
+//! Concurrency is confined to the engine behind one mutex and to the loom-checked structures
+//! of `braid-sync` around it:
+//! - **Posting.** A post is first checked, without the engine lock, against everything it
+//!   can be refused for (the QP's state, keys, protection domain, access rights, bounds,
+//!   lengths, atomic shape: [`braid_proto::validate`], from the device's own copy of its
+//!   registrations; and queue depth, see `QpGate`): a refusal is always a synchronous
+//!   [`PostError`], whether or not the engine is busy. An accepted post then tries the engine
+//!   lock. If it is free, the post runs on the posting thread and so does the engine's
+//!   transmit loop: a WRITE leaves without waiting for the progress thread (an inline
+//!   doorbell). If the lock is busy (the progress thread is placing a batch, another thread is
+//!   posting), the work request goes into the device's hand-off ring ([`braid_sync::Mpsc`])
+//!   and, if the progress thread is asleep, its doorbell rings ([`Datapath::wake`]). Whoever
+//!   takes the engine lock next applies queued work requests first, in order, before anything
+//!   else, so a thread's posts keep their order and every later engine operation sees them.
+//!   A post racing with the deregistration of a region it uses is ordered by the
+//!   registration table's lock: checked before the deregistration, it is applied before it
+//!   (it keeps its buffers, as a work request posted earlier does); checked after, it is
+//!   refused with `InvalidLkey`.
+//! - **Completions.** Each completion queue is an SPSC ring: the engine-lock holder produces,
+//!   application threads consume (behind a per-CQ lock, since several threads may poll one CQ;
+//!   an empty CQ is seen without that lock). Waiters sleep on the CQ's [`braid_sync::Event`].
+//! - **Transmit buffers** come from a lock-free [`braid_sync::Pool`].
+//! - The datapath's `send`, which any thread may call.
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, TryLockError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use braid_datapath::{Datapath, Ecn, RecvBatch};
+use braid_proto::validate::{self, LocalMr};
+use braid_proto::{
+    Access, Completion, CqId, Endpoint, EndpointConfig, MrKeys, PdId, PostError, RecvWr, Region,
+    ResourceError, SendWr, Timestamp,
+};
+use braid_sync::{Consumer, Event, Mpsc, Pool, Producer, Ring};
+
+use super::OpenError;
+use super::cq_fd;
+
+/// Datagrams moved per batch between the engine and the datapath.
+const BATCH: usize = 64;
+/// Longest the progress thread sleeps. Posting threads never wake it for timers, so a
+/// retransmit timeout armed by a post fires at most this late; the floor of the timeout is
+/// 500 µs by default, so the slack stays within the same order.
+const TIMER_SLACK: Duration = Duration::from_millis(1);
+/// How often a busy-polling progress thread that receives nothing checks timers, ns.
+const BUSY_TIMER_CHECK_NS: u64 = 20_000;
+/// Receive batches the progress thread takes before it runs timers.
+const MAX_RX_BATCHES_BEFORE_TIMERS: usize = 16;
+/// Longest the progress thread sleeps while the device has no QP.
+const IDLE_WAIT: Duration = Duration::from_millis(50);
+/// Completions a completion queue's ring holds (32 B each). More wait in the engine-side
+/// spill queue and move to the ring as the application polls (at the latest on the progress
+/// thread's next round, within `TIMER_SLACK`).
+const CQ_RING: usize = 4096;
+/// Work requests the hand-off ring holds; a post finding it full waits for the engine lock.
+const POST_RING: usize = 1024;
+/// Transmit batches kept for reuse (each is `BATCH` datagram buffers): one per thread that
+/// sends at the same time is enough; more are allocated and freed.
+const TX_POOL: usize = 4;
+
+/// The application's side of a completion queue.
+pub(super) struct CqShared {
+    /// The ring's consumer end. Locked by whichever thread polls: several may poll one CQ.
+    rx: Mutex<Consumer<Completion>>,
+    /// The ring itself, to see an empty CQ without the lock (a spinning poller then touches
+    /// only the ring's producer counter, not a lock the engine side also takes).
+    pub(super) ring: Arc<Ring<Completion>>,
+    /// Notified by the engine side after it publishes completions; `wait` sleeps on it.
+    pub(super) ready: Event,
+    /// The CQ's file descriptor for epoll users, made on first request (`cq_fd.rs`).
+    pub(super) fd: std::sync::OnceLock<cq_fd::CqFd>,
+}
+
+impl CqShared {
+    /// Takes up to `out.len()` completions from the ring; returns how many.
+    pub(super) fn pop(&self, out: &mut [Completion]) -> usize {
+        if self.ring.is_empty() {
+            return 0;
+        }
+        let mut rx = self.rx.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = out.iter_mut();
+        rx.pop_batch(slots.len(), |c| {
+            if let Some(slot) = slots.next() {
+                *slot = c;
+            }
+        })
+    }
+}
+
+/// The engine's side of a completion queue, used only with the engine lock held.
+struct CqSink {
+    tx: Producer<Completion>,
+    /// Completions that found the ring full, oldest first; they go before any newer one.
+    spill: VecDeque<Completion>,
+    /// Completions pushed since the last `publish`.
+    unannounced: bool,
+    shared: Arc<CqShared>,
+}
+
+impl CqSink {
+    fn push(&mut self, c: Completion) {
+        self.unannounced = true;
+        if !self.spill.is_empty() {
+            self.spill.push_back(c);
+        } else if let Err(c) = self.tx.push(c) {
+            self.spill.push_back(c);
+        }
+    }
+
+    /// Moves spilled completions into the ring while it has room, and wakes waiters if
+    /// anything new is in the ring.
+    fn publish(&mut self) {
+        if !self.spill.is_empty() {
+            let spill = &mut self.spill;
+            if self
+                .tx
+                .push_iter(&mut std::iter::from_fn(|| spill.pop_front()))
+                > 0
+            {
+                self.unannounced = true;
+            }
+        }
+        if std::mem::take(&mut self.unannounced) {
+            self.shared.ready.notify();
+            if let Some(fd) = self.shared.fd.get() {
+                fd.signal();
+            }
+        }
+    }
+}
+
+/// A work request on its way to the engine: posted directly when the engine lock is free,
+/// else through the hand-off ring.
+pub(super) enum Post {
+    Send {
+        qpn: u32,
+        wr: SendWr,
+        cq: CqId,
+        gate: Arc<QpGate>,
+    },
+    Recv {
+        qpn: u32,
+        wr: RecvWr,
+        cq: CqId,
+        gate: Arc<QpGate>,
+    },
+}
+
+impl Post {
+    fn gate(&self) -> &QpGate {
+        match self {
+            Post::Send { gate, .. } | Post::Recv { gate, .. } => gate,
+        }
+    }
+
+    fn is_send(&self) -> bool {
+        matches!(self, Post::Send { .. })
+    }
+}
+
+/// What a post on one QP is checked against without the engine lock.
+///
+/// Queue depth: `depth` is the engine's count of outstanding work requests as last seen by a
+/// lock holder (it may be stale, but only high: it is stored after every post the engine
+/// applies, and the engine only ever lowers it on its own), `in_ring` the posts handed off and
+/// not yet applied. A post is handed off only if the two leave room; otherwise it waits for
+/// the engine lock and gets the engine's exact answer. So a handed-off post always finds room.
+#[derive(Debug)]
+pub(super) struct QpGate {
+    pd: u32,
+    /// Connected (`post_send` before `connect` is refused with `NotConnected`).
+    connected: AtomicBool,
+    sq: Depth,
+    rq: Depth,
+}
+
+#[derive(Debug, Default)]
+struct Depth {
+    depth: AtomicUsize,
+    in_ring: AtomicUsize,
+}
+
+impl Depth {
+    /// Reserves a place in the hand-off ring if the queue surely has room for it.
+    fn reserve(&self, max: usize) -> bool {
+        let queued = self.in_ring.fetch_add(1, Ordering::AcqRel) + 1;
+        if self.depth.load(Ordering::Acquire) + queued <= max {
+            return true;
+        }
+        self.in_ring.fetch_sub(1, Ordering::AcqRel);
+        false
+    }
+}
+
+impl QpGate {
+    /// The gate of a new, not yet connected QP in protection domain `pd`.
+    pub(super) fn new(pd: PdId) -> QpGate {
+        QpGate {
+            pd: pd.0,
+            connected: AtomicBool::new(false),
+            sq: Depth::default(),
+            rq: Depth::default(),
+        }
+    }
+
+    /// Lets sends through (call once the engine has connected the QP).
+    pub(super) fn set_connected(&self) {
+        self.connected.store(true, Ordering::Release);
+    }
+
+    fn depth(&self, send: bool) -> &Depth {
+        if send { &self.sq } else { &self.rq }
+    }
+
+    /// Records the engine's queue depths (call with the engine lock held, after a post).
+    fn publish(&self, ep: &Endpoint, qpn: u32) {
+        if let Some((sq, rq)) = ep.queue_depths(qpn) {
+            self.sq.depth.store(sq, Ordering::Release);
+            self.rq.depth.store(rq, Ordering::Release);
+        }
+    }
+}
+
+/// What the engine lock guards.
+pub(super) struct Core {
+    pub(super) ep: Endpoint,
+    cqs: HashMap<CqId, CqSink>,
+    /// The hand-off ring's consumer end: whoever holds the engine lock consumes.
+    posts: Consumer<Post>,
+    /// The connection handshake, once enabled (`crate::handshake`).
+    pub(super) hs: Option<crate::handshake::Runtime>,
+}
+
+impl Core {
+    /// Applies work requests queued while the engine was busy, oldest first. They were
+    /// checked before the hand-off (see [`Inner::post`]), so the engine accepts them; should
+    /// it refuse one all the same, the refusal cannot reach the poster any more, and it
+    /// completes with an error status in posting order (`Endpoint::post_send_or_fail`).
+    fn take_posts(&mut self) {
+        let Core { ep, posts, .. } = self;
+        posts.pop_batch(usize::MAX, |p| {
+            let send = p.is_send();
+            let gate = match p {
+                Post::Send { qpn, wr, cq, gate } => {
+                    ep.post_send_or_fail(qpn, wr, cq);
+                    gate.publish(ep, qpn);
+                    gate
+                }
+                Post::Recv { qpn, wr, cq, gate } => {
+                    ep.post_recv_or_fail(qpn, wr, cq);
+                    gate.publish(ep, qpn);
+                    gate
+                }
+            };
+            // After publishing the depth it now counts in, so the sum never falls short.
+            gate.depth(send).in_ring.fetch_sub(1, Ordering::AcqRel);
+        });
+    }
+
+    /// Applies queued work requests, then `p`, returning the engine's verdict on `p`.
+    fn post(&mut self, p: Post) -> Result<(), PostError> {
+        self.take_posts();
+        // Counted as in the ring until its depth is published, so that a concurrent check
+        // (which reads the two without the lock) never sees less than the engine holds.
+        let send = p.is_send();
+        let depth = p.gate().depth(send);
+        depth.in_ring.fetch_add(1, Ordering::AcqRel);
+        let (r, gate) = match p {
+            Post::Send { qpn, wr, gate, .. } => {
+                let r = self.ep.post_send(qpn, wr);
+                gate.publish(&self.ep, qpn);
+                (r, gate)
+            }
+            Post::Recv { qpn, wr, gate, .. } => {
+                let r = self.ep.post_recv(qpn, wr);
+                gate.publish(&self.ep, qpn);
+                (r, gate)
+            }
+        };
+        gate.depth(send).in_ring.fetch_sub(1, Ordering::AcqRel);
+        r
+    }
+}
+
+/// The state a device's handles and its progress thread share.
+pub(super) struct Inner {
+    core: Mutex<Core>,
+    pub(super) datapath: Box<dyn Datapath>,
+    epoch: Instant,
+    stop: AtomicBool,
+    /// Held from stamping datagrams (in the engine) to handing them to the datapath, so they
+    /// leave in the order of their timestamps; otherwise two threads sending batches out of
+    /// order look like reordering and trigger spurious retransmissions.
+    tx_order: Mutex<()>,
+    tx_pool: Pool<TxBatch>,
+    /// Work requests posted while the engine lock was busy; the doorbell is the progress
+    /// thread's (it sleeps in the datapath's `recv`, which [`Datapath::wake`] ends).
+    posts: Mpsc<Post>,
+    /// Which datapath was chosen and why (for `auto`, what failed before it).
+    pub(super) report: String,
+    busy_poll: bool,
+    /// The registered regions by local key, for checking posts without the engine lock.
+    /// Never taken while holding the engine lock (a poster holds it while it waits for the
+    /// engine).
+    mrs: RwLock<HashMap<u32, LocalMr>>,
+    /// The engine's queue limits (`max_send_wr`, `max_recv_wr`, after clamping).
+    max_wr: (usize, usize),
+}
+
+/// Owns the progress thread: dropping the last handle stops it.
+pub(super) struct Owner {
+    inner: Arc<Inner>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Owner {
+    /// Starts a device's core: an engine with `engine` settings over `datapath` (opened as
+    /// `report` says), and its progress thread.
+    pub(super) fn start(
+        engine: EndpointConfig,
+        datapath: Box<dyn Datapath>,
+        report: String,
+        busy_poll: bool,
+    ) -> Result<Owner, OpenError> {
+        let ep = Endpoint::new(engine, datapath.local_addr());
+        let max_wr = (ep.config().max_send_wr, ep.config().max_recv_wr);
+        let (posts, posts_rx) = Mpsc::new(POST_RING);
+        let inner = Arc::new(Inner {
+            core: Mutex::new(Core {
+                ep,
+                cqs: HashMap::new(),
+                posts: posts_rx,
+                hs: None,
+            }),
+            datapath,
+            epoch: Instant::now(),
+            stop: AtomicBool::new(false),
+            tx_order: Mutex::new(()),
+            report,
+            busy_poll,
+            tx_pool: Pool::new(TX_POOL),
+            posts,
+            mrs: RwLock::new(HashMap::new()),
+            max_wr,
+        });
+        let worker = inner.clone();
+        let thread = std::thread::Builder::new()
+            .name("braid-progress".into())
+            .spawn(move || worker.progress())
+            .map_err(OpenError::Thread)?;
+        Ok(Owner {
+            inner,
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    pub(super) fn inner(&self) -> &Inner {
+        &self.inner
+    }
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Ordering::Release);
+        self.inner.datapath.wake();
+        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = t.join();
+        }
+    }
+}
+
+struct TxBatch {
+    bufs: Vec<Box<[u8]>>,
+    metas: Vec<braid_proto::Transmit>,
+}
+
+impl TxBatch {
+    fn new(size: usize) -> TxBatch {
+        TxBatch {
+            bufs: (0..BATCH)
+                .map(|_| vec![0u8; size].into_boxed_slice())
+                .collect(),
+            metas: Vec::with_capacity(BATCH),
+        }
+    }
+}
+
+impl Inner {
+    pub(super) fn now(&self) -> Timestamp {
+        Timestamp::from_nanos(self.epoch.elapsed().as_nanos() as u64)
+    }
+
+    /// Takes the engine lock and applies the work requests queued in the hand-off ring, so
+    /// that every engine operation sees the posts that returned before it.
+    pub(super) fn lock(&self) -> MutexGuard<'_, Core> {
+        let mut core = self.core.lock().unwrap_or_else(|e| e.into_inner());
+        core.take_posts();
+        core
+    }
+
+    /// Checks `p` (refusing it here if it is bad, whether or not the engine is busy), then
+    /// posts it on this thread if the engine lock is free (the inline doorbell: its packets
+    /// leave from here), or hands it to whoever holds the lock and wakes the progress thread
+    /// if it sleeps.
+    pub(super) fn post(&self, p: Post) -> Result<(), PostError> {
+        // Held until the post is applied or in the ring: a deregistration (which takes it for
+        // writing, then the engine lock, which applies the ring) is ordered before or after.
+        let mrs = self.mrs.read().unwrap_or_else(|e| e.into_inner());
+        let lookup = |lkey| mrs.get(&lkey).copied();
+        let gate = p.gate();
+        match &p {
+            Post::Send { wr, .. } => {
+                if !gate.connected.load(Ordering::Acquire) {
+                    return Err(PostError::NotConnected);
+                }
+                validate::check_send(gate.pd, wr, lookup)?;
+            }
+            Post::Recv { wr, .. } => validate::check_recv(gate.pd, wr, lookup)?,
+        }
+        let max = if p.is_send() {
+            self.max_wr.0
+        } else {
+            self.max_wr.1
+        };
+        let r = match self.core.try_lock() {
+            Ok(mut core) => core.post(p),
+            Err(TryLockError::Poisoned(e)) => e.into_inner().post(p),
+            Err(TryLockError::WouldBlock) if gate.depth(p.is_send()).reserve(max) => {
+                match self.posts.send(p) {
+                    Ok(wake) => {
+                        if wake {
+                            self.datapath.wake();
+                        }
+                        return Ok(());
+                    }
+                    // The hand-off ring is full: wait for the engine like any other operation.
+                    Err(p) => {
+                        p.gate()
+                            .depth(p.is_send())
+                            .in_ring
+                            .fetch_sub(1, Ordering::AcqRel);
+                        self.lock().post(p)
+                    }
+                }
+            }
+            // The queue may be full: only the engine can say, so wait for it.
+            Err(TryLockError::WouldBlock) => self.lock().post(p),
+        };
+        drop(mrs);
+        self.flush_pooled();
+        r
+    }
+
+    /// Hands completions to their queues and fills `batch` with up to `BATCH` datagrams.
+    /// Returns whether the engine may have more to send.
+    fn drain(core: &mut Core, now: Timestamp, batch: &mut TxBatch) -> bool {
+        while let Some((cq, c)) = core.ep.poll_completion() {
+            if let Some(sink) = core.cqs.get_mut(&cq) {
+                sink.push(c);
+            }
+        }
+        for sink in core.cqs.values_mut() {
+            sink.publish();
+        }
+        batch.metas.clear();
+        while batch.metas.len() < BATCH {
+            let i = batch.metas.len();
+            match core.ep.poll_transmit(now, &mut batch.bufs[i]) {
+                Some(t) => batch.metas.push(t),
+                None => return false,
+            }
+        }
+        true
+    }
+
+    fn send(&self, batch: &TxBatch) {
+        let txs: Vec<braid_datapath::Transmit<'_>> = batch
+            .metas
+            .iter()
+            .zip(&batch.bufs)
+            .map(|(t, b)| braid_datapath::Transmit {
+                dest: t.dest,
+                path: t.path,
+                ecn: Ecn::from_tos(t.ecn),
+                contents: &b[..t.len],
+            })
+            .collect();
+        let mut sent = 0;
+        while sent < txs.len() {
+            match self.datapath.send(&txs[sent..]) {
+                Ok(0) | Err(_) => break, // the rest are lost; the engine retransmits them
+                Ok(n) => sent += n,
+            }
+        }
+    }
+
+    /// Flushes with a transmit batch from the pool (a fresh one if the pool is empty; it is
+    /// dropped afterwards if the pool is full).
+    pub(super) fn flush_pooled(&self) {
+        let mut batch = self
+            .tx_pool
+            .get()
+            .unwrap_or_else(|| Box::new(TxBatch::new(self.datapath.max_payload())));
+        self.flush(&mut batch);
+        let _ = self.tx_pool.put(batch);
+    }
+
+    /// Sends everything the engine has to send, in timestamp order, and hands completions to
+    /// their queues.
+    fn flush(&self, batch: &mut TxBatch) {
+        let _order = self.tx_order.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            let more = Inner::drain(&mut self.lock(), self.now(), batch);
+            self.send(batch);
+            if !more {
+                break;
+            }
+        }
+    }
+
+    /// Runs `f` on the engine, then sends what it produced, from this thread.
+    pub(super) fn with_engine<R>(&self, f: impl FnOnce(&mut Endpoint) -> R) -> R {
+        let r = f(&mut self.lock().ep);
+        self.flush_pooled();
+        r
+    }
+
+    /// Creates a completion queue: its ring, the engine's side (which the engine-lock holder
+    /// fills) and the application's side, which is returned.
+    pub(super) fn create_cq(&self) -> (CqId, Arc<CqShared>) {
+        let (tx, rx) = braid_sync::ring::channel(CQ_RING);
+        let shared = Arc::new(CqShared {
+            ring: rx.ring().clone(),
+            rx: Mutex::new(rx),
+            ready: Event::new(),
+            fd: std::sync::OnceLock::new(),
+        });
+        let mut core = self.lock();
+        let id = core.ep.create_cq();
+        core.cqs.insert(
+            id,
+            CqSink {
+                tx,
+                spill: VecDeque::new(),
+                unannounced: false,
+                shared: shared.clone(),
+            },
+        );
+        (id, shared)
+    }
+
+    /// Registers `region` in protection domain `pd` with the engine, then in the table posts
+    /// are checked against.
+    pub(super) fn register(
+        &self,
+        pd: PdId,
+        region: &Arc<Region>,
+        access: Access,
+    ) -> Result<MrKeys, ResourceError> {
+        let keys = self.lock().ep.register(pd, region.clone(), access)?;
+        // After the engine lock is released (see `Inner::mrs`).
+        let mr = LocalMr {
+            pd: pd.0,
+            access,
+            len: region.len() as u64,
+        };
+        self.mrs
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(keys.lkey, mr);
+        Ok(keys)
+    }
+
+    /// Deregisters the region with local key `lkey`: when this returns, no post can use it
+    /// and the engine no longer touches its memory.
+    pub(super) fn deregister(&self, lkey: u32) {
+        // First out of the table posts are checked against (waiting for posts being checked),
+        // then out of the engine, whose lock first applies the posts checked before; through
+        // `with_engine`, so the refusals the revocation causes leave now.
+        self.mrs
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&lkey);
+        let _ = self.with_engine(|ep| ep.deregister(lkey));
+    }
+
+    /// Receives one batch and hands it to the engine. The engine lock is taken at the first
+    /// datagram, not while waiting, and each payload goes from the datapath's buffer straight
+    /// into its memory region.
+    fn receive(&self, rx: &mut RecvBatch, timeout: Option<Duration>) -> usize {
+        let mut core = None;
+        let mut now = Timestamp::ZERO;
+        let r = self.datapath.recv_with(rx, timeout, &mut |meta, bytes| {
+            let core = core.get_or_insert_with(|| {
+                now = self.now();
+                self.lock()
+            });
+            if crate::handshake::is_handshake(bytes) {
+                let Core { ep, hs, .. } = &mut **core;
+                crate::handshake::on_datagram(hs, ep, now, meta.src, bytes, &*self.datapath);
+                return;
+            }
+            core.ep
+                .handle_datagram(now, meta.src, meta.ecn as u8, bytes);
+        });
+        match r {
+            Ok(n) => n,
+            Err(_) => {
+                // A failing datapath must not turn this loop into a busy spin.
+                std::thread::sleep(TIMER_SLACK);
+                0
+            }
+        }
+    }
+
+    /// The progress thread: until the device closes, it sleeps in the datapath until a
+    /// datagram, a post or a timer needs it, places what arrived, runs due timers and sends
+    /// what all that produced.
+    fn progress(self: Arc<Inner>) {
+        let mut rx = RecvBatch::new(BATCH, self.datapath.max_payload());
+        let mut tx = TxBatch::new(self.datapath.max_payload());
+        let mut timers_checked = Timestamp::ZERO;
+        while !self.stop.load(Ordering::Acquire) {
+            let wait = self.next_wait();
+            let received = self.receive_batches(&mut rx, &mut tx, wait);
+            // A busy-polling thread that received nothing leaves the engine lock alone
+            // (posting threads send their own packets) and checks timers only now and then.
+            let now = self.now();
+            if self.busy_poll
+                && received == 0
+                && self.posts.is_empty()
+                && now.nanos_since(timers_checked) < BUSY_TIMER_CHECK_NS
+            {
+                std::hint::spin_loop();
+                continue;
+            }
+            timers_checked = now;
+            self.run_timers();
+            self.flush(&mut tx);
+        }
+    }
+
+    /// How long the progress thread may sleep: until the engine's next deadline, at most
+    /// `TIMER_SLACK` (`IDLE_WAIT` while the device has no QP); not at all when busy polling.
+    fn next_wait(&self) -> Duration {
+        if self.busy_poll {
+            return Duration::ZERO;
+        }
+        let core = self.lock();
+        let cap = if core.ep.qp_count() > 0 {
+            TIMER_SLACK
+        } else {
+            IDLE_WAIT
+        };
+        match core.ep.poll_timeout() {
+            Some(t) => t.saturating_since(self.now()).min(cap),
+            None => cap,
+        }
+    }
+
+    /// Waits up to `wait` for datagrams, then takes what is queued, up to
+    /// `MAX_RX_BATCHES_BEFORE_TIMERS` batches, sending with `tx` between batches. Returns the
+    /// number of datagrams received.
+    fn receive_batches(&self, rx: &mut RecvBatch, tx: &mut TxBatch, wait: Duration) -> usize {
+        // Before sleeping, arm the post doorbell and re-check the hand-off ring: a post
+        // queued from here on wakes the datapath, one queued before is seen now.
+        let armed = !wait.is_zero() && self.posts.arm();
+        let wait = if armed { wait } else { Duration::ZERO };
+        // Drain what is queued (up to a bound) before running timers: a time-based loss
+        // decision taken while acknowledgements still wait in the socket is wrong.
+        // Transmissions produced meanwhile (ACKs, responses) are flushed between batches.
+        let mut timeout = Some(wait);
+        let mut received = 0;
+        for round in 0..MAX_RX_BATCHES_BEFORE_TIMERS {
+            let n = self.receive(rx, timeout);
+            if round == 0 && armed {
+                self.posts.disarm();
+            }
+            received += n;
+            timeout = Some(Duration::ZERO);
+            if n < BATCH || round + 1 == MAX_RX_BATCHES_BEFORE_TIMERS {
+                break;
+            }
+            self.flush(tx);
+        }
+        received
+    }
+
+    /// Runs the engine's timers if its deadline has passed.
+    fn run_timers(&self) {
+        let mut core = self.lock();
+        let now = self.now();
+        if core.ep.poll_timeout().is_some_and(|t| t <= now) {
+            core.ep.handle_timeout(now);
+        }
+        let Core { ep, hs, .. } = &mut *core;
+        crate::handshake::on_timer(hs, ep, now, &*self.datapath);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::{
+        CompletionQueue, Device, DeviceConfig, MemoryRegion, ProtectionDomain, QueuePair,
+    };
+    use braid_proto::{SendOp, Sge, WcOpcode, WcStatus};
+
+    const WAIT: Duration = Duration::from_secs(20);
+
+    struct End {
+        dev: Device,
+        pd: ProtectionDomain,
+        cq: CompletionQueue,
+        qp: QueuePair,
+    }
+
+    fn pair() -> (End, End) {
+        let open = || {
+            let dev = Device::open(DeviceConfig::udp("127.0.0.1:0".parse().unwrap()).paths(4))
+                .expect("open a UDP device");
+            let pd = dev.alloc_pd();
+            let cq = dev.create_cq();
+            let qp = pd.create_qp(&cq, &cq).expect("qp");
+            End { dev, pd, cq, qp }
+        };
+        let (a, b) = (open(), open());
+        a.qp.connect(b.qp.info()).unwrap();
+        b.qp.connect(a.qp.info()).unwrap();
+        (a, b)
+    }
+
+    fn write(wr_id: u64, src: &MemoryRegion, dst: &MemoryRegion, off: u64) -> SendWr {
+        SendWr {
+            wr_id,
+            op: SendOp::Write(dst.remote(off)),
+            sges: vec![src.sge(off, 8)],
+            signaled: true,
+        }
+    }
+
+    #[test]
+    fn posts_queued_while_the_engine_is_busy_run_in_order() {
+        let (a, b) = pair();
+        let src = a.pd.alloc_mr(64, Access::NONE).unwrap();
+        let dst = b.pd.alloc_mr(64, Access::REMOTE_WRITE).unwrap();
+        src.write(0, &[7; 64]).unwrap();
+        {
+            // Hold the engine as the progress thread would: these posts must take the
+            // hand-off ring and still complete, in posting order.
+            let _busy = a.dev.inner().core.lock().unwrap();
+            for i in 0..4 {
+                assert_eq!(a.qp.post_send(write(i, &src, &dst, i * 8)), Ok(()));
+            }
+            assert!(!a.dev.inner().posts.is_empty());
+        }
+        for i in 0..4 {
+            let c = a.cq.wait(WAIT).expect("a completion");
+            assert_eq!((c.wr_id, c.status), (i, WcStatus::Success));
+        }
+        let mut got = [0u8; 32];
+        dst.read(0, &mut got).unwrap();
+        assert_eq!(got, [7; 32]);
+        assert!(a.cq.poll_one().is_none());
+    }
+
+    #[test]
+    fn a_bad_post_is_refused_at_once_even_while_the_engine_is_busy() {
+        let (a, b) = pair();
+        let src = a.pd.alloc_mr(64, Access::NONE).unwrap();
+        let dst = b.pd.alloc_mr(64, Access::REMOTE_WRITE).unwrap();
+        let rbuf = a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+        let mut bad = write(9, &src, &dst, 0);
+        bad.sges[0].offset = 1 << 20; // outside the region
+        let bad_recv = RecvWr {
+            wr_id: 11,
+            sges: vec![src.sge(0, 8)], // no local write
+        };
+        // Engine free: refused inline.
+        assert_eq!(a.qp.post_send(bad.clone()), Err(PostError::OutOfBounds));
+        assert_eq!(a.qp.post_send(write(8, &src, &dst, 0)), Ok(()));
+        {
+            // Engine busy: the same refusals, and good posts go through the hand-off.
+            let _busy = a.dev.inner().core.lock().unwrap();
+            assert_eq!(a.qp.post_send(bad), Err(PostError::OutOfBounds));
+            assert_eq!(a.qp.post_recv(bad_recv), Err(PostError::NoLocalWrite));
+            assert_eq!(a.qp.post_send(write(10, &src, &dst, 8)), Ok(()));
+            let good_recv = RecvWr {
+                wr_id: 12,
+                sges: vec![rbuf.sge(0, 8)],
+            };
+            assert_eq!(a.qp.post_recv(good_recv), Ok(()));
+            assert!(!a.dev.inner().posts.is_empty());
+        }
+        let got: Vec<_> = (0..2)
+            .map(|_| {
+                let c = a.cq.wait(WAIT).expect("a completion");
+                (c.wr_id, c.status, c.opcode)
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (8, WcStatus::Success, WcOpcode::Write),
+                (10, WcStatus::Success, WcOpcode::Write),
+            ]
+        );
+        let stats = a.qp.stats().unwrap();
+        assert_eq!(
+            (stats.state, stats.outstanding_recvs),
+            (braid_proto::QpState::Connected, 1)
+        );
+    }
+
+    #[test]
+    fn a_post_checked_before_a_deregistration_is_applied_before_it() {
+        let (a, b) = pair();
+        let src = a.pd.alloc_mr(64, Access::NONE).unwrap();
+        let dst = b.pd.alloc_mr(64, Access::REMOTE_WRITE).unwrap();
+        let lkey = src.lkey();
+        src.write(0, &[5; 8]).unwrap();
+        {
+            let _busy = a.dev.inner().core.lock().unwrap();
+            assert_eq!(a.qp.post_send(write(1, &src, &dst, 0)), Ok(()));
+        }
+        drop(src);
+        // The deregistration applied the handed-off post first (it was accepted, not lost or
+        // refused late), then revoked the region under it before any of its packets left:
+        // the engine no longer reads the source, so the WRITE fails with a local protection
+        // error and nothing reaches the peer.
+        let c = a.cq.wait(WAIT).expect("a completion");
+        assert_eq!((c.wr_id, c.status), (1, WcStatus::LocalProtectionError));
+        let mut got = [0u8; 8];
+        dst.read(0, &mut got).unwrap();
+        assert_eq!(got, [0; 8]);
+        // After the deregistration the key is refused, at once.
+        let wr = SendWr {
+            wr_id: 2,
+            op: SendOp::Write(dst.remote(0)),
+            sges: vec![Sge {
+                lkey,
+                offset: 0,
+                len: 8,
+            }],
+            signaled: true,
+        };
+        assert_eq!(a.qp.post_send(wr), Err(PostError::InvalidLkey));
+    }
+
+    #[test]
+    fn threads_posting_at_once_each_get_every_completion() {
+        // Four threads post WRITEs on one QP at once (contending for the engine, so some posts
+        // take the hand-off ring): every work request completes exactly once on the CQ.
+        const PER_THREAD: u64 = 200;
+        let (a, b) = pair();
+        let src = Arc::new(a.pd.alloc_mr(4096, Access::NONE).unwrap());
+        let dst = Arc::new(b.pd.alloc_mr(4096, Access::REMOTE_WRITE).unwrap());
+        let qp = Arc::new(a.qp);
+        let posters: Vec<_> = (0..4u64)
+            .map(|t| {
+                let (qp, src, dst) = (qp.clone(), src.clone(), dst.clone());
+                std::thread::spawn(move || {
+                    for i in 0..PER_THREAD {
+                        let wr = write(t * PER_THREAD + i, &src, &dst, t * 8);
+                        qp.post_send(wr).expect("post");
+                    }
+                })
+            })
+            .collect();
+        let mut seen = vec![false; 4 * PER_THREAD as usize];
+        for _ in 0..seen.len() {
+            let c = a.cq.wait(WAIT).expect("every completion arrives");
+            assert_eq!(c.status, WcStatus::Success);
+            assert!(!std::mem::replace(&mut seen[c.wr_id as usize], true));
+        }
+        for p in posters {
+            p.join().unwrap();
+        }
+        assert!(a.cq.poll_one().is_none());
+    }
+}
