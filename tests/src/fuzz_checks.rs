@@ -24,7 +24,7 @@ use std::net::SocketAddr;
 use std::ops::Range;
 use std::sync::Arc;
 
-use braid::datapath::sim::LinkConfig;
+use braid::datapath::sim::{Delivery, LinkConfig};
 use braid::proto::seal::{Party, Sealer, public_key};
 use braid::proto::tracker::{Class, RecvTracker, WINDOW};
 use braid::proto::wire::{self, Body, Header, Kind, Op, Packet, Syndrome};
@@ -1580,8 +1580,8 @@ impl SimTarget {
             ..EndpointConfig::default()
         };
         let mut c = Cluster::new(0x5e_ed0f_f022, 2, &cfg, LinkConfig::default());
-        let pds = [c.nodes[0].ep.alloc_pd(), c.nodes[1].ep.alloc_pd()];
-        let cqs = [c.nodes[0].ep.create_cq(), c.nodes[1].ep.create_cq()];
+        let pds = [c.ep_mut(0).alloc_pd(), c.ep_mut(1).alloc_pd()];
+        let cqs = [c.ep_mut(0).create_cq(), c.ep_mut(1).create_cq()];
         let specs: [(&'static str, usize, usize, Access); 5] = [
             ("src", 0, SRC_LEN, Access::NONE),
             ("land", 0, LAND_LEN, Access::LOCAL_WRITE),
@@ -1597,8 +1597,7 @@ impl SimTarget {
                 .write(0, &pattern(0x40 + i as u8, len))
                 .expect("in bounds");
             keys.push(
-                c.nodes[node]
-                    .ep
+                c.ep_mut(node)
                     .register(pds[node], region.clone(), access)
                     .expect("known PD"),
             );
@@ -1635,14 +1634,13 @@ impl SimTarget {
             return;
         }
         let mut mk = |n: usize| {
-            self.c.nodes[n]
-                .ep
+            self.c.ep_mut(n)
                 .create_qp(self.pds[n], self.cqs[n], self.cqs[n])
                 .expect("known PD and CQ")
         };
         let (a, b) = (mk(0), mk(1));
-        self.c.nodes[0].ep.connect(a.qpn, b).expect("QP in Init");
-        self.c.nodes[1].ep.connect(b.qpn, a).expect("QP in Init");
+        self.c.ep_mut(0).connect(a.qpn, b).expect("QP in Init");
+        self.c.ep_mut(1).connect(b.qpn, a).expect("QP in Init");
         self.lanes.push(Lane {
             a_qpn: a.qpn,
             b_qpn: b.qpn,
@@ -1662,32 +1660,19 @@ impl SimTarget {
     /// dropped here: under `cfg(fuzzing)` the engine would accept them, and a corrupted
     /// payload placed in memory would be the simulator's doing, not the engine's.
     fn step(&mut self) -> bool {
-        let c = &mut self.c;
-        c.flush();
-        let Some(next) = c.next_event() else {
-            return false;
-        };
-        c.now = c.now.max(next);
-        c.steps += 1;
-        let now = c.now;
-        while let Some(d) = c.net.poll_deliver(now) {
+        let capture = &mut self.capture;
+        let mut tap = |d: &Delivery| {
             if !crc_ok(&d.bytes) {
-                continue;
+                return false;
             }
-            if let Some(cap) = &mut self.capture {
+            if let Some(cap) = capture {
                 cap.push(d.bytes.clone());
             }
-            if let Some(node) = c.nodes.iter_mut().find(|n| n.addr == d.to) {
-                node.ep
-                    .handle_datagram(now, d.meta.src, d.meta.ecn as u8, &d.bytes);
-            }
+            true
+        };
+        if !self.c.step_tapped(None, &mut tap) {
+            return false;
         }
-        for node in &mut c.nodes {
-            if node.ep.poll_timeout().is_some_and(|t| t <= now) {
-                node.ep.handle_timeout(now);
-            }
-        }
-        c.flush();
         self.after_step();
         true
     }
@@ -1702,8 +1687,7 @@ impl SimTarget {
                 continue;
             }
             let qpn = self.lanes[li].a_qpn;
-            let failed = self.c.nodes[0]
-                .ep
+            let failed = self.c.ep(0)
                 .qp_stats(qpn)
                 .is_some_and(|s| s.state == QpState::Error);
             if failed {
@@ -2014,12 +1998,12 @@ impl SimTarget {
     /// Posts a send work request; the errors `post_send` may return are predicted.
     fn post(&mut self, lane: usize, wr: SendWr, mut errs: Vec<PostError>, w: SimWr) {
         let qpn = self.lanes[lane].a_qpn;
-        let st = self.c.nodes[0].ep.qp_stats(qpn).expect("lane QP");
+        let st = self.c.ep(0).qp_stats(qpn).expect("lane QP");
         if st.outstanding_sends >= SIM_MAX_SEND_WR {
             errs.push(PostError::QueueFull);
         }
         let desc = format!("{wr:?}");
-        match self.c.nodes[0].ep.post_send(qpn, wr) {
+        match self.c.ep_mut(0).post_send(qpn, wr) {
             Ok(()) => {
                 assert!(
                     errs.is_empty(),
@@ -2236,7 +2220,7 @@ impl SimTarget {
                 let wr_id = self.next_recv_id;
                 self.next_recv_id += 1;
                 let qpn = self.lanes[lane].b_qpn;
-                let st = self.c.nodes[1].ep.qp_stats(qpn).expect("lane QP");
+                let st = self.c.ep(1).qp_stats(qpn).expect("lane QP");
                 let lkey = self.keys[MemId::Rcv as usize].lkey;
                 let wr = RecvWr {
                     wr_id,
@@ -2249,7 +2233,7 @@ impl SimTarget {
                         })
                         .collect(),
                 };
-                match self.c.nodes[1].ep.post_recv(qpn, wr) {
+                match self.c.ep_mut(1).post_recv(qpn, wr) {
                     Ok(()) => assert!(st.outstanding_recvs < SIM_MAX_RECV_WR),
                     Err(e) => {
                         assert_eq!(e, PostError::QueueFull);
@@ -2369,7 +2353,7 @@ impl SimTarget {
                 knob,
                 level,
             } => {
-                let from = self.c.nodes[usize::from(node & 1)].addr;
+                let from = self.c.addr(usize::from(node & 1));
                 let mut cfg = if path & 0x80 != 0 {
                     self.c.net.default_link().clone()
                 } else {
@@ -2412,14 +2396,13 @@ impl SimTarget {
                 }
                 fix_crc(&mut d);
                 let now = self.c.now;
-                self.c.nodes[n]
-                    .ep
+                self.c.ep_mut(n)
                     .handle_datagram(now, addr(STRANGER_ADDR), 0, &d);
             }
             SimOp::NewLane => self.new_lane(),
             SimOp::SetError(l) => {
                 let qpn = self.lanes[self.lane(*l)].a_qpn;
-                self.c.nodes[0].ep.set_error(qpn).expect("lane QP");
+                self.c.ep_mut(0).set_error(qpn).expect("lane QP");
             }
             SimOp::Settle => {
                 while self.steps < MAX_SIM_STEPS && self.step() {
@@ -2454,15 +2437,16 @@ impl SimTarget {
             self.c.next_event(),
             self.c.net.in_flight()
         );
-        for (i, n) in self.c.nodes.iter().enumerate() {
+        for i in 0..self.c.host_count() {
+            let ep = self.c.ep(i);
             out += &format!(
                 "\nnode {i}: next timer {:?}, {:?}",
-                n.ep.poll_timeout(),
-                n.ep.stats()
+                ep.poll_timeout(),
+                ep.stats()
             );
             for l in &self.lanes {
                 let qpn = if i == 0 { l.a_qpn } else { l.b_qpn };
-                if let Some(st) = n.ep.qp_stats(qpn) {
+                if let Some(st) = ep.qp_stats(qpn) {
                     out += &format!(
                         "\n  qp {qpn}: {:?} sends {} recvs {} in flight {} B, sent {} rtx {} \
                          rto {} ns srtt {} ns cwnd {}",
@@ -2494,13 +2478,13 @@ impl SimTarget {
             // Known bug 2: a requester stuck behind a failed responder.
             let mut forced = false;
             for l in &self.lanes {
-                let a = self.c.nodes[0].ep.qp_stats(l.a_qpn).expect("lane QP");
-                let b = self.c.nodes[1].ep.qp_stats(l.b_qpn).expect("lane QP");
+                let a = self.c.ep(0).qp_stats(l.a_qpn).expect("lane QP");
+                let b = self.c.ep(1).qp_stats(l.b_qpn).expect("lane QP");
                 if a.state == QpState::Connected
                     && a.outstanding_sends > 0
                     && b.state == QpState::Error
                 {
-                    self.c.nodes[0].ep.set_error(l.a_qpn).expect("lane QP");
+                    self.c.ep_mut(0).set_error(l.a_qpn).expect("lane QP");
                     forced = true;
                 }
             }
@@ -2517,8 +2501,7 @@ impl SimTarget {
             self.describe()
         );
         for li in 0..self.lanes.len() {
-            let st = self.c.nodes[0]
-                .ep
+            let st = self.c.ep(0)
                 .qp_stats(self.lanes[li].a_qpn)
                 .expect("lane QP");
             assert_eq!(

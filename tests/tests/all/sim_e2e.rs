@@ -399,7 +399,7 @@ fn run_workload_with(
     if let Some((packets, hook)) = mid {
         let qpn = a.qp.qpn;
         let sent = |c: &mut braid::testing::Cluster| {
-            c.nodes[0].ep.qp_stats(qpn).map_or(0, |s| s.packets_sent)
+            c.ep(0).qp_stats(qpn).map_or(0, |s| s.packets_sent)
         };
         assert!(
             sim.c.run_until(max_steps, |c| sent(c) >= packets),
@@ -573,19 +573,19 @@ fn mixed_with(
         .and_then(|s| s.parse().ok())
         .unwrap_or(seed);
     let sim = Sim::new_with(seed, &config(8, retry_limit), hostile_link(loss), encrypted);
-    let mut chunk = sim.c.nodes[0].ep.chunk_size();
+    let mut chunk = sim.c.ep(0).chunk_size();
     if encrypted {
         chunk -= braid::proto::wire::SEAL_OVERHEAD as u32;
     }
     let ops = mixed_ops(seed, chunk, extra, 64 * 1024, big, 60);
     let out = run_workload(sim, &ops, 3_000_000);
-    let st = out.sim.c.nodes[0].ep.stats();
+    let st = out.sim.c.ep(0).stats();
     eprintln!(
         "seed {seed} loss {loss}: {} ops, virtual {:?}, {} steps, requester {st:?}, responder {:?}, net {:?}",
         ops.len(),
         out.sim.c.now,
         out.sim.c.steps,
-        out.sim.c.nodes[1].ep.stats(),
+        out.sim.c.ep(1).stats(),
         (
             out.sim.c.net.stats().sent,
             out.sim.c.net.stats().lost,
@@ -617,8 +617,8 @@ fn mixed_sealed(seed: u64, loss: f64, retry_limit: u32, big: &[u32], extra: usiz
         "seed {seed}: the link duplicated nothing"
     );
     let (mut auth, mut replayed) = (0, 0);
-    for node in &out.sim.c.nodes {
-        let st = node.ep.stats();
+    for ep in out.sim.c.live_endpoints() {
+        let st = ep.stats();
         auth += st.rx_auth_failed;
         replayed += st.rx_replayed;
     }
@@ -644,8 +644,8 @@ fn an_encrypted_run_replays_exactly_from_its_seed() {
             (
                 c.now,
                 c.steps,
-                c.nodes[0].ep.stats().clone(),
-                c.nodes[1].ep.stats().clone(),
+                c.ep(0).stats().clone(),
+                c.ep(1).stats().clone(),
             )
         })
         .collect();
@@ -713,7 +713,7 @@ fn a_path_black_holed_mid_transfer_does_not_stop_it() {
         (Kind::FetchAdd, 8),
     ];
     let mut cut = |sim: &mut Sim| {
-        let (a, b) = (sim.c.nodes[0].addr, sim.c.nodes[1].addr);
+        let (a, b) = (sim.c.addr(0), sim.c.addr(1));
         sim.c.net.link_mut(a, 3).blackhole = true;
         sim.c.net.link_mut(b, 3).blackhole = true;
     };
@@ -773,8 +773,7 @@ fn start_then(sim: &mut Sim, packets: u64) -> braid::proto::Timestamp {
     let qpn = a.qp.qpn;
     let seed = sim.seed;
     assert!(
-        sim.c.run_until(1_000_000, |c| c.nodes[0]
-            .ep
+        sim.c.run_until(1_000_000, |c| c.ep(0)
             .qp_stats(qpn)
             .is_some_and(|s| s.packets_sent >= packets)),
         "seed {seed}: never sent {packets} packets"
@@ -814,7 +813,7 @@ fn assert_gave_up(sim: &mut Sim, since: braid::proto::Timestamp, bound_ns: u64) 
         .map(|c| (c.wr_id, c.status))
         .collect();
     assert_eq!(recv, vec![(91, WcStatus::Flushed)], "seed {seed}");
-    let st = sim.c.nodes[0].ep.qp_stats(sim.a.qp.qpn).expect("qp");
+    let st = sim.c.ep(0).qp_stats(sim.a.qp.qpn).expect("qp");
     assert_eq!(st.state, braid::proto::QpState::Error, "seed {seed}");
 }
 
@@ -823,7 +822,7 @@ fn a_vanished_peer_gives_retry_exceeded_then_flushed_within_a_second() {
     let seed = seed(41);
     let mut sim = Sim::new(seed, &quick_give_up(config(8, 7)), LinkConfig::default());
     let t0 = start_then(&mut sim, 100);
-    sim.c.nodes.truncate(1); // node b is gone: its packets and timers with it
+    sim.c.remove_host(1); // node b is gone: its packets and timers with it
     assert_gave_up(&mut sim, t0, 1_000_000_000);
 }
 
@@ -833,7 +832,7 @@ fn a_black_holed_peer_gives_retry_exceeded_then_flushed_within_a_second() {
     let mut sim = Sim::new(seed, &quick_give_up(config(8, 7)), hostile_link(0.01));
     let t0 = start_then(&mut sim, 100);
     for node in [0, 1] {
-        let addr = sim.c.nodes[node].addr;
+        let addr = sim.c.addr(node);
         for p in 0..8 {
             sim.c.net.link_mut(addr, p).blackhole = true;
         }
@@ -846,7 +845,7 @@ fn work_posted_after_the_qp_failed_completes_flushed() {
     let seed = seed(43);
     let mut sim = Sim::new(seed, &quick_give_up(config(8, 3)), LinkConfig::default());
     let t0 = start_then(&mut sim, 10);
-    sim.c.nodes.truncate(1);
+    sim.c.remove_host(1);
     assert_gave_up(&mut sim, t0, 1_000_000_000);
     let mr = sim.c.alloc_mr(&sim.a.clone(), 64, Access::LOCAL_WRITE);
     sim.post_send(
@@ -891,7 +890,7 @@ fn rnr_send_is_retried_until_a_recv_is_posted() {
     // b refuses it (no RECV) a few times.
     assert!(
         sim.c
-            .run_until(100_000, |c| c.nodes[1].ep.stats().naks_sent >= 3),
+            .run_until(100_000, |c| c.ep(1).stats().naks_sent >= 3),
         "seed {seed}: no RNR NAK"
     );
     assert_eq!(
@@ -929,7 +928,7 @@ fn rnr_send_is_retried_until_a_recv_is_posted() {
         vec![0; 1000],
         "seed {seed}: past the message"
     );
-    assert!(sim.c.nodes[0].ep.stats().naks_received >= 3, "seed {seed}");
+    assert!(sim.c.ep(0).stats().naks_received >= 3, "seed {seed}");
 }
 
 #[test]
@@ -1002,11 +1001,11 @@ fn a_peer_vanishing_while_a_read_is_answered_fails_the_read_first() {
     // Wait until part of the READ response has arrived (so the READ request was accepted).
     assert!(
         sim.c
-            .run_until(1_000_000, |c| c.nodes[0].ep.stats().rx_datagrams >= 200),
+            .run_until(1_000_000, |c| c.ep(0).stats().rx_datagrams >= 200),
         "seed {seed}"
     );
     let t0 = sim.c.now;
-    sim.c.nodes.truncate(1);
+    sim.c.remove_host(1);
     let got = sim.wait_cq(a, 2, 1_000_000);
     let st: Vec<_> = got.iter().map(|c| (c.wr_id, c.status)).collect();
     assert_eq!(
@@ -1107,7 +1106,7 @@ fn several_qps_between_two_nodes_stay_independent_under_loss() {
             sges: vec![sge(&src, 0, len as u32)],
             signaled: true,
         };
-        c.nodes[s.node].ep.post_send(s.qp.qpn, wr).expect("post");
+        c.ep_mut(s.node).post_send(s.qp.qpn, wr).expect("post");
         checks.push((*s, dst, data));
     }
     let done = |c: &mut braid::testing::Cluster| checks_done(c, &pairs);
@@ -1159,7 +1158,7 @@ fn rnr_write_imm_is_retried_until_a_recv_is_posted() {
     );
     assert!(
         sim.c
-            .run_until(100_000, |c| c.nodes[1].ep.stats().naks_sent >= 2),
+            .run_until(100_000, |c| c.ep(1).stats().naks_sent >= 2),
         "seed {seed}: no RNR NAK"
     );
     sim.post_recv(
@@ -1211,7 +1210,7 @@ fn rnr_retry_works_under_loss_and_reordering() {
         let (_src, data) = send_bytes(&mut sim, 20_000);
         assert!(
             sim.c
-                .run_until(100_000, |c| c.nodes[1].ep.stats().naks_sent >= 3),
+                .run_until(100_000, |c| c.ep(1).stats().naks_sent >= 3),
             "seed {seed}: no RNR NAK"
         );
         let dst = sim.c.alloc_mr(&sim.b.clone(), 20_000, Access::LOCAL_WRITE);
