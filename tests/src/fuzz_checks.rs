@@ -1634,7 +1634,8 @@ impl SimTarget {
             return;
         }
         let mut mk = |n: usize| {
-            self.c.ep_mut(n)
+            self.c
+                .ep_mut(n)
                 .create_qp(self.pds[n], self.cqs[n], self.cqs[n])
                 .expect("known PD and CQ")
         };
@@ -1687,7 +1688,9 @@ impl SimTarget {
                 continue;
             }
             let qpn = self.lanes[li].a_qpn;
-            let failed = self.c.ep(0)
+            let failed = self
+                .c
+                .ep(0)
                 .qp_stats(qpn)
                 .is_some_and(|s| s.state == QpState::Error);
             if failed {
@@ -2396,7 +2399,8 @@ impl SimTarget {
                 }
                 fix_crc(&mut d);
                 let now = self.c.now;
-                self.c.ep_mut(n)
+                self.c
+                    .ep_mut(n)
                     .handle_datagram(now, addr(STRANGER_ADDR), 0, &d);
             }
             SimOp::NewLane => self.new_lane(),
@@ -2501,7 +2505,9 @@ impl SimTarget {
             self.describe()
         );
         for li in 0..self.lanes.len() {
-            let st = self.c.ep(0)
+            let st = self
+                .c
+                .ep(0)
                 .qp_stats(self.lanes[li].a_qpn)
                 .expect("lane QP");
             assert_eq!(

@@ -1098,10 +1098,7 @@ fn sent(c: &Cluster, node: usize, qpn: u32) -> u64 {
 }
 
 fn qp_rto(c: &Cluster, side: &Side) -> u64 {
-    c.ep(side.node)
-        .qp_stats(side.qp.qpn)
-        .expect("QP")
-        .rto_ns
+    c.ep(side.node).qp_stats(side.qp.qpn).expect("QP").rto_ns
 }
 
 /// The longest a QP may take to give up once nothing gets through, from its retransmit

@@ -1026,7 +1026,8 @@ fn an_entry_from_another_protection_domain_is_wrong_pd() {
 fn a_deregistered_lkey_is_refused_at_post() {
     let seed = seed(251);
     let (mut sim, dst, src) = pair_with_target(seed);
-    sim.c.ep_mut(0)
+    sim.c
+        .ep_mut(0)
         .deregister(src.keys.lkey)
         .expect("registered");
     let remote = RemoteAddr {

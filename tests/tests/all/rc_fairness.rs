@@ -339,9 +339,7 @@ fn deregistering_a_region_stops_the_read_responses_served_from_it() {
     );
     let sent = |c: &Cluster| c.ep(1).qp_stats(b.qp.qpn).expect("qp").packets_sent;
     assert!(c.run_until(1_000_000, |c| sent(c) >= 300));
-    c.ep_mut(1)
-        .deregister(b_src.keys.lkey)
-        .expect("registered");
+    c.ep_mut(1).deregister(b_src.keys.lkey).expect("registered");
     let at_deregistration = sent(&c);
     b_src
         .region
@@ -478,10 +476,7 @@ fn visits_per_datagram(idle: usize) -> f64 {
     let rkey = dst.keys.rkey;
     // Settle first: the fresh QPs are each asked once.
     c.drive_bounded(1_000);
-    let (v0, d0) = (
-        c.ep(0).transmit_visits(),
-        c.ep(0).stats().tx_datagrams,
-    );
+    let (v0, d0) = (c.ep(0).transmit_visits(), c.ep(0).stats().tx_datagrams);
     post(
         &mut c,
         &a,

@@ -161,9 +161,7 @@ fn refusal_run(seed: u64, kind: Refusal, link: Option<LinkConfig>) {
     // A refused packet is done at the requester: on a lossless link nothing is resent.
     if !lossy {
         assert_eq!(
-            sim.c.ep(a.node)
-                .qp_stats(a.qp.qpn)
-                .map(|s| s.retransmits),
+            sim.c.ep(a.node).qp_stats(a.qp.qpn).map(|s| s.retransmits),
             Some(0),
             "seed {seed}: {kind:?}: requester retransmits"
         );
@@ -308,10 +306,7 @@ fn slow_write_then(seed: u64, then: fn(u32) -> SendOp, opts: QpOptions) -> (bool
     });
     sim.post_send(a, send_wr(1, write, vec![sge(&local, 0, 3000)]));
     sim.c.flush();
-    let sent = sim.c.ep(0)
-        .qp_stats(a.qp.qpn)
-        .expect("QP")
-        .packets_sent;
+    let sent = sim.c.ep(0).qp_stats(a.qp.qpn).expect("QP").packets_sent;
     assert!(
         sent >= 3,
         "seed {seed}: the whole WRITE left on the slow path"

@@ -183,7 +183,8 @@ fn a_dead_peer_ends_in_retry_exceeded_after_the_configured_time() {
     }
     let qpn = a.qp.qpn;
     assert!(
-        sim.c.run_until(1_000_000, |c| c.ep(0)
+        sim.c.run_until(1_000_000, |c| c
+            .ep(0)
             .qp_stats(qpn)
             .is_some_and(|s| s.packets_sent >= 20)),
         "seed {seed}: never got going"

@@ -398,9 +398,8 @@ fn run_workload_with(
     }
     if let Some((packets, hook)) = mid {
         let qpn = a.qp.qpn;
-        let sent = |c: &mut braid::testing::Cluster| {
-            c.ep(0).qp_stats(qpn).map_or(0, |s| s.packets_sent)
-        };
+        let sent =
+            |c: &mut braid::testing::Cluster| c.ep(0).qp_stats(qpn).map_or(0, |s| s.packets_sent);
         assert!(
             sim.c.run_until(max_steps, |c| sent(c) >= packets),
             "seed {seed}: never sent {packets} packets"
@@ -773,7 +772,8 @@ fn start_then(sim: &mut Sim, packets: u64) -> braid::proto::Timestamp {
     let qpn = a.qp.qpn;
     let seed = sim.seed;
     assert!(
-        sim.c.run_until(1_000_000, |c| c.ep(0)
+        sim.c.run_until(1_000_000, |c| c
+            .ep(0)
             .qp_stats(qpn)
             .is_some_and(|s| s.packets_sent >= packets)),
         "seed {seed}: never sent {packets} packets"
@@ -889,8 +889,7 @@ fn rnr_send_is_retried_until_a_recv_is_posted() {
     let (_src, data) = send_bytes(&mut sim, 5000);
     // b refuses it (no RECV) a few times.
     assert!(
-        sim.c
-            .run_until(100_000, |c| c.ep(1).stats().naks_sent >= 3),
+        sim.c.run_until(100_000, |c| c.ep(1).stats().naks_sent >= 3),
         "seed {seed}: no RNR NAK"
     );
     assert_eq!(
@@ -1157,8 +1156,7 @@ fn rnr_write_imm_is_retried_until_a_recv_is_posted() {
         },
     );
     assert!(
-        sim.c
-            .run_until(100_000, |c| c.ep(1).stats().naks_sent >= 2),
+        sim.c.run_until(100_000, |c| c.ep(1).stats().naks_sent >= 2),
         "seed {seed}: no RNR NAK"
     );
     sim.post_recv(
@@ -1209,8 +1207,7 @@ fn rnr_retry_works_under_loss_and_reordering() {
         let mut sim = Sim::new(seed, &cfg, hostile_link(0.05));
         let (_src, data) = send_bytes(&mut sim, 20_000);
         assert!(
-            sim.c
-                .run_until(100_000, |c| c.ep(1).stats().naks_sent >= 3),
+            sim.c.run_until(100_000, |c| c.ep(1).stats().naks_sent >= 3),
             "seed {seed}: no RNR NAK"
         );
         let dst = sim.c.alloc_mr(&sim.b.clone(), 20_000, Access::LOCAL_WRITE);

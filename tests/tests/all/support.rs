@@ -115,7 +115,8 @@ impl Sim {
     pub fn post_recv(&mut self, side: Side, wr: RecvWr) {
         let seed = self.seed;
         let id = wr.wr_id;
-        self.c.ep_mut(side.node)
+        self.c
+            .ep_mut(side.node)
             .post_recv(side.qp.qpn, wr)
             .unwrap_or_else(|e| panic!("seed {seed}: post_recv wr {id}: {e}"));
     }

@@ -85,9 +85,7 @@ fn plb_moves_a_lossy_path_onto_a_spare_port_and_its_losses_end() {
     let a = sim.c.addr(0);
     sim.c.net.link_mut(a, 2).loss = 0.2;
     write(&mut sim, 4 << 20);
-    let st = sim.c.ep(0)
-        .qp_stats(sim.a.qp.qpn)
-        .expect("the QP exists");
+    let st = sim.c.ep(0).qp_stats(sim.a.qp.qpn).expect("the QP exists");
     assert!(st.repaths > 0, "seed {seed}: no re-path: {st:?}");
     assert_ne!(
         st.path_ports[2], 2,
@@ -109,9 +107,7 @@ fn plb_moves_a_lossy_path_onto_a_spare_port_and_its_losses_end() {
     let lossy = |sim: &Sim| sim.c.net.stats().link(a, 2).map_or(0, |l| l.sent);
     let (sent_before, lost_before) = (lossy(&sim), st.paths.iter().map(|p| p.lost).sum::<u64>());
     write(&mut sim, 4 << 20);
-    let st2 = sim.c.ep(0)
-        .qp_stats(sim.a.qp.qpn)
-        .expect("the QP exists");
+    let st2 = sim.c.ep(0).qp_stats(sim.a.qp.qpn).expect("the QP exists");
     let lost_after = st2.paths.iter().map(|p| p.lost).sum::<u64>();
     assert_eq!(
         lossy(&sim),
@@ -141,9 +137,7 @@ fn without_spare_ports_a_lossy_path_stays_put() {
     let a = sim.c.addr(0);
     sim.c.net.link_mut(a, 2).loss = 0.2;
     write(&mut sim, 4 << 20);
-    let st = sim.c.ep(0)
-        .qp_stats(sim.a.qp.qpn)
-        .expect("the QP exists");
+    let st = sim.c.ep(0).qp_stats(sim.a.qp.qpn).expect("the QP exists");
     assert_eq!(st.repaths, 0, "seed {seed}: {st:?}");
     assert_eq!(st.path_ports, (0..8).collect::<Vec<u16>>());
 }
@@ -160,9 +154,7 @@ fn reordering_beyond_the_window_shows_up_as_spurious_losses() {
     };
     let mut sim = Sim::new(seed, &config(8, 10), link);
     write(&mut sim, 4 << 20);
-    let st = sim.c.ep(0)
-        .qp_stats(sim.a.qp.qpn)
-        .expect("the QP exists");
+    let st = sim.c.ep(0).qp_stats(sim.a.qp.qpn).expect("the QP exists");
     assert_eq!(sim.c.net.stats().lost, 0);
     assert!(
         st.spurious_losses + st.spurious_retransmits > 0,
@@ -286,9 +278,7 @@ fn reordered_write_ns(seed: u64, undo: bool) -> (u64, u64) {
     };
     let mut sim = Sim::new(seed, &cfg, link);
     write(&mut sim, 4 << 20);
-    let st = sim.c.ep(0)
-        .qp_stats(sim.a.qp.qpn)
-        .expect("the QP exists");
+    let st = sim.c.ep(0).qp_stats(sim.a.qp.qpn).expect("the QP exists");
     (sim.c.now.as_nanos(), st.retransmits)
 }
 

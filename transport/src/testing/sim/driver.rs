@@ -1156,6 +1156,70 @@ mod tests {
         }
     }
 
+    /// A slow host (per-datagram cost, a small socket buffer, pauses) and a dropped send
+    /// work in both service orders: the WRITE still lands, later than on a fast host, the
+    /// host dropped arrivals and paused, and exactly the chosen datagram was dropped.
+    #[test]
+    fn slow_hosts_and_dropped_sends_work_in_both_service_orders() {
+        for service in [Service::Marked, Service::EveryHost] {
+            let fast = {
+                let mut p = pair(4, LinkConfig::default(), 128 << 10);
+                p.driver.cfg.service = service;
+                write(&mut p, 128 << 10);
+                p.driver
+                    .drive_bounded(&mut CqQueues::default(), 1_000_000)
+                    .unwrap();
+                p.driver.now
+            };
+            let mut p = pair(4, LinkConfig::default(), 128 << 10);
+            p.driver.cfg.service = service;
+            let model = HostModel {
+                cost_ns: 4_000,
+                queue: 4,
+                pause_every_ns: 100_000,
+                pause_ns: 20_000,
+            };
+            p.driver.set_host_model(1, model, 77);
+            // The responder's first datagram (an ACK) never reaches the network.
+            p.driver.drop_sent(1, 1, |_| true);
+            write(&mut p, 128 << 10);
+            let mut cqs = CqQueues::default();
+            p.driver.drive_bounded(&mut cqs, 1_000_000).unwrap();
+            let c = cqs.poll(0, p.cq_a).expect("the WRITE completed");
+            assert_eq!(c.status, WcStatus::Success, "{service:?}");
+            let want: Vec<u8> = (0..128 << 10).map(|i| i as u8).collect();
+            assert_eq!(p.dst.to_vec(0, want.len()).unwrap(), want, "{service:?}");
+            assert!(
+                p.driver.now > fast,
+                "{service:?}: {:?} vs {fast:?}",
+                p.driver.now
+            );
+            assert!(p.driver.host_drops(1) > 0, "{service:?}");
+            assert!(p.driver.host_pauses(1) > 0, "{service:?}");
+            assert_eq!(p.driver.host_drops(0), 0, "{service:?}");
+            assert_eq!(p.driver.dropped_sent(), 1, "{service:?}");
+            assert_eq!(p.driver.next_event(), None, "{service:?}");
+        }
+    }
+
+    /// A removed host takes in nothing and does nothing: the requester's WRITE gives up.
+    #[test]
+    fn a_removed_host_is_gone_from_the_run() {
+        for service in [Service::Marked, Service::EveryHost] {
+            let mut p = pair(2, LinkConfig::default(), 4096);
+            p.driver.cfg.service = service;
+            p.driver.remove_host(1);
+            assert!(p.driver.is_removed(1));
+            write(&mut p, 4096);
+            let mut cqs = CqQueues::default();
+            p.driver.drive_bounded(&mut cqs, 1_000_000).unwrap();
+            assert_eq!(p.driver.ep(1).stats().rx_datagrams, 0, "{service:?}");
+            assert_eq!(p.driver.ep(1).stats().tx_datagrams, 0, "{service:?}");
+            let c = cqs.poll(0, p.cq_a).expect("the WRITE completed");
+            assert_eq!(c.status, WcStatus::RetryExceeded, "{service:?}");
+        }
+    }
+
     #[test]
     fn a_run_that_does_not_settle_is_a_livelock_naming_its_seed() {
         let mut p = pair(9, LinkConfig::default(), 64 << 10);
