@@ -34,6 +34,8 @@ use braid::testing::{Cluster, Mr, Side};
 use rand_chacha::ChaCha8Rng;
 use rand_core::RngCore;
 
+use braid_tests::oracle::{self, Expect, Want};
+
 use crate::support::{below, rng, seed, sge, snapshot, split};
 
 /// Paths per device.
@@ -1444,23 +1446,6 @@ struct Wr {
     fetch_add: Option<u64>,
 }
 
-/// A posted receive and the completion it must get.
-struct Rwr {
-    wr_id: u64,
-    opcode: WcOpcode,
-    byte_len: u32,
-    imm: Option<u32>,
-}
-
-/// How the requester's work must end.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-enum Expect {
-    /// Every work request and every RECV succeeds.
-    AllSucceed,
-    /// A prefix succeeds, then one `RetryExceeded`, then `Flushed` for the rest.
-    GivesUp,
-}
-
 /// What one verification covered.
 struct Verified {
     messages: usize,
@@ -1473,7 +1458,7 @@ struct Workload {
     b: Side,
     regs: Vec<Reg>,
     wrs: Vec<Wr>,
-    recvs: Vec<Rwr>,
+    recvs: Vec<Want>,
     sends: Vec<SendWr>,
     posted_recvs: Vec<RecvWr>,
 }
@@ -1587,7 +1572,7 @@ impl Workload {
                             let lens = split(rng, cap, 2);
                             let rsges = regs[B_RECV].pieces(rng, &lens);
                             recv = Some(self.recvs.len());
-                            self.recvs.push(Rwr {
+                            self.recvs.push(Want {
                                 wr_id: wr_id + 1_000_000,
                                 opcode: WcOpcode::RecvRdmaWithImm,
                                 byte_len: len,
@@ -1612,7 +1597,7 @@ impl Workload {
                         spans.extend(scatter(B_RECV, &rsges, &data));
                         let imm = (kind == Kind::SendImm).then_some(imm);
                         recv = Some(self.recvs.len());
-                        self.recvs.push(Rwr {
+                        self.recvs.push(Want {
                             wr_id: wr_id + 1_000_000,
                             opcode: WcOpcode::Recv,
                             byte_len: len,
@@ -1763,75 +1748,23 @@ impl Workload {
         got_b: Option<&[Completion]>,
         expect: Expect,
     ) -> Verified {
-        // The requester: each work request exactly once, in posting order.
-        assert_eq!(
-            got_a.len(),
-            self.wrs.len(),
-            "{tag}: requester completions (each work request exactly once)"
-        );
-        let mut failed = None;
-        for (i, (g, w)) in got_a.iter().zip(&self.wrs).enumerate() {
-            assert_eq!(
-                (g.wr_id, g.qpn),
-                (w.wr_id, self.a.qp.qpn),
-                "{tag}: requester completion #{i} (completions come in posting order)"
-            );
-            match g.status {
-                WcStatus::Success => {
-                    assert!(failed.is_none(), "{tag}: #{i} succeeded after a failure");
-                    assert_eq!(
-                        (g.opcode, g.byte_len, g.imm),
-                        (w.opcode, w.len, None),
-                        "{tag}: requester completion #{i}"
-                    );
-                }
-                WcStatus::RetryExceeded if expect == Expect::GivesUp && failed.is_none() => {
-                    failed = Some(i);
-                }
-                WcStatus::Flushed if failed.is_some() => {}
-                s => panic!("{tag}: requester completion #{i}: {s:?} (first failure {failed:?})"),
-            }
-        }
-        if expect == Expect::GivesUp {
-            assert!(failed.is_some(), "{tag}: the requester never gave up");
-        }
-        // The responder: each RECV at most once, in posting order.
-        let mut recv_ok = vec![false; self.recvs.len()];
-        if let Some(got_b) = got_b {
-            assert!(
-                got_b.len() <= self.recvs.len(),
-                "{tag}: {} responder completions for {} RECVs",
-                got_b.len(),
-                self.recvs.len()
-            );
-            if expect == Expect::AllSucceed {
-                assert_eq!(
-                    got_b.len(),
-                    self.recvs.len(),
-                    "{tag}: responder completions"
-                );
-            }
-            let mut flushed = false;
-            for (i, (g, r)) in got_b.iter().zip(&self.recvs).enumerate() {
-                assert_eq!(
-                    (g.wr_id, g.qpn),
-                    (r.wr_id, self.b.qp.qpn),
-                    "{tag}: responder completion #{i} (in posting order)"
-                );
-                match g.status {
-                    WcStatus::Success if !flushed => {
-                        assert_eq!(
-                            (g.opcode, g.byte_len, g.imm),
-                            (r.opcode, r.byte_len, r.imm),
-                            "{tag}: responder completion #{i}"
-                        );
-                        recv_ok[i] = true;
-                    }
-                    WcStatus::Flushed if expect == Expect::GivesUp => flushed = true,
-                    s => panic!("{tag}: responder completion #{i}: {s:?}"),
-                }
-            }
-        }
+        // The requester: each work request exactly once, in posting order; the responder:
+        // each RECV at most once, in posting order.
+        let want_a: Vec<Want> = self
+            .wrs
+            .iter()
+            .map(|w| Want {
+                wr_id: w.wr_id,
+                opcode: w.opcode,
+                byte_len: w.len,
+                imm: None,
+            })
+            .collect();
+        oracle::requester(tag, got_a, &want_a, Some(self.a.qp.qpn), expect);
+        let recv_ok = match got_b {
+            Some(got_b) => oracle::responder(tag, got_b, &self.recvs, Some(self.b.qp.qpn), expect),
+            None => vec![false; self.recvs.len()],
+        };
         // A work request took effect if either side says so. One that did not (it failed, or
         // its peer died) may have left old or new bytes, nothing else.
         let landed: Vec<bool> = self
@@ -1862,12 +1795,12 @@ impl Workload {
                         );
                     }
                     bytes += n as u64;
-                } else if let Some(k) = (0..n).find(|&k| got[k] != s.new[k] && got[k] != old[k]) {
-                    panic!(
-                        "{tag}: unfinished work request #{i} ({:?}): byte {k} of {n} at {o} of \
-                         region {} is neither old nor new",
+                } else {
+                    let what = format!(
+                        "unfinished work request #{i} ({:?}) at {o} of region {}",
                         w.opcode, s.reg
                     );
+                    oracle::unfinished(tag, &what, got, old, &s.new);
                 }
             }
         }
@@ -1889,14 +1822,6 @@ impl Workload {
             .zip(&landed)
             .filter_map(|(w, &l)| w.fetch_add.map(|slot| (slot, l)))
             .collect();
-        assert_eq!(counter % ADD, 0, "{tag}: fetch-add counter {counter}");
-        let executed = (counter / ADD) as usize;
-        let succeeded = fa.iter().filter(|(_, l)| *l).count();
-        assert!(
-            (succeeded..=fa.len()).contains(&executed),
-            "{tag}: {executed} fetch-adds executed, {succeeded} succeeded, {} posted",
-            fa.len()
-        );
         let mut originals = Vec::new();
         for &(slot, l) in &fa {
             covered[A_DST][slot as usize..slot as usize + 8].fill(true);
@@ -1915,22 +1840,7 @@ impl Workload {
                 );
             }
         }
-        originals.sort_unstable();
-        let n = originals.len();
-        originals.dedup();
-        assert_eq!(originals.len(), n, "{tag}: a fetch-add original came twice");
-        assert!(
-            originals.iter().all(|&v| v % ADD == 0 && v < counter),
-            "{tag}: fetch-add originals {originals:?}, counter {counter}"
-        );
-        if expect == Expect::AllSucceed {
-            assert_eq!(executed, fa.len(), "{tag}: fetch-adds executed");
-            assert_eq!(
-                originals,
-                (0..fa.len() as u64).map(|i| i * ADD).collect::<Vec<_>>(),
-                "{tag}: fetch-add originals"
-            );
-        }
+        let n = oracle::fetch_adds(tag, counter, ADD, fa.len(), originals, expect).len();
         bytes += 8 * (n as u64 + 1);
         // Everything else is untouched.
         for (r, reg) in self.regs.iter().enumerate() {

@@ -3,10 +3,9 @@
 //! vanished peers; receiver-not-ready. Every assertion names the seed; replay a failure with
 //! `BRAID_SEED=<seed> cargo test -p braid-tests <test name>`.
 use braid::datapath::sim::LinkConfig;
-use braid::proto::{
-    Access, Completion, RecvWr, RemoteAddr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
-};
+use braid::proto::{Access, RecvWr, RemoteAddr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
 use braid::testing::Mr;
+use braid_tests::oracle::{self, Expect, Want};
 use rand_chacha::ChaCha8Rng;
 use rand_core::RngCore;
 
@@ -113,23 +112,6 @@ impl Tracked {
             );
         }
     }
-}
-
-/// What the requester's completion for one work request must say.
-#[derive(Debug, PartialEq, Eq)]
-struct WantSend {
-    wr_id: u64,
-    opcode: WcOpcode,
-    byte_len: u32,
-}
-
-/// What the responder's completion for one RECV must say.
-#[derive(Debug, PartialEq, Eq)]
-struct WantRecv {
-    wr_id: u64,
-    opcode: WcOpcode,
-    byte_len: u32,
-    imm: Option<u32>,
 }
 
 /// A hook run once the requester has sent this many packets.
@@ -253,7 +235,7 @@ fn run_workload_with(
                             sges: rsges,
                         });
                         let imm = (kind == Kind::SendImm).then_some(imm);
-                        want_b.push(WantRecv {
+                        want_b.push(Want {
                             wr_id: wr_id + 1_000_000,
                             opcode: WcOpcode::Recv,
                             byte_len: size,
@@ -285,7 +267,7 @@ fn run_workload_with(
                                 wr_id: wr_id + 1_000_000,
                                 sges: rsges,
                             });
-                            want_b.push(WantRecv {
+                            want_b.push(Want {
                                 wr_id: wr_id + 1_000_000,
                                 opcode: WcOpcode::RecvRdmaWithImm,
                                 byte_len: size,
@@ -378,10 +360,11 @@ fn run_workload_with(
                 )
             }
         };
-        want_a.push(WantSend {
+        want_a.push(Want {
             wr_id,
             opcode,
             byte_len,
+            imm: None,
         });
         wrs.push(SendWr {
             wr_id,
@@ -408,26 +391,23 @@ fn run_workload_with(
     }
     let got_a = sim.wait_cq(a, want_a.len(), max_steps);
     let got_b = sim.wait_cq(b, want_b.len(), max_steps);
-    check_sends(seed, &got_a, &want_a, a.qp.qpn);
-    check_recvs(seed, &got_b, &want_b, b.qp.qpn);
+    let tag = format!("seed {seed}");
+    oracle::requester(&tag, &got_a, &want_a, Some(a.qp.qpn), Expect::AllSucceed);
+    oracle::responder(&tag, &got_b, &want_b, Some(b.qp.qpn), Expect::AllSucceed);
 
     // Fetch-and-add: the originals are a permutation of 0, ADD, 2*ADD, ...; mark the slots
     // as expected in the model once checked.
-    let mut results: Vec<u64> = fetch_add_slots
+    let originals: Vec<u64> = fetch_add_slots
         .iter()
         .map(|&off| read_u64(&a_atomic.mr, off))
         .collect();
-    for (&off, &v) in fetch_add_slots.iter().zip(&results) {
+    for (&off, &v) in fetch_add_slots.iter().zip(&originals) {
         a_atomic.model[off as usize..off as usize + 8].copy_from_slice(&v.to_ne_bytes());
     }
-    results.sort_unstable();
-    let n = results.len() as u64;
-    assert_eq!(
-        results,
-        (0..n).map(|i| i * ADD).collect::<Vec<_>>(),
-        "seed {seed}: fetch-add originals"
-    );
-    b_atomic.model[..8].copy_from_slice(&(n * ADD).to_ne_bytes());
+    let n = originals.len();
+    let counter = read_u64(&b_atomic.mr, 0);
+    let results = oracle::fetch_adds(&tag, counter, ADD, n, originals, Expect::AllSucceed);
+    b_atomic.model[..8].copy_from_slice(&(n as u64 * ADD).to_ne_bytes());
 
     for (t, name) in [
         (&a_src, "a_src"),
@@ -469,47 +449,6 @@ fn read_u64(mr: &Mr, off: u64) -> u64 {
     let mut b = [0u8; 8];
     mr.region.read(off, &mut b).expect("in bounds");
     u64::from_ne_bytes(b)
-}
-
-fn check_sends(seed: u64, got: &[Completion], want: &[WantSend], qpn: u32) {
-    assert_eq!(
-        got.len(),
-        want.len(),
-        "seed {seed}: requester completion count"
-    );
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let g2 = WantSend {
-            wr_id: g.wr_id,
-            opcode: g.opcode,
-            byte_len: g.byte_len,
-        };
-        assert_eq!(
-            (g.status, g.imm, g.qpn, &g2),
-            (WcStatus::Success, None, qpn, w),
-            "seed {seed}: requester completion #{i} (completions come in posting order)"
-        );
-    }
-}
-
-fn check_recvs(seed: u64, got: &[Completion], want: &[WantRecv], qpn: u32) {
-    assert_eq!(
-        got.len(),
-        want.len(),
-        "seed {seed}: responder completion count"
-    );
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let g2 = WantRecv {
-            wr_id: g.wr_id,
-            opcode: g.opcode,
-            byte_len: g.byte_len,
-            imm: g.imm,
-        };
-        assert_eq!(
-            (g.status, g.qpn, &g2),
-            (WcStatus::Success, qpn, w),
-            "seed {seed}: responder completion #{i}"
-        );
-    }
 }
 
 /// Every data op at every boundary size around one packet, `extra` random ones up to
