@@ -3,12 +3,12 @@
 use super::*;
 
 /// Most operations one [`ack_sack`] input runs.
-pub(super) const MAX_ACK_OPS: usize = 512;
+const MAX_ACK_OPS: usize = 512;
 /// Bytes of the sender's source region.
-pub(super) const ACK_SRC_LEN: usize = 16 * 1024;
+const ACK_SRC_LEN: usize = 16 * 1024;
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub(super) enum AckWrKind {
+enum AckWrKind {
     Write,
     Send,
     Read,
@@ -16,7 +16,7 @@ pub(super) enum AckWrKind {
 
 /// A work request of the sender under test.
 #[derive(Debug)]
-pub(super) struct AckWr {
+struct AckWr {
     wr_id: u64,
     kind: AckWrKind,
     len: u32,
@@ -27,7 +27,7 @@ pub(super) struct AckWr {
 
 /// One data packet the sender emitted (PSN relative to its first).
 #[derive(Debug)]
-pub(super) struct AckPkt {
+struct AckPkt {
     msn: u32,
     offset: u32,
     len: u32,
@@ -37,7 +37,7 @@ pub(super) struct AckPkt {
 
 /// A QP whose peer is the fuzz input: it sends WRITEs, SENDs and READs, and hears only the
 /// crafted ACKs and NAKs.
-pub(super) struct Sender {
+struct Sender {
     ep: Endpoint,
     qp: QpInfo,
     cq: CqId,
@@ -442,7 +442,7 @@ impl Sender {
 }
 
 /// [`RecvTracker`] next to a naive model: the set of accepted PSNs (relative to the start).
-pub(super) struct TrackerModel {
+struct TrackerModel {
     start: u32,
     t: RecvTracker,
     seen: BTreeSet<u32>,

@@ -15,12 +15,12 @@ pub const PEER_PSN: u32 = 0xffff_fff0;
 /// The rkey the victim's own WRITE, READ and atomics name at the peer.
 pub(super) const PEER_RKEY: u32 = 0x5eed;
 /// Bytes of each region of the victim, except the local one.
-pub(super) const ENGINE_REGION_LEN: usize = 2048;
+const ENGINE_REGION_LEN: usize = 2048;
 /// Bytes of the victim's local region (receive buffers, READ and atomic destinations, and the
 /// sources of its own WRITEs and SENDs).
-pub(super) const ENGINE_LOCAL_LEN: usize = 8192;
+const ENGINE_LOCAL_LEN: usize = 8192;
 /// Most datagrams one input feeds.
-pub(super) const MAX_DATAGRAMS: usize = 256;
+const MAX_DATAGRAMS: usize = 256;
 /// Clock advances a control byte can ask for, ns.
 pub(super) const ADVANCE_NS: [u64; 8] = [
     0,
@@ -33,7 +33,7 @@ pub(super) const ADVANCE_NS: [u64; 8] = [
     1_000_000_000,
 ];
 /// Victim region index of the local region.
-pub(super) const LOCAL: usize = 5;
+const LOCAL: usize = 5;
 
 /// Bit of the configuration byte of [`engine_datagrams`] input: the victim's QP is encrypted
 /// (its peer's private key is [`PEER_SECRET`], so the fuzz input speaks as the authenticated
@@ -41,9 +41,9 @@ pub(super) const LOCAL: usize = 5;
 /// sends must open).
 pub const ENCRYPTED: u8 = 0x10;
 /// The victim's X25519 private key when [`ENCRYPTED`].
-pub(super) const VICTIM_SECRET: [u8; 32] = [0x5a; 32];
+const VICTIM_SECRET: [u8; 32] = [0x5a; 32];
 /// Its peer's X25519 private key when [`ENCRYPTED`].
-pub(super) const PEER_SECRET: [u8; 32] = [0xa5; 32];
+const PEER_SECRET: [u8; 32] = [0xa5; 32];
 
 /// Control byte bits of one datagram record in [`engine_datagrams`] input.
 pub(super) mod ctrl {
@@ -104,7 +104,7 @@ impl TargetRegion {
 }
 
 /// A work request the victim posted itself, with the local range the network may fill.
-pub(super) struct OwnWr {
+struct OwnWr {
     wr_id: u64,
     opcode: WcOpcode,
     /// Bytes of a receive buffer (0 for sends).

@@ -3,7 +3,7 @@
 use super::*;
 
 /// Byte ranges of a packet the parser skips (reserved fields), for the round-trip comparison.
-pub(super) fn reserved(kind: Kind) -> Range<usize> {
+fn reserved(kind: Kind) -> Range<usize> {
     let h = wire::HEADER_LEN;
     match kind {
         Kind::Request => h + 1..h + 4,
@@ -16,7 +16,7 @@ pub(super) fn reserved(kind: Kind) -> Range<usize> {
 
 /// Parses `d` and, if it parses, checks the packet's structure, its printing and that emitting
 /// it again gives back the same bytes (reserved fields zeroed).
-pub(super) fn check_parse(d: &[u8]) {
+fn check_parse(d: &[u8]) {
     let p = match Packet::parse(d) {
         Ok(p) => p,
         Err(e) => {
@@ -105,7 +105,7 @@ pub(super) fn check_parse(d: &[u8]) {
     );
 }
 
-pub(super) fn check_sealed(data: &[u8]) {
+fn check_sealed(data: &[u8]) {
     assert_eq!(Packet::parse(data), Err(wire::Error::Sealed));
     if let Ok(peek) = wire::peek_sealed(data) {
         assert!(data.len() >= wire::HEADER_LEN + wire::SEAL_SEQ_LEN + wire::SEAL_TAG_LEN);

@@ -5,7 +5,7 @@ use super::*;
 
 /// Regions of the simulated requester (node 0) and responder (node 1).
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub(super) enum MemId {
+enum MemId {
     /// Node 0: sources of WRITEs and SENDs (no local write right).
     Src = 0,
     /// Node 0: destinations of READs and atomics.
@@ -18,27 +18,27 @@ pub(super) enum MemId {
     Rcv = 4,
 }
 
-pub(super) const SRC_LEN: usize = 8192;
-pub(super) const LAND_LEN: usize = 4096;
-pub(super) const TGT_LEN: usize = 4096;
-pub(super) const RO_LEN: usize = 2048;
-pub(super) const RECV_SLOT: usize = 1024;
-pub(super) const RECV_SLOTS: usize = 8;
-pub(super) const MAX_LANES: usize = 3;
-pub(super) const MAX_SIM_OPS: usize = 200;
+const SRC_LEN: usize = 8192;
+const LAND_LEN: usize = 4096;
+const TGT_LEN: usize = 4096;
+const RO_LEN: usize = 2048;
+const RECV_SLOT: usize = 1024;
+const RECV_SLOTS: usize = 8;
+const MAX_LANES: usize = 3;
+const MAX_SIM_OPS: usize = 200;
 /// Steps all `Step` operations of one input may take together.
-pub(super) const MAX_SIM_STEPS: u64 = 20_000;
+const MAX_SIM_STEPS: u64 = 20_000;
 /// Steps the final settling may take before it counts as a livelock.
-pub(super) const SETTLE_STEPS: u64 = 200_000;
+const SETTLE_STEPS: u64 = 200_000;
 /// Virtual time the final settling may take (far beyond the longest retry schedule).
-pub(super) const SETTLE_NS: u64 = 10_000_000_000;
+const SETTLE_NS: u64 = 10_000_000_000;
 /// First work request id (the op's index is added).
-pub(super) const WR_BASE: u64 = 1000;
-pub(super) const SIM_MAX_SEND_WR: usize = 32;
-pub(super) const SIM_MAX_RECV_WR: usize = 16;
+const WR_BASE: u64 = 1000;
+const SIM_MAX_SEND_WR: usize = 32;
+const SIM_MAX_RECV_WR: usize = 16;
 
 /// What became of a write to a modelled range when its work request finished.
-pub(super) enum Outcome {
+enum Outcome {
     /// These bytes (`None`: not known) are there now.
     Landed(Vec<Option<u8>>),
     /// Nothing was written.
@@ -52,7 +52,7 @@ pub(super) enum Outcome {
 
 /// The oracle's view of one region: the value each byte must have when no work request that
 /// may write it is outstanding.
-pub(super) struct Mem {
+struct Mem {
     name: &'static str,
     region: Arc<Region>,
     /// Expected contents (`None`: unknown).
@@ -379,7 +379,7 @@ impl SimOp {
 }
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub(super) enum WrKind {
+enum WrKind {
     Write,
     WriteImm,
     Read,
@@ -407,7 +407,7 @@ impl WrKind {
 
 /// A send work request the oracle follows.
 #[derive(Debug)]
-pub(super) struct SimWr {
+struct SimWr {
     wr_id: u64,
     lane: usize,
     kind: WrKind,
@@ -436,7 +436,7 @@ pub(super) struct SimWr {
 
 /// A receive the oracle follows.
 #[derive(Debug)]
-pub(super) struct SimRecv {
+struct SimRecv {
     wr_id: u64,
     sges: Vec<Range<usize>>,
     cap: u32,
@@ -444,7 +444,7 @@ pub(super) struct SimRecv {
 }
 
 /// One connected QP pair: node 0's requester and node 1's responder.
-pub(super) struct Lane {
+struct Lane {
     a_qpn: u32,
     b_qpn: u32,
     /// Send work requests not yet resolved, in posting order.
