@@ -506,8 +506,10 @@ struct Row {
     virtual_ns: u64,
 }
 
-fn table(rows: &[Row]) -> String {
-    let head = [
+/// The columns of a fault-matrix table, the last one `time` (virtual or wall). Shared with
+/// `netns_faults`.
+pub(crate) fn head(time: &'static str) -> [&'static str; 8] {
+    [
         "scenario",
         "messages",
         "bytes verified",
@@ -515,8 +517,12 @@ fn table(rows: &[Row]) -> String {
         "rto fired",
         "bad CRC dropped",
         "result",
-        "virtual time",
-    ];
+        time,
+    ]
+}
+
+fn table(rows: &[Row]) -> String {
+    let head = head("virtual time");
     let cells: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {

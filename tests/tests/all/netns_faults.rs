@@ -214,16 +214,7 @@ struct Row {
 }
 
 fn table(rows: &[Row]) -> String {
-    let head = [
-        "scenario",
-        "messages",
-        "bytes verified",
-        "retransmits",
-        "rto fired",
-        "bad CRC dropped",
-        "result",
-        "wall time",
-    ];
+    let head = crate::fault_matrix::head("wall time");
     let cells: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {

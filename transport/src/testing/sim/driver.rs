@@ -30,7 +30,20 @@
 //! [`Driver::hold_until`] defers everything a host does (its datagram handling, timers,
 //! transmissions and completions) until a time: what arrives meanwhile waits in its receive
 //! queue, and at the end of the hold the host catches up in one service, as a descheduled
-//! progress thread does. A slow host is a sequence of such holds.
+//! progress thread does.
+//!
+//! [`Driver::set_host_model`] makes a host slow for the rest of the run ([`HostModel`]): each
+//! datagram it handles or sends costs it time, during which it does nothing else (arrivals
+//! wait in a bounded socket buffer, beyond which they are dropped, and are then handled at
+//! most 32 at a time; its timers fire late), and it pauses at random, drawn from a seed.
+//!
+//! # Other hooks for tests
+//!
+//! [`Driver::drop_sent`] drops chosen datagrams a host sends before they reach the network;
+//! [`Handler::on_delivery`] sees (and may lose) every delivery before a host does;
+//! [`Driver::remove_host`] takes a host away as a crashed machine and
+//! [`Driver::replace_ep`] restarts its process; [`Driver::step_until`] is a step that never
+//! moves the clock past a given time.
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::mem;
