@@ -1,7 +1,8 @@
 //! Helpers shared by Braid's integration tests (`tests/all`) and the `braid-test-peer`
 //! binary: the line protocol the two processes speak over the child's stdin and stdout, and
 //! deterministic test data both sides can compute. [`fuzz_checks`] holds the bodies of the
-//! fuzz targets, run both by `fuzz/` and by the stable corpus replay.
+//! fuzz targets, run both by `fuzz/` and by the stable corpus replay; [`oracle`] says what
+//! completions and memory must look like after a workload.
 //!
 //! The protocol, one line per message:
 //!
@@ -20,6 +21,7 @@
 #![warn(missing_docs)]
 
 pub mod fuzz_checks;
+pub mod oracle;
 
 use std::net::SocketAddr;
 

@@ -21,7 +21,6 @@
 //! back before its final timeout), and regressions for the two engine bugs the matrix found (an
 //! idle QP failing on a timer with nothing outstanding; a pacing gap set during an outage
 //! outliving the recovery).
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Instant;
 
@@ -31,9 +30,11 @@ use braid::proto::{
     Access, Completion, Endpoint, EndpointConfig, EndpointStats, QpState, RecvWr, RemoteAddr,
     SendOp, SendWr, Sge, Timestamp, WcOpcode, WcStatus,
 };
-use braid::testing::{Cluster, Mr, Node, Side};
+use braid::testing::{Cluster, Mr, Side};
 use rand_chacha::ChaCha8Rng;
 use rand_core::RngCore;
+
+use braid_tests::oracle::{self, Expect, Want};
 
 use crate::support::{below, rng, seed, sge, snapshot, split};
 
@@ -386,7 +387,7 @@ fn outage_ending_at(seed: u64, fraction: f64, expect: Expect) -> (String, Vec<Co
     };
     let mut c = Cluster::new(seed, 2, &cfg, CLEAN.link());
     let (a, b) = c.connect(0, 1);
-    let ops = mixed_ops(seed, c.nodes[0].ep.chunk_size());
+    let ops = mixed_ops(seed, c.ep(0).chunk_size());
     let w = Workload::new(&mut c, a, b, seed, &ops);
     w.post(&mut c);
     run_to_packets(&mut c, &w, 400, &tag);
@@ -445,7 +446,7 @@ fn a_qp_stays_connected_after_its_work_completed_though_the_last_ack_was_lost() 
     let w = Workload::new(&mut c, a, b, seed, &[(Kind::Read, 3000)]);
     w.post(&mut c);
     // Every ACK to the requester is lost: its READ completes by the response alone.
-    let requester = c.nodes[0].addr;
+    let requester = c.addr(0);
     let mut lose_acks = |d: &Delivery| {
         d.to != requester
             || !wire::Packet::parse(&d.bytes).is_ok_and(|p| matches!(p.body, Body::Ack(_)))
@@ -469,10 +470,10 @@ fn a_qp_stays_connected_after_its_work_completed_though_the_last_ack_was_lost() 
     let got = drain(&mut c, &a);
     w.verify(&tag, &got, Some(&drain(&mut c, &b)), Expect::AllSucceed);
     assert_eq!(
-        c.nodes[0].ep.qp_stats(a.qp.qpn).map(|q| q.state),
+        c.ep(0).qp_stats(a.qp.qpn).map(|q| q.state),
         Some(QpState::Connected),
         "{tag}: {:?}",
-        c.nodes[0].ep.stats()
+        c.ep(0).stats()
     );
 }
 
@@ -505,8 +506,10 @@ struct Row {
     virtual_ns: u64,
 }
 
-fn table(rows: &[Row]) -> String {
-    let head = [
+/// The columns of a fault-matrix table, the last one `time` (virtual or wall). Shared with
+/// `netns_faults`.
+pub(crate) fn head(time: &'static str) -> [&'static str; 8] {
+    [
         "scenario",
         "messages",
         "bytes verified",
@@ -514,8 +517,12 @@ fn table(rows: &[Row]) -> String {
         "rto fired",
         "bad CRC dropped",
         "result",
-        "virtual time",
-    ];
+        time,
+    ]
+}
+
+fn table(rows: &[Row]) -> String {
+    let head = head("virtual time");
     let cells: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
@@ -608,7 +615,7 @@ fn two_nodes(s: &Scenario) -> Row {
     let cfg = config(s);
     let mut c = Cluster::new(seed, 2, &cfg, s.link.link());
     let (a, b) = c.connect(0, 1);
-    let ops = mixed_ops(seed, c.nodes[0].ep.chunk_size());
+    let ops = mixed_ops(seed, c.ep(0).chunk_size());
     let w = Workload::new(&mut c, a, b, seed, &ops);
     w.post(&mut c);
     let links = all_links(&c, &[0, 1]);
@@ -634,7 +641,7 @@ fn two_nodes(s: &Scenario) -> Row {
         Action::PathDown { path, after } => {
             run_to_packets(&mut c, &w, after, &tag);
             for node in [0, 1] {
-                let addr = c.nodes[node].addr;
+                let addr = c.addr(node);
                 c.net.link_mut(addr, path).blackhole = true;
             }
         }
@@ -737,7 +744,7 @@ fn two_nodes(s: &Scenario) -> Row {
         QpState::Connected
     };
     assert_eq!(
-        c.nodes[0].ep.qp_stats(a.qp.qpn).map(|q| q.state),
+        c.ep(0).qp_stats(a.qp.qpn).map(|q| q.state),
         Some(want_state),
         "{tag}: requester QP state"
     );
@@ -765,17 +772,17 @@ fn peer_vanishes(s: &Scenario, after: u64) -> Row {
     let mut c = Cluster::new(seed, 3, &cfg, s.link.link());
     let (l0, l1) = c.connect(0, 1);
     let (d0, d2) = c.connect(0, 2);
-    let chunk = c.nodes[0].ep.chunk_size();
+    let chunk = c.ep(0).chunk_size();
     let live = Workload::new(&mut c, l0, l1, seed ^ 1, &mixed_ops(seed ^ 1, chunk));
     let dead = Workload::new(&mut c, d0, d2, seed ^ 2, &mixed_ops(seed ^ 2, chunk));
     live.post(&mut c);
     dead.post(&mut c);
     run_to_packets(&mut c, &dead, after, &tag);
     let rto = qp_rto(&c, &d0);
-    let gone = c.nodes[2].ep.stats().clone();
+    let gone = c.ep(2).stats().clone();
     let dead_b = drain(&mut c, &d2);
     let killed = c.now;
-    c.nodes.truncate(2);
+    c.remove_host(2);
 
     let mut none = Timed::Nothing;
     let ok = drive(&mut c, &mut none, None, |c| {
@@ -816,7 +823,7 @@ fn peer_vanishes(s: &Scenario, after: u64) -> Row {
         Some(&drain(&mut c, &l1)),
         Expect::AllSucceed,
     );
-    let state = |qp: &Side| c.nodes[0].ep.qp_stats(qp.qp.qpn).map(|q| q.state);
+    let state = |qp: &Side| c.ep(0).qp_stats(qp.qp.qpn).map(|q| q.state);
     assert_eq!(state(&d0), Some(QpState::Error), "{tag}");
     assert_eq!(state(&l0), Some(QpState::Connected), "{tag}");
     let stats = totals(&c, &[gone]);
@@ -844,7 +851,7 @@ fn peer_restarts(s: &Scenario, after: u64, same_seed: bool) -> Row {
     let cfg = config(s);
     let mut c = Cluster::new(seed, 2, &cfg, s.link.link());
     let (s0, s1) = c.connect(0, 1);
-    let chunk = c.nodes[0].ep.chunk_size();
+    let chunk = c.ep(0).chunk_size();
     let old = Workload::new(&mut c, s0, s1, seed ^ 1, &mixed_ops(seed ^ 1, chunk));
     old.post(&mut c);
     let mut captured = Vec::new();
@@ -860,15 +867,16 @@ fn peer_restarts(s: &Scenario, after: u64, same_seed: bool) -> Row {
         "{tag}: never sent {after} packets"
     );
     let rto = qp_rto(&c, &s0);
-    let old_stats = c.nodes[1].ep.stats().clone();
+    let old_stats = c.ep(1).stats().clone();
     let old_b = drain(&mut c, &s1);
     let restarted = c.now;
-    let addr = c.nodes[1].addr;
+    let addr = c.addr(1);
     // Cluster::new seeds node i with seed * K + i; the restarted process draws either the
     // same numbers again or fresh ones.
     let node_seed = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(1);
-    c.nodes[1] = Node {
-        ep: Endpoint::new(
+    c.restart(
+        1,
+        Endpoint::new(
             EndpointConfig {
                 seed: if same_seed {
                     node_seed
@@ -879,9 +887,7 @@ fn peer_restarts(s: &Scenario, after: u64, same_seed: bool) -> Row {
             },
             addr,
         ),
-        addr,
-        cqs: HashMap::new(),
-    };
+    );
 
     // The survivor's QP retries into the new process, and gives up. With a fresh seed the
     // application waits for that, destroys the QP and connects a new one; with the same seed
@@ -905,10 +911,10 @@ fn peer_restarts(s: &Scenario, after: u64, same_seed: bool) -> Row {
         );
         old_failed = Some(c.now);
         assert!(
-            c.nodes[1].ep.stats().rx_unknown_qp > 0,
+            c.ep(1).stats().rx_unknown_qp > 0,
             "{tag}: the new process saw none of the old QP's retries"
         );
-        c.nodes[0].ep.destroy_qp(s0.qp.qpn).expect("old QP");
+        c.ep_mut(0).destroy_qp(s0.qp.qpn).expect("old QP");
         connect_new(&mut c)
     };
     assert!(
@@ -938,10 +944,10 @@ fn peer_restarts(s: &Scenario, after: u64, same_seed: bool) -> Row {
             "{tag}: the same seed should draw the same QP number and PSN"
         );
         assert!(
-            c.nodes[1].ep.stats().rx_wrong_peer > 0,
+            c.ep(1).stats().rx_wrong_peer > 0,
             "{tag}: the new process saw none of the old QP's retries"
         );
-        c.nodes[0].ep.destroy_qp(s0.qp.qpn).expect("old QP");
+        c.ep_mut(0).destroy_qp(s0.qp.qpn).expect("old QP");
     } else {
         assert_ne!(
             n1.qp.qpn, s1.qp.qpn,
@@ -964,21 +970,19 @@ fn peer_restarts(s: &Scenario, after: u64, same_seed: bool) -> Row {
         to_new.len(),
         to_survivor.len()
     );
-    let before = (c.nodes[0].ep.stats().clone(), c.nodes[1].ep.stats().clone());
+    let before = (c.ep(0).stats().clone(), c.ep(1).stats().clone());
     let now = c.now;
     for d in to_new.iter().rev().take(64) {
-        c.nodes[1]
-            .ep
+        c.ep_mut(1)
             .handle_datagram(now, d.meta.src, d.meta.ecn as u8, &d.bytes);
     }
     for d in to_survivor.iter().rev().take(64) {
-        c.nodes[0]
-            .ep
+        c.ep_mut(0)
             .handle_datagram(now, d.meta.src, d.meta.ecn as u8, &d.bytes);
     }
     let n_new = to_new.len().min(64) as u64;
     let n_surv = to_survivor.len().min(64) as u64;
-    let after_stale = (c.nodes[0].ep.stats().clone(), c.nodes[1].ep.stats().clone());
+    let after_stale = (c.ep(0).stats().clone(), c.ep(1).stats().clone());
     let d_new = delta(&before.1, &after_stale.1);
     let d_surv = delta(&before.0, &after_stale.0);
     // At the new process: an old QP number is unknown; a reused one is connected to another
@@ -996,8 +1000,7 @@ fn peer_restarts(s: &Scenario, after: u64, same_seed: bool) -> Row {
     );
     for (node, b) in [(0, &before.0), (1, &before.1)] {
         assert!(
-            c.nodes[node]
-                .ep
+            c.ep_mut(node)
                 .poll_transmit(now, &mut [0u8; 65_536])
                 .is_none(),
             "{tag}: node {node} answered a stale datagram ({:?} before)",
@@ -1035,19 +1038,17 @@ fn peer_restarts(s: &Scenario, after: u64, same_seed: bool) -> Row {
         requests.len()
     );
     let stranger: SocketAddr = "10.0.9.9:4792".parse().expect("address");
-    let before_spoof = c.nodes[1].ep.stats().clone();
+    let before_spoof = c.ep(1).stats().clone();
     let now = c.now;
     for d in &requests {
-        c.nodes[1]
-            .ep
+        c.ep_mut(1)
             .handle_datagram(now, stranger, d.meta.ecn as u8, &d.bytes);
     }
     for d in &requests {
-        c.nodes[1]
-            .ep
+        c.ep_mut(1)
             .handle_datagram(now, d.meta.src, d.meta.ecn as u8, &d.bytes);
     }
-    let d = delta(&before_spoof, c.nodes[1].ep.stats());
+    let d = delta(&before_spoof, c.ep(1).stats());
     let k = requests.len() as u64;
     assert_eq!(d.rx_wrong_peer, k, "{tag}: requests from a stranger");
     assert_eq!(
@@ -1101,15 +1102,11 @@ fn run_to_packets(c: &mut Cluster, w: &Workload, n: u64, tag: &str) {
 }
 
 fn sent(c: &Cluster, node: usize, qpn: u32) -> u64 {
-    c.nodes[node].ep.qp_stats(qpn).map_or(0, |s| s.packets_sent)
+    c.ep(node).qp_stats(qpn).map_or(0, |s| s.packets_sent)
 }
 
 fn qp_rto(c: &Cluster, side: &Side) -> u64 {
-    c.nodes[side.node]
-        .ep
-        .qp_stats(side.qp.qpn)
-        .expect("QP")
-        .rto_ns
+    c.ep(side.node).qp_stats(side.qp.qpn).expect("QP").rto_ns
 }
 
 /// The longest a QP may take to give up once nothing gets through, from its retransmit
@@ -1166,7 +1163,7 @@ fn all_links(c: &Cluster, nodes: &[usize]) -> Vec<(SocketAddr, u16)> {
     nodes
         .iter()
         .flat_map(|&n| (0..PATHS).map(move |p| (n, p)))
-        .map(|(n, p)| (c.nodes[n].addr, p))
+        .map(|(n, p)| (c.addr(n), p))
         .collect()
 }
 
@@ -1179,7 +1176,7 @@ fn set_links(c: &mut Cluster, links: &[(SocketAddr, u16)], down: bool) {
 /// Counters summed over the nodes, and over nodes that are gone.
 fn totals(c: &Cluster, gone: &[EndpointStats]) -> EndpointStats {
     let mut t = EndpointStats::default();
-    for s in c.nodes.iter().map(|n| n.ep.stats()).chain(gone) {
+    for s in c.live_endpoints().map(Endpoint::stats).chain(gone) {
         t.retransmits += s.retransmits;
         t.rto_fired += s.rto_fired;
         t.rx_bad_crc += s.rx_bad_crc;
@@ -1305,42 +1302,13 @@ fn exponential(rng: &mut ChaCha8Rng, mean_ns: u64) -> u64 {
 /// look at it, copy it, and say whether it arrives (false: it is lost).
 type Tap<'a> = Option<&'a mut dyn FnMut(&Delivery) -> bool>;
 
-/// One step of the cluster, as `Cluster::step`, except that the clock never passes `until`:
-/// when nothing is due by then, the clock moves to `until` and the step ends there. Every
-/// delivery goes through `tap` first. False when nothing is pending and there is no `until`.
-fn advance(c: &mut Cluster, until: Option<Timestamp>, mut tap: Tap<'_>) -> bool {
-    c.flush();
-    let next = match (c.next_event(), until) {
-        (None, None) => return false,
-        (None, Some(u)) => {
-            c.now = c.now.max(u);
-            return true;
-        }
-        (Some(n), Some(u)) if u < n => {
-            c.now = c.now.max(u);
-            return true;
-        }
-        (Some(n), _) => n,
-    };
-    c.now = c.now.max(next);
-    c.steps += 1;
-    let now = c.now;
-    while let Some(d) = c.net.poll_deliver(now) {
-        if tap.as_mut().is_some_and(|t| !t(&d)) {
-            continue;
-        }
-        if let Some(node) = c.nodes.iter_mut().find(|n| n.addr == d.to) {
-            node.ep
-                .handle_datagram(now, d.meta.src, d.meta.ecn as u8, &d.bytes);
-        }
+/// One step of the cluster that never passes `until`, every delivery through `tap` first
+/// ([`Cluster::step_tapped`]). False when nothing is pending and there is no `until`.
+fn advance(c: &mut Cluster, until: Option<Timestamp>, tap: Tap<'_>) -> bool {
+    match tap {
+        Some(tap) => c.step_tapped(until, tap),
+        None => c.step_tapped(until, &mut |_| true),
     }
-    for node in &mut c.nodes {
-        if node.ep.poll_timeout().is_some_and(|t| t <= now) {
-            node.ep.handle_timeout(now);
-        }
-    }
-    c.flush();
-    true
 }
 
 /// Steps until `done` holds (true), or nothing is pending, or [`MAX_STEPS`] steps ran (false
@@ -1484,23 +1452,6 @@ struct Wr {
     fetch_add: Option<u64>,
 }
 
-/// A posted receive and the completion it must get.
-struct Rwr {
-    wr_id: u64,
-    opcode: WcOpcode,
-    byte_len: u32,
-    imm: Option<u32>,
-}
-
-/// How the requester's work must end.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-enum Expect {
-    /// Every work request and every RECV succeeds.
-    AllSucceed,
-    /// A prefix succeeds, then one `RetryExceeded`, then `Flushed` for the rest.
-    GivesUp,
-}
-
 /// What one verification covered.
 struct Verified {
     messages: usize,
@@ -1513,7 +1464,7 @@ struct Workload {
     b: Side,
     regs: Vec<Reg>,
     wrs: Vec<Wr>,
-    recvs: Vec<Rwr>,
+    recvs: Vec<Want>,
     sends: Vec<SendWr>,
     posted_recvs: Vec<RecvWr>,
 }
@@ -1627,7 +1578,7 @@ impl Workload {
                             let lens = split(rng, cap, 2);
                             let rsges = regs[B_RECV].pieces(rng, &lens);
                             recv = Some(self.recvs.len());
-                            self.recvs.push(Rwr {
+                            self.recvs.push(Want {
                                 wr_id: wr_id + 1_000_000,
                                 opcode: WcOpcode::RecvRdmaWithImm,
                                 byte_len: len,
@@ -1652,7 +1603,7 @@ impl Workload {
                         spans.extend(scatter(B_RECV, &rsges, &data));
                         let imm = (kind == Kind::SendImm).then_some(imm);
                         recv = Some(self.recvs.len());
-                        self.recvs.push(Rwr {
+                        self.recvs.push(Want {
                             wr_id: wr_id + 1_000_000,
                             opcode: WcOpcode::Recv,
                             byte_len: len,
@@ -1761,14 +1712,12 @@ impl Workload {
     /// Posts the RECVs, then the work requests.
     fn post(&self, c: &mut Cluster) {
         for r in &self.posted_recvs {
-            c.nodes[self.b.node]
-                .ep
+            c.ep_mut(self.b.node)
                 .post_recv(self.b.qp.qpn, r.clone())
                 .expect("post_recv");
         }
         for s in &self.sends {
-            c.nodes[self.a.node]
-                .ep
+            c.ep_mut(self.a.node)
                 .post_send(self.a.qp.qpn, s.clone())
                 .expect("post_send");
         }
@@ -1781,17 +1730,18 @@ impl Workload {
     }
 
     fn progress(&self, c: &Cluster) -> String {
-        let b = c
-            .nodes
-            .get(self.b.node)
-            .map_or(0, |_| c.cq_len(self.b.node, self.b.cq));
+        let b = if c.is_removed(self.b.node) {
+            0
+        } else {
+            c.cq_len(self.b.node, self.b.cq)
+        };
         format!(
             "{} of {} requester and {b} of {} responder completions at {}; requester {:?}",
             c.cq_len(self.a.node, self.a.cq),
             self.wrs.len(),
             self.recvs.len(),
             c.now,
-            c.nodes[self.a.node].ep.qp_stats(self.a.qp.qpn),
+            c.ep(self.a.node).qp_stats(self.a.qp.qpn),
         )
     }
 
@@ -1804,75 +1754,23 @@ impl Workload {
         got_b: Option<&[Completion]>,
         expect: Expect,
     ) -> Verified {
-        // The requester: each work request exactly once, in posting order.
-        assert_eq!(
-            got_a.len(),
-            self.wrs.len(),
-            "{tag}: requester completions (each work request exactly once)"
-        );
-        let mut failed = None;
-        for (i, (g, w)) in got_a.iter().zip(&self.wrs).enumerate() {
-            assert_eq!(
-                (g.wr_id, g.qpn),
-                (w.wr_id, self.a.qp.qpn),
-                "{tag}: requester completion #{i} (completions come in posting order)"
-            );
-            match g.status {
-                WcStatus::Success => {
-                    assert!(failed.is_none(), "{tag}: #{i} succeeded after a failure");
-                    assert_eq!(
-                        (g.opcode, g.byte_len, g.imm),
-                        (w.opcode, w.len, None),
-                        "{tag}: requester completion #{i}"
-                    );
-                }
-                WcStatus::RetryExceeded if expect == Expect::GivesUp && failed.is_none() => {
-                    failed = Some(i);
-                }
-                WcStatus::Flushed if failed.is_some() => {}
-                s => panic!("{tag}: requester completion #{i}: {s:?} (first failure {failed:?})"),
-            }
-        }
-        if expect == Expect::GivesUp {
-            assert!(failed.is_some(), "{tag}: the requester never gave up");
-        }
-        // The responder: each RECV at most once, in posting order.
-        let mut recv_ok = vec![false; self.recvs.len()];
-        if let Some(got_b) = got_b {
-            assert!(
-                got_b.len() <= self.recvs.len(),
-                "{tag}: {} responder completions for {} RECVs",
-                got_b.len(),
-                self.recvs.len()
-            );
-            if expect == Expect::AllSucceed {
-                assert_eq!(
-                    got_b.len(),
-                    self.recvs.len(),
-                    "{tag}: responder completions"
-                );
-            }
-            let mut flushed = false;
-            for (i, (g, r)) in got_b.iter().zip(&self.recvs).enumerate() {
-                assert_eq!(
-                    (g.wr_id, g.qpn),
-                    (r.wr_id, self.b.qp.qpn),
-                    "{tag}: responder completion #{i} (in posting order)"
-                );
-                match g.status {
-                    WcStatus::Success if !flushed => {
-                        assert_eq!(
-                            (g.opcode, g.byte_len, g.imm),
-                            (r.opcode, r.byte_len, r.imm),
-                            "{tag}: responder completion #{i}"
-                        );
-                        recv_ok[i] = true;
-                    }
-                    WcStatus::Flushed if expect == Expect::GivesUp => flushed = true,
-                    s => panic!("{tag}: responder completion #{i}: {s:?}"),
-                }
-            }
-        }
+        // The requester: each work request exactly once, in posting order; the responder:
+        // each RECV at most once, in posting order.
+        let want_a: Vec<Want> = self
+            .wrs
+            .iter()
+            .map(|w| Want {
+                wr_id: w.wr_id,
+                opcode: w.opcode,
+                byte_len: w.len,
+                imm: None,
+            })
+            .collect();
+        oracle::requester(tag, got_a, &want_a, Some(self.a.qp.qpn), expect);
+        let recv_ok = match got_b {
+            Some(got_b) => oracle::responder(tag, got_b, &self.recvs, Some(self.b.qp.qpn), expect),
+            None => vec![false; self.recvs.len()],
+        };
         // A work request took effect if either side says so. One that did not (it failed, or
         // its peer died) may have left old or new bytes, nothing else.
         let landed: Vec<bool> = self
@@ -1903,12 +1801,12 @@ impl Workload {
                         );
                     }
                     bytes += n as u64;
-                } else if let Some(k) = (0..n).find(|&k| got[k] != s.new[k] && got[k] != old[k]) {
-                    panic!(
-                        "{tag}: unfinished work request #{i} ({:?}): byte {k} of {n} at {o} of \
-                         region {} is neither old nor new",
+                } else {
+                    let what = format!(
+                        "unfinished work request #{i} ({:?}) at {o} of region {}",
                         w.opcode, s.reg
                     );
+                    oracle::unfinished(tag, &what, got, old, &s.new);
                 }
             }
         }
@@ -1930,14 +1828,6 @@ impl Workload {
             .zip(&landed)
             .filter_map(|(w, &l)| w.fetch_add.map(|slot| (slot, l)))
             .collect();
-        assert_eq!(counter % ADD, 0, "{tag}: fetch-add counter {counter}");
-        let executed = (counter / ADD) as usize;
-        let succeeded = fa.iter().filter(|(_, l)| *l).count();
-        assert!(
-            (succeeded..=fa.len()).contains(&executed),
-            "{tag}: {executed} fetch-adds executed, {succeeded} succeeded, {} posted",
-            fa.len()
-        );
         let mut originals = Vec::new();
         for &(slot, l) in &fa {
             covered[A_DST][slot as usize..slot as usize + 8].fill(true);
@@ -1956,22 +1846,7 @@ impl Workload {
                 );
             }
         }
-        originals.sort_unstable();
-        let n = originals.len();
-        originals.dedup();
-        assert_eq!(originals.len(), n, "{tag}: a fetch-add original came twice");
-        assert!(
-            originals.iter().all(|&v| v % ADD == 0 && v < counter),
-            "{tag}: fetch-add originals {originals:?}, counter {counter}"
-        );
-        if expect == Expect::AllSucceed {
-            assert_eq!(executed, fa.len(), "{tag}: fetch-adds executed");
-            assert_eq!(
-                originals,
-                (0..fa.len() as u64).map(|i| i * ADD).collect::<Vec<_>>(),
-                "{tag}: fetch-add originals"
-            );
-        }
+        let n = oracle::fetch_adds(tag, counter, ADD, fa.len(), originals, expect).len();
         bytes += 8 * (n as u64 + 1);
         // Everything else is untouched.
         for (r, reg) in self.regs.iter().enumerate() {

@@ -32,7 +32,7 @@ fn assert_refused(
     let (a, b) = (sim.a, sim.b);
     let local = sim.random_mr(a, 64 * 1024, Access::LOCAL_WRITE, &mut rng);
     let target = if other_pd {
-        let pd = sim.c.nodes[b.node].ep.alloc_pd();
+        let pd = sim.c.ep_mut(b.node).alloc_pd();
         let mut side = b;
         side.pd = pd;
         sim.random_mr(side, 4096, access, &mut rng)
@@ -90,9 +90,9 @@ fn assert_refused(
             "seed {seed}: {op:?} changed the {name}"
         );
     }
-    assert!(sim.c.nodes[b.node].ep.stats().naks_sent >= 1, "seed {seed}");
+    assert!(sim.c.ep(b.node).stats().naks_sent >= 1, "seed {seed}");
     assert_eq!(
-        sim.c.nodes[a.node].ep.qp_stats(a.qp.qpn).map(|s| s.state),
+        sim.c.ep(a.node).qp_stats(a.qp.qpn).map(|s| s.state),
         Some(QpState::Error),
         "seed {seed}"
     );
@@ -370,15 +370,15 @@ fn random_datagrams_are_counted_dropped_and_the_qp_keeps_working() {
     let (mut sim, dst, src) = pair_with_target(seed);
     let before = snapshot(&dst.region);
     let mut rng = rng(seed);
-    let from = sim.c.nodes[0].addr;
+    let from = sim.c.addr(0);
     let now = sim.c.now;
     let n = 3000;
     for _ in 0..n {
         let mut d = vec![0u8; below(&mut rng, 1600) as usize];
         rng.fill_bytes(&mut d);
-        sim.c.nodes[1].ep.handle_datagram(now, from, 0, &d);
+        sim.c.ep_mut(1).handle_datagram(now, from, 0, &d);
     }
-    let st = sim.c.nodes[1].ep.stats().clone();
+    let st = sim.c.ep(1).stats().clone();
     assert_eq!(st.rx_datagrams, n, "seed {seed}");
     // A few look sealed (version 1 and FLAG_SEALED by chance): they name an unknown QP, or
     // fail authentication.
@@ -399,7 +399,7 @@ fn truncated_and_malformed_datagrams_are_counted_as_malformed() {
     let seed = seed(232);
     let (mut sim, dst, src) = pair_with_target(seed);
     let (a, b) = (sim.a, sim.b);
-    let from = sim.c.nodes[0].addr;
+    let from = sim.c.addr(0);
     let good = forged_write(b.qp.qpn, a.qp.qpn, a.qp.psn, dst.keys.rkey, 0, &[9; 100]);
     let mut bad: Vec<Vec<u8>> = (0..wire::HEADER_LEN + wire::TRAILER_LEN)
         .map(|n| good[..n].to_vec())
@@ -428,10 +428,11 @@ fn truncated_and_malformed_datagrams_are_counted_as_malformed() {
     c[wire::HEADER_LEN + 20..wire::HEADER_LEN + 24].copy_from_slice(&99u32.to_be_bytes()); // msg_len 99 < payload 100
     bad.push(refit(c));
     let n = bad.len() as u64;
+    let now = sim.c.now;
     for d in &bad {
-        sim.c.nodes[1].ep.handle_datagram(sim.c.now, from, 0, d);
+        sim.c.ep_mut(1).handle_datagram(now, from, 0, d);
     }
-    let st = sim.c.nodes[1].ep.stats().clone();
+    let st = sim.c.ep(1).stats().clone();
     assert_eq!(
         (st.rx_malformed, st.rx_bad_crc),
         (n, 0),
@@ -447,13 +448,14 @@ fn a_flipped_bit_is_counted_as_bad_crc() {
     let (a, b) = (sim.a, sim.b);
     let before = snapshot(&dst.region);
     let good = forged_write(b.qp.qpn, a.qp.qpn, a.qp.psn, dst.keys.rkey, 0, &[9; 100]);
-    let from = sim.c.nodes[0].addr;
+    let from = sim.c.addr(0);
+    let now = sim.c.now;
     for bit in 0..good.len() * 8 {
         let mut d = good.clone();
         d[bit / 8] ^= 1 << (bit % 8);
-        sim.c.nodes[1].ep.handle_datagram(sim.c.now, from, 0, &d);
+        sim.c.ep_mut(1).handle_datagram(now, from, 0, &d);
     }
-    let st = sim.c.nodes[1].ep.stats().clone();
+    let st = sim.c.ep(1).stats().clone();
     // Flipping FLAG_SEALED makes the packet claim a seal this plain QP has no key for.
     assert_eq!(st.rx_auth_failed, 1, "seed {seed}: {st:?}");
     assert_eq!(
@@ -479,9 +481,9 @@ fn a_valid_packet_for_an_unknown_qp_is_counted_and_dropped() {
         0,
         &[9; 100],
     );
-    let (now, from) = (sim.c.now, sim.c.nodes[0].addr);
-    sim.c.nodes[1].ep.handle_datagram(now, from, 0, &d);
-    assert_eq!(sim.c.nodes[1].ep.stats().rx_unknown_qp, 1, "seed {seed}");
+    let (now, from) = (sim.c.now, sim.c.addr(0));
+    sim.c.ep_mut(1).handle_datagram(now, from, 0, &d);
+    assert_eq!(sim.c.ep(1).stats().rx_unknown_qp, 1, "seed {seed}");
     assert!(snapshot(&dst.region) == before, "seed {seed}");
     assert_write_works(&mut sim, &dst, &src, 12);
 }
@@ -494,10 +496,9 @@ fn a_forged_write_from_the_wrong_address_is_counted_and_dropped() {
     let before = snapshot(&dst.region);
     let d = forged_write(b.qp.qpn, a.qp.qpn, a.qp.psn, dst.keys.rkey, 0, &[9; 100]);
     let stranger: SocketAddr = "10.9.9.9:4791".parse().expect("addr");
-    sim.c.nodes[1]
-        .ep
-        .handle_datagram(sim.c.now, stranger, 0, &d);
-    assert_eq!(sim.c.nodes[1].ep.stats().rx_wrong_peer, 1, "seed {seed}");
+    let now = sim.c.now;
+    sim.c.ep_mut(1).handle_datagram(now, stranger, 0, &d);
+    assert_eq!(sim.c.ep(1).stats().rx_wrong_peer, 1, "seed {seed}");
     assert!(
         snapshot(&dst.region) == before,
         "seed {seed}: a forged WRITE landed"
@@ -519,9 +520,9 @@ fn a_forged_write_from_the_wrong_source_qp_is_counted_and_dropped() {
         0,
         &[9; 100],
     );
-    let (now, from) = (sim.c.now, sim.c.nodes[0].addr);
-    sim.c.nodes[1].ep.handle_datagram(now, from, 0, &d);
-    assert_eq!(sim.c.nodes[1].ep.stats().rx_wrong_peer, 1, "seed {seed}");
+    let (now, from) = (sim.c.now, sim.c.addr(0));
+    sim.c.ep_mut(1).handle_datagram(now, from, 0, &d);
+    assert_eq!(sim.c.ep(1).stats().rx_wrong_peer, 1, "seed {seed}");
     assert!(
         snapshot(&dst.region) == before,
         "seed {seed}: a forged WRITE landed"
@@ -543,9 +544,9 @@ fn a_packet_far_outside_the_receive_window_is_counted_and_dropped() {
         0,
         &[9; 100],
     );
-    let (now, from) = (sim.c.now, sim.c.nodes[0].addr);
-    sim.c.nodes[1].ep.handle_datagram(now, from, 0, &d);
-    assert_eq!(sim.c.nodes[1].ep.stats().rx_out_of_window, 1, "seed {seed}");
+    let (now, from) = (sim.c.now, sim.c.addr(0));
+    sim.c.ep_mut(1).handle_datagram(now, from, 0, &d);
+    assert_eq!(sim.c.ep(1).stats().rx_out_of_window, 1, "seed {seed}");
     assert!(snapshot(&dst.region) == before, "seed {seed}");
     assert_write_works(&mut sim, &dst, &src, 15);
 }
@@ -609,8 +610,8 @@ fn hostile_datagrams_on_one_qp_leave_another_qp_working() {
             ..h
         };
         wire::emit(&mut buf, &h, &body, plen, |p| p.fill(1)).expect("sized");
-        let (now, from) = (sim.c.now, sim.c.nodes[0].addr);
-        sim.c.nodes[1].ep.handle_datagram(now, from, 0, &buf);
+        let (now, from) = (sim.c.now, sim.c.addr(0));
+        sim.c.ep_mut(1).handle_datagram(now, from, 0, &buf);
     }
     sim.c.run_until(100_000, |c| c.next_event().is_none());
     assert_write_works(&mut sim, &dst, &src, 16);
@@ -1025,8 +1026,8 @@ fn an_entry_from_another_protection_domain_is_wrong_pd() {
 fn a_deregistered_lkey_is_refused_at_post() {
     let seed = seed(251);
     let (mut sim, dst, src) = pair_with_target(seed);
-    sim.c.nodes[0]
-        .ep
+    sim.c
+        .ep_mut(0)
         .deregister(src.keys.lkey)
         .expect("registered");
     let remote = RemoteAddr {
@@ -1084,9 +1085,9 @@ fn endpoints_never_panic_on_hostile_datagrams_at_any_time() {
         }
         let crc = crc32c::crc32c(&bytes);
         bytes.extend_from_slice(&crc.to_be_bytes());
-        let addr = sim.c.nodes[from].addr;
+        let addr = sim.c.addr(from);
         let now = sim.c.now;
-        sim.c.nodes[to].ep.handle_datagram(now, addr, 0, &bytes);
+        sim.c.ep_mut(to).handle_datagram(now, addr, 0, &bytes);
         sim.c.step();
     }
     sim.c.run_until(1_000_000, |c| c.next_event().is_none());
@@ -1099,7 +1100,7 @@ fn endpoints_never_panic_on_hostile_datagrams_at_any_time() {
         "seed {seed}: {got:?}"
     );
     assert!(
-        sim.c.nodes[1].ep.stats().rx_datagrams + sim.c.nodes[0].ep.stats().rx_datagrams >= 2000,
+        sim.c.ep(1).stats().rx_datagrams + sim.c.ep(0).stats().rx_datagrams >= 2000,
         "seed {seed}"
     );
 }

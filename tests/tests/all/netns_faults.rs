@@ -27,6 +27,7 @@ use braid::{
     WcOpcode, WcStatus,
 };
 use braid_netns::{NetemConfig, Netns, TESTBED_PATHS, Testbed4, path_delta, require_root, setup};
+use braid_tests::oracle::{self, Expect, Want};
 use braid_tests::{PEER_REGION_LEN, fnv1a, format_info, parse_info, pattern_byte};
 
 use crate::support::{Peer, random_mr};
@@ -213,16 +214,7 @@ struct Row {
 }
 
 fn table(rows: &[Row]) -> String {
-    let head = [
-        "scenario",
-        "messages",
-        "bytes verified",
-        "retransmits",
-        "rto fired",
-        "bad CRC dropped",
-        "result",
-        "wall time",
-    ];
+    let head = crate::fault_matrix::head("wall time");
     let cells: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
@@ -360,12 +352,6 @@ fn contents(mr: &MemoryRegion) -> Vec<u8> {
 }
 
 /// How the requester's work must end.
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-enum Expect {
-    AllSucceed,
-    /// A prefix succeeds, then one `RetryExceeded`, then `Flushed` for the rest.
-    GivesUp,
-}
 
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
 enum Kind {
@@ -566,67 +552,35 @@ impl Work {
     /// Checks the requester's completions, the responder's (as far as they came) and every
     /// byte of every region; returns the bytes verified exactly.
     fn verify(&self, tag: &str, got: &[Completion], got_b: &[Completion], expect: Expect) -> u64 {
-        assert_eq!(
-            got.len(),
-            self.n,
-            "{tag}: every work request completes exactly once"
-        );
-        let mut failed = None;
-        for (i, c) in got.iter().enumerate() {
-            assert_eq!(
-                c.wr_id, i as u64,
-                "{tag}: completion #{i} (in posting order)"
-            );
-            match c.status {
-                WcStatus::Success if failed.is_none() => assert_eq!(
-                    (c.opcode, c.byte_len),
-                    (self.opcode(i), self.len(i)),
-                    "{tag}: completion #{i}"
-                ),
-                WcStatus::RetryExceeded if expect == Expect::GivesUp && failed.is_none() => {
-                    failed = Some(i)
-                }
-                WcStatus::Flushed if failed.is_some() => {}
-                s => panic!("{tag}: completion #{i}: {s:?} (first failure at {failed:?})"),
-            }
-        }
-        assert_eq!(
-            failed.is_some(),
-            expect == Expect::GivesUp,
-            "{tag}: whether the QP gave up"
-        );
+        let want: Vec<Want> = (0..self.n)
+            .map(|i| Want {
+                wr_id: i as u64,
+                opcode: self.opcode(i),
+                byte_len: self.len(i),
+                imm: None,
+            })
+            .collect();
+        oracle::requester(tag, got, &want, None, expect);
         // The responder's RECVs, in posting order.
         let sends: Vec<usize> = (0..self.n)
             .filter(|&i| self.kind(i) == Kind::Send)
             .collect();
-        if expect == Expect::AllSucceed {
-            assert_eq!(got_b.len(), sends.len(), "{tag}: receive completions");
-        }
+        let want_b: Vec<Want> = sends
+            .iter()
+            .map(|&i| Want {
+                wr_id: 1_000_000 + i as u64,
+                opcode: WcOpcode::Recv,
+                byte_len: self.size as u32,
+                imm: None,
+            })
+            .collect();
         let mut recv_ok = vec![false; self.n];
-        let mut flushed = false;
-        for (c, &i) in got_b.iter().zip(&sends) {
-            assert_eq!(
-                c.wr_id,
-                1_000_000 + i as u64,
-                "{tag}: receive completions in order"
-            );
-            match c.status {
-                WcStatus::Success if !flushed => {
-                    assert_eq!(
-                        (c.opcode, c.byte_len),
-                        (WcOpcode::Recv, self.size as u32),
-                        "{tag}: receive of #{i}"
-                    );
-                    recv_ok[i] = true;
-                }
-                WcStatus::Flushed if expect == Expect::GivesUp => flushed = true,
-                s => panic!("{tag}: receive of #{i}: {s:?}"),
-            }
+        for (ok, &i) in oracle::responder(tag, got_b, &want_b, None, expect)
+            .into_iter()
+            .zip(&sends)
+        {
+            recv_ok[i] = ok;
         }
-        assert!(
-            got_b.len() <= sends.len(),
-            "{tag}: more receive completions than SENDs"
-        );
         let landed = |i: usize| got[i].status == WcStatus::Success || recv_ok[i];
 
         let (a_dst, b_wr, b_recv) = (
@@ -663,13 +617,9 @@ impl Work {
                 bytes += s as u64;
             } else {
                 // Unfinished: each byte old or new, nothing else.
-                for k in at..at + s {
-                    assert!(
-                        got_r[k] == want[k] || got_r[k] == new[k - at],
-                        "{tag}: unfinished #{i} left a byte that is neither old nor new"
-                    );
-                    want[k] = got_r[k];
-                }
+                let what = format!("unfinished #{i}");
+                oracle::unfinished(tag, &what, &got_r[at..at + s], &want[at..at + s], new);
+                want[at..at + s].copy_from_slice(&got_r[at..at + s]);
             }
         }
         for (name, got_r, want) in [
@@ -687,25 +637,8 @@ impl Work {
         let counter = u64::from_ne_bytes(counter);
         let n_fa = (0..self.n)
             .filter(|&i| self.kind(i) == Kind::FetchAdd)
-            .count() as u64;
-        fa.sort_unstable();
-        let n_ok = fa.len() as u64;
-        let executed = counter / ADD;
-        assert!(
-            counter % ADD == 0 && (n_ok..=n_fa).contains(&executed),
-            "{tag}: fetch-add counter {counter}, {n_ok} succeeded of {n_fa}"
-        );
-        if expect == Expect::AllSucceed {
-            assert_eq!(
-                fa,
-                (0..n_fa).map(|k| k * ADD).collect::<Vec<_>>(),
-                "{tag}: fetch-add originals"
-            );
-        } else {
-            let before = fa.len();
-            fa.dedup();
-            assert_eq!(fa.len(), before, "{tag}: a fetch-add original came twice");
-        }
+            .count();
+        let n_ok = oracle::fetch_adds(tag, counter, ADD, n_fa, fa, expect).len() as u64;
         bytes + 8 * (n_ok + 1)
     }
 }

@@ -22,8 +22,7 @@ fn sge(mr: &Mr, offset: u64, len: u32) -> Sge {
 }
 
 fn post(c: &mut Cluster, s: &Side, wr_id: u64, op: SendOp, sges: Vec<Sge>) {
-    c.nodes[s.node]
-        .ep
+    c.ep_mut(s.node)
         .post_send(
             s.qp.qpn,
             SendWr {
@@ -64,8 +63,7 @@ fn pattern(n: usize, salt: u8) -> Vec<u8> {
 fn an_encrypted_qp_connected_to_itself_runs_every_operation_in_the_simulator() {
     let mut c = Cluster::new(5, 1, &EndpointConfig::default(), LinkConfig::default());
     let s = c.new_side(0, true);
-    c.nodes[0]
-        .ep
+    c.ep_mut(0)
         .connect(s.qp.qpn, s.qp)
         .expect("connect to itself");
     let n = 20_000usize;
@@ -73,7 +71,7 @@ fn an_encrypted_qp_connected_to_itself_runs_every_operation_in_the_simulator() {
     let dst = c.alloc_mr(&s, 4 * n + 8, Access::ALL);
     let data = pattern(n, 0x5a);
     src.region.write(0, &data).expect("in bounds");
-    let ep = &mut c.nodes[0].ep;
+    let ep = &mut c.ep_mut(0);
     for (id, off) in [(100u64, n as u64 + 8), (101, 2 * n as u64 + 8)] {
         ep.post_recv(
             s.qp.qpn,
@@ -160,7 +158,7 @@ fn an_encrypted_qp_connected_to_itself_runs_every_operation_in_the_simulator() {
     let mut word = [0u8; 8];
     dst.region.read(0, &mut word).expect("in bounds");
     assert_eq!(u64::from_ne_bytes(word), 40);
-    let st = c.nodes[0].ep.stats();
+    let st = c.ep(0).stats();
     assert_eq!((st.rx_auth_failed, st.rx_replayed), (0, 0), "{st:?}");
 }
 
@@ -259,7 +257,7 @@ fn a_small_write_is_not_starved_by_8_mib_of_read_responses() {
         );
     }
     // Until B is well into answering.
-    let sent = |c: &Cluster| c.nodes[1].ep.qp_stats(b.qp.qpn).expect("qp").packets_sent;
+    let sent = |c: &Cluster| c.ep(1).qp_stats(b.qp.qpn).expect("qp").packets_sent;
     assert!(c.run_until(1_000_000, |c| sent(c) >= 200));
     let before = sent(&c);
     let b_word = c.alloc_mr(&b, 8, Access::LOCAL_WRITE);
@@ -282,7 +280,7 @@ fn a_small_write_is_not_starved_by_8_mib_of_read_responses() {
     // The response packets B sent between posting the WRITE and its completion: the WRITE's
     // own packet waited for at most a quantum (about a dozen packets); the rest is the round
     // trip of its ACK. All of the READ data is over 5000 packets.
-    let total = (8 * mib) as u64 / u64::from(c.nodes[1].ep.chunk_size());
+    let total = (8 * mib) as u64 / u64::from(c.ep(1).chunk_size());
     assert!(
         during < total / 10,
         "{during} of B's packets went out before its WRITE completed (all READs: {total})"
@@ -339,12 +337,9 @@ fn deregistering_a_region_stops_the_read_responses_served_from_it() {
         SendOp::Read(RemoteAddr { rkey, offset: 0 }),
         vec![sge(&a_dst, 0, 8)],
     );
-    let sent = |c: &Cluster| c.nodes[1].ep.qp_stats(b.qp.qpn).expect("qp").packets_sent;
+    let sent = |c: &Cluster| c.ep(1).qp_stats(b.qp.qpn).expect("qp").packets_sent;
     assert!(c.run_until(1_000_000, |c| sent(c) >= 300));
-    c.nodes[1]
-        .ep
-        .deregister(b_src.keys.lkey)
-        .expect("registered");
+    c.ep_mut(1).deregister(b_src.keys.lkey).expect("registered");
     let at_deregistration = sent(&c);
     b_src
         .region
@@ -367,7 +362,7 @@ fn deregistering_a_region_stops_the_read_responses_served_from_it() {
         placed.iter().any(|&x| x != 0),
         "some of the READ had arrived before deregistration"
     );
-    let b_stats = c.nodes[1].ep.qp_stats(b.qp.qpn).expect("qp");
+    let b_stats = c.ep(1).qp_stats(b.qp.qpn).expect("qp");
     assert_eq!(b_stats.state, braid::proto::QpState::Error);
     // Nothing was sent from the region after deregistration (the NAK is not counted).
     assert_eq!(b_stats.packets_sent, at_deregistration);
@@ -397,7 +392,7 @@ fn deregistering_a_posted_writes_source_fails_it_with_a_local_protection_error()
         SendOp::Write(RemoteAddr { rkey, offset: 0 }),
         vec![],
     );
-    c.nodes[0].ep.deregister(src.keys.lkey).expect("registered");
+    c.ep_mut(0).deregister(src.keys.lkey).expect("registered");
     let got = take(&mut c, &a, 2);
     let st: Vec<_> = got.iter().map(|w| (w.wr_id, w.status)).collect();
     assert_eq!(
@@ -481,10 +476,7 @@ fn visits_per_datagram(idle: usize) -> f64 {
     let rkey = dst.keys.rkey;
     // Settle first: the fresh QPs are each asked once.
     c.drive_bounded(1_000);
-    let (v0, d0) = (
-        c.nodes[0].ep.transmit_visits(),
-        c.nodes[0].ep.stats().tx_datagrams,
-    );
+    let (v0, d0) = (c.ep(0).transmit_visits(), c.ep(0).stats().tx_datagrams);
     post(
         &mut c,
         &a,
@@ -494,8 +486,8 @@ fn visits_per_datagram(idle: usize) -> f64 {
     );
     let got = take(&mut c, &a, 1);
     assert_eq!(got[0].status, WcStatus::Success);
-    let visits = c.nodes[0].ep.transmit_visits() - v0;
-    let datagrams = c.nodes[0].ep.stats().tx_datagrams - d0;
+    let visits = c.ep(0).transmit_visits() - v0;
+    let datagrams = c.ep(0).stats().tx_datagrams - d0;
     assert!(datagrams > 300, "{datagrams}");
     visits as f64 / datagrams as f64
 }
@@ -537,8 +529,7 @@ fn two_busy_qps_take_turns() {
     let mut buf = vec![0u8; 65_536];
     let now = c.now;
     let sent = |c: &Cluster, i: usize| {
-        c.nodes[0]
-            .ep
+        c.ep(0)
             .qp_stats(pairs[i].0.qp.qpn)
             .expect("qp")
             .packets_sent
@@ -546,7 +537,7 @@ fn two_busy_qps_take_turns() {
     let mut order = Vec::new();
     for _ in 0..8 {
         let before = [sent(&c, 0), sent(&c, 1)];
-        if c.nodes[0].ep.poll_transmit(now, &mut buf).is_none() {
+        if c.ep_mut(0).poll_transmit(now, &mut buf).is_none() {
             break;
         }
         let after = [sent(&c, 0), sent(&c, 1)];

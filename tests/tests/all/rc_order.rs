@@ -150,7 +150,7 @@ fn refusal_run(seed: u64, kind: Refusal, link: Option<LinkConfig>) {
             "seed {seed}: {kind:?}: a refused or flushed SEND wrote into a RECV buffer"
         );
     }
-    let eb = &sim.c.nodes[b.node].ep;
+    let eb = &sim.c.ep_mut(b.node);
     assert_eq!(
         eb.qp_stats(b.qp.qpn)
             .map(|s| (s.state, s.outstanding_recvs)),
@@ -161,16 +161,13 @@ fn refusal_run(seed: u64, kind: Refusal, link: Option<LinkConfig>) {
     // A refused packet is done at the requester: on a lossless link nothing is resent.
     if !lossy {
         assert_eq!(
-            sim.c.nodes[a.node]
-                .ep
-                .qp_stats(a.qp.qpn)
-                .map(|s| s.retransmits),
+            sim.c.ep(a.node).qp_stats(a.qp.qpn).map(|s| s.retransmits),
             Some(0),
             "seed {seed}: {kind:?}: requester retransmits"
         );
     }
     assert_eq!(
-        sim.c.nodes[a.node].ep.poll_timeout(),
+        sim.c.ep(a.node).poll_timeout(),
         None,
         "seed {seed}: {kind:?}: a timer"
     );
@@ -262,7 +259,7 @@ fn refusal_behind_a_slow_write_keeps_posting_order() {
         "seed {seed}: the WRITE before the refusal was placed"
     );
     assert_eq!(
-        sim.c.nodes[b.node].ep.qp_stats(b.qp.qpn).map(|s| s.state),
+        sim.c.ep(b.node).qp_stats(b.qp.qpn).map(|s| s.state),
         Some(QpState::Error),
         "seed {seed}"
     );
@@ -271,7 +268,7 @@ fn refusal_behind_a_slow_write_keeps_posting_order() {
 /// Creates a connected pair with `opts` on both sides (the cluster's `connect` takes none).
 fn pair_with(sim: &mut Sim, opts: QpOptions) -> (Side, Side) {
     let mk = |sim: &mut Sim, node: usize| {
-        let ep = &mut sim.c.nodes[node].ep;
+        let ep = &mut sim.c.ep_mut(node);
         let pd = ep.alloc_pd();
         let cq = ep.create_cq();
         let qp = ep
@@ -280,8 +277,8 @@ fn pair_with(sim: &mut Sim, opts: QpOptions) -> (Side, Side) {
         Side { node, pd, cq, qp }
     };
     let (a, b) = (mk(sim, 0), mk(sim, 1));
-    sim.c.nodes[0].ep.connect(a.qp.qpn, b.qp).expect("Init");
-    sim.c.nodes[1].ep.connect(b.qp.qpn, a.qp).expect("Init");
+    sim.c.ep_mut(0).connect(a.qp.qpn, b.qp).expect("Init");
+    sim.c.ep_mut(1).connect(b.qp.qpn, a.qp).expect("Init");
     (a, b)
 }
 
@@ -309,11 +306,7 @@ fn slow_write_then(seed: u64, then: fn(u32) -> SendOp, opts: QpOptions) -> (bool
     });
     sim.post_send(a, send_wr(1, write, vec![sge(&local, 0, 3000)]));
     sim.c.flush();
-    let sent = sim.c.nodes[0]
-        .ep
-        .qp_stats(a.qp.qpn)
-        .expect("QP")
-        .packets_sent;
+    let sent = sim.c.ep(0).qp_stats(a.qp.qpn).expect("QP").packets_sent;
     assert!(
         sent >= 3,
         "seed {seed}: the whole WRITE left on the slow path"
@@ -382,8 +375,8 @@ fn requester_completes_read_and_atomic_in_posting_order() {
     let (a, b) = (sim.a, sim.b);
     let local = sim.random_mr(a, 8192, Access::LOCAL_WRITE, &mut rng);
     let remote = sim.random_mr(b, 8192, Access::ALL, &mut rng);
-    let (rb, b_addr) = (b.node, sim.c.nodes[b.node].addr);
-    let ports = sim.c.nodes[rb].ep.config().ports;
+    let (rb, b_addr) = (b.node, sim.c.addr(b.node));
+    let ports = sim.c.ep(rb).config().ports;
     // The READ's responses leave b on slow links; the atomic's leave later, on fast ones.
     for port in 0..ports {
         sim.c.net.set_link(b_addr, port, slow());
@@ -394,7 +387,7 @@ fn requester_completes_read_and_atomic_in_posting_order() {
     });
     sim.post_send(a, send_wr(1, read, vec![sge(&local, 0, 3000)]));
     sim.c.run_until(10_000, |c| {
-        c.nodes[rb].ep.qp_stats(b.qp.qpn).expect("QP").packets_sent >= 3
+        c.ep(rb).qp_stats(b.qp.qpn).expect("QP").packets_sent >= 3
     });
     for port in 0..ports {
         sim.c.net.set_link(b_addr, port, LinkConfig::default());
@@ -539,7 +532,7 @@ fn read_before_a_refusal_gets_its_data() {
             "seed {seed}: the READ's data"
         );
         sim.c.run_until(200_000, |c| c.next_event().is_none());
-        let eb = &sim.c.nodes[b.node].ep;
+        let eb = &sim.c.ep_mut(b.node);
         assert_eq!(
             eb.qp_stats(b.qp.qpn).map(|s| s.state),
             Some(QpState::Error),

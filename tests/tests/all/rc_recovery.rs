@@ -183,14 +183,14 @@ fn a_dead_peer_ends_in_retry_exceeded_after_the_configured_time() {
     }
     let qpn = a.qp.qpn;
     assert!(
-        sim.c.run_until(1_000_000, |c| c.nodes[0]
-            .ep
+        sim.c.run_until(1_000_000, |c| c
+            .ep(0)
             .qp_stats(qpn)
             .is_some_and(|s| s.packets_sent >= 20)),
         "seed {seed}: never got going"
     );
     let t0 = sim.c.now;
-    sim.c.nodes.truncate(1); // node b is gone: its packets and timers with it
+    sim.c.remove_host(1); // node b is gone: its packets and timers with it
     let got = sim.wait_cq(a, 4, 1_000_000);
     let waited = sim.c.now.nanos_since(t0);
     let statuses: Vec<WcStatus> = got.iter().map(|c| c.status).collect();
@@ -241,8 +241,8 @@ fn a_peer_fragmenting_placement_past_the_qp_budget_is_refused() {
             },
         );
     }
-    let before = sim.c.nodes[1].ep.stats().rx_bad_response;
-    let (from, now) = (sim.c.nodes[0].addr, sim.c.now);
+    let before = sim.c.ep(1).stats().rx_bad_response;
+    let (from, now) = (sim.c.addr(0), sim.c.now);
     let mut psn = a.qp.psn;
     for j in 0..RECVS {
         for i in 0..PIECES {
@@ -267,22 +267,22 @@ fn a_peer_fragmenting_placement_past_the_qp_budget_is_refused() {
             });
             let mut buf = vec![0u8; wire::packet_len(&body, 1)];
             wire::emit(&mut buf, &h, &body, 1, |p| p.fill(0xa5)).expect("sized");
-            let bad = sim.c.nodes[1].ep.stats().rx_bad_response;
-            sim.c.nodes[1].ep.handle_datagram(now, from, 0, &buf);
+            let bad = sim.c.ep(1).stats().rx_bad_response;
+            sim.c.ep_mut(1).handle_datagram(now, from, 0, &buf);
             // A refused packet is not accepted: the next one reuses its sequence number.
-            if sim.c.nodes[1].ep.stats().rx_bad_response == bad {
+            if sim.c.ep(1).stats().rx_bad_response == bad {
                 psn = psn.wrapping_add(1);
             }
         }
     }
-    let refused = sim.c.nodes[1].ep.stats().rx_bad_response - before;
+    let refused = sim.c.ep(1).stats().rx_bad_response - before;
     let total = u64::from(RECVS * PIECES);
     assert_eq!(
         refused,
         total - MAX_TRACKED_RANGES as u64,
         "seed {seed}: pieces refused past the budget"
     );
-    let st = sim.c.nodes[1].ep.qp_stats(b.qp.qpn).expect("qp");
+    let st = sim.c.ep(1).qp_stats(b.qp.qpn).expect("qp");
     assert_eq!(st.state, braid::proto::QpState::Connected, "seed {seed}");
     // Another QP between the same nodes is untouched: a SEND still lands whole.
     let (x, y) = sim.c.connect(0, 1);
@@ -349,7 +349,7 @@ fn refused_write(drop_nak: bool) -> (u64, braid::proto::QpStats, WcStatus) {
     );
     let got = sim.wait_cq(a, 1, 100_000);
     assert_eq!(sim.c.dropped_sent(), u64::from(drop_nak), "seed {seed}");
-    let st = sim.c.nodes[0].ep.qp_stats(a.qp.qpn).expect("qp");
+    let st = sim.c.ep(0).qp_stats(a.qp.qpn).expect("qp");
     (sim.c.now.nanos_since(t0), st, got[0].status)
 }
 
@@ -411,7 +411,7 @@ fn a_lost_rnr_nak_costs_a_round_trip_not_a_timeout() {
     assert_eq!(got[0].status, WcStatus::Success, "seed {seed}");
     let recv = sim.wait_cq(b, 1, 100_000);
     assert_eq!(recv[0].status, WcStatus::Success, "seed {seed}");
-    let st = sim.c.nodes[0].ep.qp_stats(a.qp.qpn).expect("qp");
+    let st = sim.c.ep(0).qp_stats(a.qp.qpn).expect("qp");
     assert_eq!((st.rtos, st.repaths), (0, 0), "seed {seed}: {st:?}");
     assert!(
         snapshot(&dst.region)[..1000] == snapshot(&src.region)[..1000],

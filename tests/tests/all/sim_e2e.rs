@@ -3,10 +3,9 @@
 //! vanished peers; receiver-not-ready. Every assertion names the seed; replay a failure with
 //! `BRAID_SEED=<seed> cargo test -p braid-tests <test name>`.
 use braid::datapath::sim::LinkConfig;
-use braid::proto::{
-    Access, Completion, RecvWr, RemoteAddr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
-};
+use braid::proto::{Access, RecvWr, RemoteAddr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
 use braid::testing::Mr;
+use braid_tests::oracle::{self, Expect, Want};
 use rand_chacha::ChaCha8Rng;
 use rand_core::RngCore;
 
@@ -113,23 +112,6 @@ impl Tracked {
             );
         }
     }
-}
-
-/// What the requester's completion for one work request must say.
-#[derive(Debug, PartialEq, Eq)]
-struct WantSend {
-    wr_id: u64,
-    opcode: WcOpcode,
-    byte_len: u32,
-}
-
-/// What the responder's completion for one RECV must say.
-#[derive(Debug, PartialEq, Eq)]
-struct WantRecv {
-    wr_id: u64,
-    opcode: WcOpcode,
-    byte_len: u32,
-    imm: Option<u32>,
 }
 
 /// A hook run once the requester has sent this many packets.
@@ -253,7 +235,7 @@ fn run_workload_with(
                             sges: rsges,
                         });
                         let imm = (kind == Kind::SendImm).then_some(imm);
-                        want_b.push(WantRecv {
+                        want_b.push(Want {
                             wr_id: wr_id + 1_000_000,
                             opcode: WcOpcode::Recv,
                             byte_len: size,
@@ -285,7 +267,7 @@ fn run_workload_with(
                                 wr_id: wr_id + 1_000_000,
                                 sges: rsges,
                             });
-                            want_b.push(WantRecv {
+                            want_b.push(Want {
                                 wr_id: wr_id + 1_000_000,
                                 opcode: WcOpcode::RecvRdmaWithImm,
                                 byte_len: size,
@@ -378,10 +360,11 @@ fn run_workload_with(
                 )
             }
         };
-        want_a.push(WantSend {
+        want_a.push(Want {
             wr_id,
             opcode,
             byte_len,
+            imm: None,
         });
         wrs.push(SendWr {
             wr_id,
@@ -398,9 +381,8 @@ fn run_workload_with(
     }
     if let Some((packets, hook)) = mid {
         let qpn = a.qp.qpn;
-        let sent = |c: &mut braid::testing::Cluster| {
-            c.nodes[0].ep.qp_stats(qpn).map_or(0, |s| s.packets_sent)
-        };
+        let sent =
+            |c: &mut braid::testing::Cluster| c.ep(0).qp_stats(qpn).map_or(0, |s| s.packets_sent);
         assert!(
             sim.c.run_until(max_steps, |c| sent(c) >= packets),
             "seed {seed}: never sent {packets} packets"
@@ -409,26 +391,23 @@ fn run_workload_with(
     }
     let got_a = sim.wait_cq(a, want_a.len(), max_steps);
     let got_b = sim.wait_cq(b, want_b.len(), max_steps);
-    check_sends(seed, &got_a, &want_a, a.qp.qpn);
-    check_recvs(seed, &got_b, &want_b, b.qp.qpn);
+    let tag = format!("seed {seed}");
+    oracle::requester(&tag, &got_a, &want_a, Some(a.qp.qpn), Expect::AllSucceed);
+    oracle::responder(&tag, &got_b, &want_b, Some(b.qp.qpn), Expect::AllSucceed);
 
     // Fetch-and-add: the originals are a permutation of 0, ADD, 2*ADD, ...; mark the slots
     // as expected in the model once checked.
-    let mut results: Vec<u64> = fetch_add_slots
+    let originals: Vec<u64> = fetch_add_slots
         .iter()
         .map(|&off| read_u64(&a_atomic.mr, off))
         .collect();
-    for (&off, &v) in fetch_add_slots.iter().zip(&results) {
+    for (&off, &v) in fetch_add_slots.iter().zip(&originals) {
         a_atomic.model[off as usize..off as usize + 8].copy_from_slice(&v.to_ne_bytes());
     }
-    results.sort_unstable();
-    let n = results.len() as u64;
-    assert_eq!(
-        results,
-        (0..n).map(|i| i * ADD).collect::<Vec<_>>(),
-        "seed {seed}: fetch-add originals"
-    );
-    b_atomic.model[..8].copy_from_slice(&(n * ADD).to_ne_bytes());
+    let n = originals.len();
+    let counter = read_u64(&b_atomic.mr, 0);
+    let results = oracle::fetch_adds(&tag, counter, ADD, n, originals, Expect::AllSucceed);
+    b_atomic.model[..8].copy_from_slice(&(n as u64 * ADD).to_ne_bytes());
 
     for (t, name) in [
         (&a_src, "a_src"),
@@ -470,47 +449,6 @@ fn read_u64(mr: &Mr, off: u64) -> u64 {
     let mut b = [0u8; 8];
     mr.region.read(off, &mut b).expect("in bounds");
     u64::from_ne_bytes(b)
-}
-
-fn check_sends(seed: u64, got: &[Completion], want: &[WantSend], qpn: u32) {
-    assert_eq!(
-        got.len(),
-        want.len(),
-        "seed {seed}: requester completion count"
-    );
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let g2 = WantSend {
-            wr_id: g.wr_id,
-            opcode: g.opcode,
-            byte_len: g.byte_len,
-        };
-        assert_eq!(
-            (g.status, g.imm, g.qpn, &g2),
-            (WcStatus::Success, None, qpn, w),
-            "seed {seed}: requester completion #{i} (completions come in posting order)"
-        );
-    }
-}
-
-fn check_recvs(seed: u64, got: &[Completion], want: &[WantRecv], qpn: u32) {
-    assert_eq!(
-        got.len(),
-        want.len(),
-        "seed {seed}: responder completion count"
-    );
-    for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let g2 = WantRecv {
-            wr_id: g.wr_id,
-            opcode: g.opcode,
-            byte_len: g.byte_len,
-            imm: g.imm,
-        };
-        assert_eq!(
-            (g.status, g.qpn, &g2),
-            (WcStatus::Success, qpn, w),
-            "seed {seed}: responder completion #{i}"
-        );
-    }
 }
 
 /// Every data op at every boundary size around one packet, `extra` random ones up to
@@ -573,19 +511,19 @@ fn mixed_with(
         .and_then(|s| s.parse().ok())
         .unwrap_or(seed);
     let sim = Sim::new_with(seed, &config(8, retry_limit), hostile_link(loss), encrypted);
-    let mut chunk = sim.c.nodes[0].ep.chunk_size();
+    let mut chunk = sim.c.ep(0).chunk_size();
     if encrypted {
         chunk -= braid::proto::wire::SEAL_OVERHEAD as u32;
     }
     let ops = mixed_ops(seed, chunk, extra, 64 * 1024, big, 60);
     let out = run_workload(sim, &ops, 3_000_000);
-    let st = out.sim.c.nodes[0].ep.stats();
+    let st = out.sim.c.ep(0).stats();
     eprintln!(
         "seed {seed} loss {loss}: {} ops, virtual {:?}, {} steps, requester {st:?}, responder {:?}, net {:?}",
         ops.len(),
         out.sim.c.now,
         out.sim.c.steps,
-        out.sim.c.nodes[1].ep.stats(),
+        out.sim.c.ep(1).stats(),
         (
             out.sim.c.net.stats().sent,
             out.sim.c.net.stats().lost,
@@ -617,8 +555,8 @@ fn mixed_sealed(seed: u64, loss: f64, retry_limit: u32, big: &[u32], extra: usiz
         "seed {seed}: the link duplicated nothing"
     );
     let (mut auth, mut replayed) = (0, 0);
-    for node in &out.sim.c.nodes {
-        let st = node.ep.stats();
+    for ep in out.sim.c.live_endpoints() {
+        let st = ep.stats();
         auth += st.rx_auth_failed;
         replayed += st.rx_replayed;
     }
@@ -644,8 +582,8 @@ fn an_encrypted_run_replays_exactly_from_its_seed() {
             (
                 c.now,
                 c.steps,
-                c.nodes[0].ep.stats().clone(),
-                c.nodes[1].ep.stats().clone(),
+                c.ep(0).stats().clone(),
+                c.ep(1).stats().clone(),
             )
         })
         .collect();
@@ -713,7 +651,7 @@ fn a_path_black_holed_mid_transfer_does_not_stop_it() {
         (Kind::FetchAdd, 8),
     ];
     let mut cut = |sim: &mut Sim| {
-        let (a, b) = (sim.c.nodes[0].addr, sim.c.nodes[1].addr);
+        let (a, b) = (sim.c.addr(0), sim.c.addr(1));
         sim.c.net.link_mut(a, 3).blackhole = true;
         sim.c.net.link_mut(b, 3).blackhole = true;
     };
@@ -773,8 +711,8 @@ fn start_then(sim: &mut Sim, packets: u64) -> braid::proto::Timestamp {
     let qpn = a.qp.qpn;
     let seed = sim.seed;
     assert!(
-        sim.c.run_until(1_000_000, |c| c.nodes[0]
-            .ep
+        sim.c.run_until(1_000_000, |c| c
+            .ep(0)
             .qp_stats(qpn)
             .is_some_and(|s| s.packets_sent >= packets)),
         "seed {seed}: never sent {packets} packets"
@@ -814,7 +752,7 @@ fn assert_gave_up(sim: &mut Sim, since: braid::proto::Timestamp, bound_ns: u64) 
         .map(|c| (c.wr_id, c.status))
         .collect();
     assert_eq!(recv, vec![(91, WcStatus::Flushed)], "seed {seed}");
-    let st = sim.c.nodes[0].ep.qp_stats(sim.a.qp.qpn).expect("qp");
+    let st = sim.c.ep(0).qp_stats(sim.a.qp.qpn).expect("qp");
     assert_eq!(st.state, braid::proto::QpState::Error, "seed {seed}");
 }
 
@@ -823,7 +761,7 @@ fn a_vanished_peer_gives_retry_exceeded_then_flushed_within_a_second() {
     let seed = seed(41);
     let mut sim = Sim::new(seed, &quick_give_up(config(8, 7)), LinkConfig::default());
     let t0 = start_then(&mut sim, 100);
-    sim.c.nodes.truncate(1); // node b is gone: its packets and timers with it
+    sim.c.remove_host(1); // node b is gone: its packets and timers with it
     assert_gave_up(&mut sim, t0, 1_000_000_000);
 }
 
@@ -833,7 +771,7 @@ fn a_black_holed_peer_gives_retry_exceeded_then_flushed_within_a_second() {
     let mut sim = Sim::new(seed, &quick_give_up(config(8, 7)), hostile_link(0.01));
     let t0 = start_then(&mut sim, 100);
     for node in [0, 1] {
-        let addr = sim.c.nodes[node].addr;
+        let addr = sim.c.addr(node);
         for p in 0..8 {
             sim.c.net.link_mut(addr, p).blackhole = true;
         }
@@ -846,7 +784,7 @@ fn work_posted_after_the_qp_failed_completes_flushed() {
     let seed = seed(43);
     let mut sim = Sim::new(seed, &quick_give_up(config(8, 3)), LinkConfig::default());
     let t0 = start_then(&mut sim, 10);
-    sim.c.nodes.truncate(1);
+    sim.c.remove_host(1);
     assert_gave_up(&mut sim, t0, 1_000_000_000);
     let mr = sim.c.alloc_mr(&sim.a.clone(), 64, Access::LOCAL_WRITE);
     sim.post_send(
@@ -890,8 +828,7 @@ fn rnr_send_is_retried_until_a_recv_is_posted() {
     let (_src, data) = send_bytes(&mut sim, 5000);
     // b refuses it (no RECV) a few times.
     assert!(
-        sim.c
-            .run_until(100_000, |c| c.nodes[1].ep.stats().naks_sent >= 3),
+        sim.c.run_until(100_000, |c| c.ep(1).stats().naks_sent >= 3),
         "seed {seed}: no RNR NAK"
     );
     assert_eq!(
@@ -929,7 +866,7 @@ fn rnr_send_is_retried_until_a_recv_is_posted() {
         vec![0; 1000],
         "seed {seed}: past the message"
     );
-    assert!(sim.c.nodes[0].ep.stats().naks_received >= 3, "seed {seed}");
+    assert!(sim.c.ep(0).stats().naks_received >= 3, "seed {seed}");
 }
 
 #[test]
@@ -1002,11 +939,11 @@ fn a_peer_vanishing_while_a_read_is_answered_fails_the_read_first() {
     // Wait until part of the READ response has arrived (so the READ request was accepted).
     assert!(
         sim.c
-            .run_until(1_000_000, |c| c.nodes[0].ep.stats().rx_datagrams >= 200),
+            .run_until(1_000_000, |c| c.ep(0).stats().rx_datagrams >= 200),
         "seed {seed}"
     );
     let t0 = sim.c.now;
-    sim.c.nodes.truncate(1);
+    sim.c.remove_host(1);
     let got = sim.wait_cq(a, 2, 1_000_000);
     let st: Vec<_> = got.iter().map(|c| (c.wr_id, c.status)).collect();
     assert_eq!(
@@ -1107,7 +1044,7 @@ fn several_qps_between_two_nodes_stay_independent_under_loss() {
             sges: vec![sge(&src, 0, len as u32)],
             signaled: true,
         };
-        c.nodes[s.node].ep.post_send(s.qp.qpn, wr).expect("post");
+        c.ep_mut(s.node).post_send(s.qp.qpn, wr).expect("post");
         checks.push((*s, dst, data));
     }
     let done = |c: &mut braid::testing::Cluster| checks_done(c, &pairs);
@@ -1158,8 +1095,7 @@ fn rnr_write_imm_is_retried_until_a_recv_is_posted() {
         },
     );
     assert!(
-        sim.c
-            .run_until(100_000, |c| c.nodes[1].ep.stats().naks_sent >= 2),
+        sim.c.run_until(100_000, |c| c.ep(1).stats().naks_sent >= 2),
         "seed {seed}: no RNR NAK"
     );
     sim.post_recv(
@@ -1210,8 +1146,7 @@ fn rnr_retry_works_under_loss_and_reordering() {
         let mut sim = Sim::new(seed, &cfg, hostile_link(0.05));
         let (_src, data) = send_bytes(&mut sim, 20_000);
         assert!(
-            sim.c
-                .run_until(100_000, |c| c.nodes[1].ep.stats().naks_sent >= 3),
+            sim.c.run_until(100_000, |c| c.ep(1).stats().naks_sent >= 3),
             "seed {seed}: no RNR NAK"
         );
         let dst = sim.c.alloc_mr(&sim.b.clone(), 20_000, Access::LOCAL_WRITE);

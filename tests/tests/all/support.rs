@@ -102,7 +102,7 @@ impl Sim {
     }
 
     pub fn try_post_send(&mut self, side: Side, wr: SendWr) -> Result<(), PostError> {
-        self.c.nodes[side.node].ep.post_send(side.qp.qpn, wr)
+        self.c.ep_mut(side.node).post_send(side.qp.qpn, wr)
     }
 
     pub fn post_send(&mut self, side: Side, wr: SendWr) {
@@ -115,8 +115,8 @@ impl Sim {
     pub fn post_recv(&mut self, side: Side, wr: RecvWr) {
         let seed = self.seed;
         let id = wr.wr_id;
-        self.c.nodes[side.node]
-            .ep
+        self.c
+            .ep_mut(side.node)
             .post_recv(side.qp.qpn, wr)
             .unwrap_or_else(|e| panic!("seed {seed}: post_recv wr {id}: {e}"));
     }
@@ -139,8 +139,8 @@ impl Sim {
             self.c.now,
             self.c.steps,
             got.last(),
-            self.c.nodes[0].ep.stats(),
-            self.c.nodes[1].ep.stats(),
+            self.c.ep(0).stats(),
+            self.c.ep(1).stats(),
         );
         got
     }

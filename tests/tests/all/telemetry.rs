@@ -31,7 +31,7 @@ fn qp_stats_report_rtt_percentiles_and_per_path_counters() {
     let seed = seed(41);
     let mut sim = Sim::new(seed, &config(8, 10), hostile_link(0.01));
     write(&mut sim, 4 << 20);
-    let ep = &sim.c.nodes[0].ep;
+    let ep = &sim.c.ep_mut(0);
     let st = ep.qp_stats(sim.a.qp.qpn).expect("the QP exists");
     let r = st.rtt;
     assert!(r.samples > 100, "seed {seed}: {r:?}");
@@ -71,7 +71,7 @@ fn qp_stats_report_rtt_percentiles_and_per_path_counters() {
     // traffic: none, since b sends no data).
     let dev = ep.rtt_summary();
     assert_eq!(dev, r, "seed {seed}: one QP, so the same distribution");
-    assert_eq!(sim.c.nodes[0].ep.stats().rto_fired, st.rtos, "seed {seed}");
+    assert_eq!(sim.c.ep(0).stats().rto_fired, st.rtos, "seed {seed}");
 }
 
 #[test]
@@ -81,14 +81,11 @@ fn plb_moves_a_lossy_path_onto_a_spare_port_and_its_losses_end() {
     // 8 paths on 16 source ports (the default: twice the paths); every link clean except
     // the one port 2 of node a sends on, which drops 20% of its packets.
     let mut sim = Sim::new(seed, &config(8, 10), LinkConfig::default());
-    assert_eq!(sim.c.nodes[0].ep.config().ports, 16);
-    let a = sim.c.nodes[0].addr;
+    assert_eq!(sim.c.ep(0).config().ports, 16);
+    let a = sim.c.addr(0);
     sim.c.net.link_mut(a, 2).loss = 0.2;
     write(&mut sim, 4 << 20);
-    let st = sim.c.nodes[0]
-        .ep
-        .qp_stats(sim.a.qp.qpn)
-        .expect("the QP exists");
+    let st = sim.c.ep(0).qp_stats(sim.a.qp.qpn).expect("the QP exists");
     assert!(st.repaths > 0, "seed {seed}: no re-path: {st:?}");
     assert_ne!(
         st.path_ports[2], 2,
@@ -110,10 +107,7 @@ fn plb_moves_a_lossy_path_onto_a_spare_port_and_its_losses_end() {
     let lossy = |sim: &Sim| sim.c.net.stats().link(a, 2).map_or(0, |l| l.sent);
     let (sent_before, lost_before) = (lossy(&sim), st.paths.iter().map(|p| p.lost).sum::<u64>());
     write(&mut sim, 4 << 20);
-    let st2 = sim.c.nodes[0]
-        .ep
-        .qp_stats(sim.a.qp.qpn)
-        .expect("the QP exists");
+    let st2 = sim.c.ep(0).qp_stats(sim.a.qp.qpn).expect("the QP exists");
     let lost_after = st2.paths.iter().map(|p| p.lost).sum::<u64>();
     assert_eq!(
         lossy(&sim),
@@ -140,13 +134,10 @@ fn without_spare_ports_a_lossy_path_stays_put() {
     let mut cfg = config(8, 10);
     cfg.ports = 8;
     let mut sim = Sim::new(seed, &cfg, LinkConfig::default());
-    let a = sim.c.nodes[0].addr;
+    let a = sim.c.addr(0);
     sim.c.net.link_mut(a, 2).loss = 0.2;
     write(&mut sim, 4 << 20);
-    let st = sim.c.nodes[0]
-        .ep
-        .qp_stats(sim.a.qp.qpn)
-        .expect("the QP exists");
+    let st = sim.c.ep(0).qp_stats(sim.a.qp.qpn).expect("the QP exists");
     assert_eq!(st.repaths, 0, "seed {seed}: {st:?}");
     assert_eq!(st.path_ports, (0..8).collect::<Vec<u16>>());
 }
@@ -163,10 +154,7 @@ fn reordering_beyond_the_window_shows_up_as_spurious_losses() {
     };
     let mut sim = Sim::new(seed, &config(8, 10), link);
     write(&mut sim, 4 << 20);
-    let st = sim.c.nodes[0]
-        .ep
-        .qp_stats(sim.a.qp.qpn)
-        .expect("the QP exists");
+    let st = sim.c.ep(0).qp_stats(sim.a.qp.qpn).expect("the QP exists");
     assert_eq!(sim.c.net.stats().lost, 0);
     assert!(
         st.spurious_losses + st.spurious_retransmits > 0,
@@ -290,10 +278,7 @@ fn reordered_write_ns(seed: u64, undo: bool) -> (u64, u64) {
     };
     let mut sim = Sim::new(seed, &cfg, link);
     write(&mut sim, 4 << 20);
-    let st = sim.c.nodes[0]
-        .ep
-        .qp_stats(sim.a.qp.qpn)
-        .expect("the QP exists");
+    let st = sim.c.ep(0).qp_stats(sim.a.qp.qpn).expect("the QP exists");
     (sim.c.now.as_nanos(), st.retransmits)
 }
 

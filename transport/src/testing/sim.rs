@@ -9,4 +9,4 @@
 pub mod driver;
 pub mod fabric;
 
-pub use driver::{CqQueues, Driver, DriverConfig, Handler, Livelock, Service};
+pub use driver::{CqQueues, Driver, DriverConfig, Handler, HostModel, Livelock, Service};

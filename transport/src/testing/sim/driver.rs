@@ -30,7 +30,20 @@
 //! [`Driver::hold_until`] defers everything a host does (its datagram handling, timers,
 //! transmissions and completions) until a time: what arrives meanwhile waits in its receive
 //! queue, and at the end of the hold the host catches up in one service, as a descheduled
-//! progress thread does. A slow host is a sequence of such holds.
+//! progress thread does.
+//!
+//! [`Driver::set_host_model`] makes a host slow for the rest of the run ([`HostModel`]): each
+//! datagram it handles or sends costs it time, during which it does nothing else (arrivals
+//! wait in a bounded socket buffer, beyond which they are dropped, and are then handled at
+//! most 32 at a time; its timers fire late), and it pauses at random, drawn from a seed.
+//!
+//! # Other hooks for tests
+//!
+//! [`Driver::drop_sent`] drops chosen datagrams a host sends before they reach the network;
+//! [`Handler::on_delivery`] sees (and may lose) every delivery before a host does;
+//! [`Driver::remove_host`] takes a host away as a crashed machine and
+//! [`Driver::replace_ep`] restarts its process; [`Driver::step_until`] is a step that never
+//! moves the clock past a given time.
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::mem;
@@ -93,6 +106,14 @@ pub enum Service {
 
 /// What the test or workload does with completions.
 pub trait Handler<N: Network> {
+    /// Called for each datagram the network delivers, before any host sees it (whether or
+    /// not a host runs at its address): a test looks at it or copies it, and returns false
+    /// to lose it there. The default keeps every datagram.
+    fn on_delivery(&mut self, delivery: &Delivery) -> bool {
+        let _ = delivery;
+        true
+    }
+
     /// Called for each completion host `host`'s engine reports (on completion queue `cq`),
     /// in the order the engine reports them, while the host is being serviced. It may post
     /// work on any endpoint ([`Driver::ep_mut`]); work on another host than `host` needs
@@ -126,6 +147,13 @@ impl CqQueues {
             .get(host)
             .and_then(|q| q.get(&cq))
             .map_or(0, VecDeque::len)
+    }
+
+    /// Forgets every completion waiting on host `host` (a restarted host's old queues).
+    pub fn clear(&mut self, host: usize) {
+        if let Some(q) = self.queues.get_mut(host) {
+            q.clear();
+        }
     }
 
     /// Whether no completion waits anywhere.
@@ -172,6 +200,130 @@ impl std::fmt::Display for Livelock {
 
 impl std::error::Error for Livelock {}
 
+/// How fast a simulated host runs. `Default` is an infinitely fast host (no cost, no pause),
+/// which is what every host is unless [`Driver::set_host_model`] says otherwise.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
+pub struct HostModel {
+    /// Time each datagram handled or sent costs the host, ns. While it works it handles
+    /// nothing else: arrivals queue, timers fire late.
+    pub cost_ns: u64,
+    /// Arrivals queued while busy, at most (a socket buffer); more are dropped. 0 means 256.
+    pub queue: usize,
+    /// Mean time between pauses, ns (0: never pauses). Pause starts are drawn uniformly
+    /// from 0 to twice this after the previous pause ends.
+    pub pause_every_ns: u64,
+    /// How long one pause lasts, ns.
+    pub pause_ns: u64,
+}
+
+impl HostModel {
+    /// A host `factor` times slower than one that spends a microsecond per datagram.
+    pub fn slower(factor: u64) -> HostModel {
+        HostModel {
+            cost_ns: factor * 1_000,
+            ..HostModel::default()
+        }
+    }
+
+    /// A host that pauses for `pause_ns` every `every_ns` on average.
+    pub fn pausing(every_ns: u64, pause_ns: u64) -> HostModel {
+        HostModel {
+            pause_every_ns: every_ns,
+            pause_ns,
+            ..HostModel::default()
+        }
+    }
+
+    fn is_slow(&self) -> bool {
+        self.cost_ns > 0 || self.pause_every_ns > 0
+    }
+}
+
+/// Most queued arrivals a slow host handles in one go (a receive batch).
+const SLOW_BATCH: usize = 32;
+
+/// What a slow host is doing: busy until when, what waits for it, when it pauses next.
+#[derive(Debug, Default)]
+struct SlowHost {
+    model: HostModel,
+    busy_until: Timestamp,
+    inbox: VecDeque<Delivery>,
+    next_pause: Option<Timestamp>,
+    /// It handled something while busy and has not polled for datagrams to send since.
+    owes_flush: bool,
+    rng: u64,
+    dropped: u64,
+    pauses: u64,
+}
+
+impl SlowHost {
+    fn draw(&mut self) -> u64 {
+        // splitmix64: deterministic from the seed `set_host_model` was given.
+        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn schedule_pause(&mut self, after: Timestamp) {
+        let every = self.model.pause_every_ns;
+        self.next_pause = (every > 0).then(|| after.add_nanos(self.draw() % (2 * every)));
+    }
+
+    /// True when the host may work at `now`; starts a due pause first.
+    fn ready(&mut self, now: Timestamp) -> bool {
+        if let Some(p) = self.next_pause
+            && p <= now
+            && self.busy_until <= now
+        {
+            self.busy_until = now.add_nanos(self.model.pause_ns);
+            self.pauses += 1;
+            self.schedule_pause(self.busy_until);
+        }
+        self.busy_until <= now
+    }
+
+    fn work(&mut self, now: Timestamp, datagrams: u64) {
+        let from = self.busy_until.max(now);
+        self.busy_until = from.add_nanos(self.model.cost_ns.saturating_mul(datagrams));
+    }
+
+    /// Queues an arrival, or drops it when the socket buffer is full.
+    fn arrive(&mut self, d: Delivery) -> Option<Delivery> {
+        let cap = if self.model.queue == 0 {
+            256
+        } else {
+            self.model.queue
+        };
+        if self.inbox.len() < cap {
+            self.inbox.push_back(d);
+            None
+        } else {
+            self.dropped += 1;
+            Some(d)
+        }
+    }
+
+    /// When the host next has something to do by itself, given its engine's deadline: the
+    /// deadline once it is free, or the moment it is free when arrivals wait or it owes a
+    /// transmission poll. An idle host's pauses are no events.
+    fn deadline(&self, timer: Option<Timestamp>) -> Option<Timestamp> {
+        let owed = (!self.inbox.is_empty() || self.owes_flush).then_some(self.busy_until);
+        [timer.map(|t| t.max(self.busy_until)), owed]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+}
+
+/// A rule of [`Driver::drop_sent`]: how many more to drop, and which datagrams.
+#[derive(Copy, Clone, Debug)]
+struct TxDrop {
+    left: u32,
+    which: fn(&[u8]) -> bool,
+}
+
 /// One simulated host: its engine and the driver's view of its progress loop.
 #[derive(Debug)]
 struct Host {
@@ -187,17 +339,30 @@ struct Host {
     rx_due: Option<u64>,
     /// The host does nothing before this time ([`Driver::hold_until`]), ns.
     held_until: Option<u64>,
+    /// Its speed and pauses, when it is not infinitely fast ([`Driver::set_host_model`]).
+    slow: Option<Box<SlowHost>>,
+    /// Datagrams it sends that are dropped before the network ([`Driver::drop_sent`]).
+    tx_drop: Option<TxDrop>,
+    /// The host is gone ([`Driver::remove_host`]): nothing reaches it, it does nothing.
+    gone: bool,
 }
 
 impl Host {
     /// The earliest time the host has something to do by itself ([`Service::EveryHost`]):
     /// the end of its hold, or else its batched datagrams or its engine's deadline.
     fn next_deadline(&self) -> Option<Timestamp> {
+        if self.gone {
+            return None;
+        }
         if let Some(until) = self.held_until {
             return Some(Timestamp::from_nanos(until));
         }
         let rx = self.rx_due.map(Timestamp::from_nanos);
-        match (self.ep.poll_timeout(), rx) {
+        let timer = match &self.slow {
+            Some(slow) => slow.deadline(self.ep.poll_timeout()),
+            None => self.ep.poll_timeout(),
+        };
+        match (timer, rx) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         }
@@ -224,6 +389,8 @@ pub struct Driver<N> {
     /// The buffer for the next `poll_transmit`.
     spare: Vec<u8>,
     late_deadlines: u64,
+    /// Datagrams [`Driver::drop_sent`] rules dropped.
+    tx_dropped: u64,
 }
 
 impl<N: Network> Driver<N> {
@@ -241,6 +408,7 @@ impl<N: Network> Driver<N> {
             completions: Vec::new(),
             spare: Vec::new(),
             late_deadlines: 0,
+            tx_dropped: 0,
         }
     }
 
@@ -260,6 +428,9 @@ impl<N: Network> Driver<N> {
             rx: Vec::new(),
             rx_due: None,
             held_until: None,
+            slow: None,
+            tx_drop: None,
+            gone: false,
         });
         self.hosts.len() - 1
     }
@@ -324,6 +495,79 @@ impl<N: Network> Driver<N> {
         }
     }
 
+    /// Makes host `h` run as `model` says from now on: each datagram it handles or sends
+    /// costs it `cost_ns`, during which its timers and arrivals wait (and are handled late,
+    /// at most 32 arrivals at a time), arrivals beyond its socket buffer are dropped, and it
+    /// pauses at random, as a descheduled process does. Its pauses are drawn from `seed`.
+    pub fn set_host_model(&mut self, h: usize, model: HostModel, seed: u64) {
+        let now = self.now;
+        let slow = self.hosts[h].slow.get_or_insert_with(Box::default);
+        slow.model = model;
+        slow.rng = seed;
+        slow.schedule_pause(now);
+        // Its next wake-up depends on the model now.
+        self.touch(h);
+    }
+
+    /// Arrivals host `h` dropped because its queue was full while it was busy.
+    pub fn host_drops(&self, h: usize) -> u64 {
+        self.hosts[h].slow.as_ref().map_or(0, |s| s.dropped)
+    }
+
+    /// Pauses host `h` has taken.
+    pub fn host_pauses(&self, h: usize) -> u64 {
+        self.hosts[h].slow.as_ref().map_or(0, |s| s.pauses)
+    }
+
+    /// Drops the next `n` datagrams host `h` sends that `which` matches, before they reach
+    /// the network: a loss aimed at exactly one packet (a NAK, say). Replaces an earlier
+    /// rule of the same host.
+    pub fn drop_sent(&mut self, h: usize, n: u32, which: fn(&[u8]) -> bool) {
+        self.hosts[h].tx_drop = Some(TxDrop { left: n, which });
+    }
+
+    /// Forgets every [`drop_sent`](Self::drop_sent) rule.
+    pub fn clear_drop_sent(&mut self) {
+        for host in &mut self.hosts {
+            host.tx_drop = None;
+        }
+    }
+
+    /// Datagrams dropped by [`drop_sent`](Self::drop_sent) rules so far.
+    pub fn dropped_sent(&self) -> u64 {
+        self.tx_dropped
+    }
+
+    /// Takes host `h` away, as a crashed machine: what the network delivers to it is lost,
+    /// its engine's timers never run and it sends nothing more. Its index stays taken and
+    /// its engine readable.
+    pub fn remove_host(&mut self, h: usize) {
+        let host = &mut self.hosts[h];
+        host.gone = true;
+        host.wake = None;
+        for d in host.rx.drain(..) {
+            self.net.recycle(d.bytes);
+        }
+        host.rx_due = None;
+        if let Some(slow) = &mut host.slow {
+            slow.inbox.clear();
+            slow.owes_flush = false;
+        }
+    }
+
+    /// Whether host `h` was taken away ([`Driver::remove_host`]).
+    pub fn is_removed(&self, h: usize) -> bool {
+        self.hosts[h].gone
+    }
+
+    /// Runs `ep` on host `h` from now on, as a restarted process on the same machine
+    /// (its network host, receive queue and model stay); returns the engine it replaces.
+    pub fn replace_ep(&mut self, h: usize, ep: Endpoint) -> Endpoint {
+        let old = mem::replace(&mut self.hosts[h].ep, ep);
+        self.touch(h);
+        old
+    }
+
     /// Whether host `h` is held at `now` ([`Driver::hold_until`]).
     pub fn is_held(&self, h: usize) -> bool {
         self.hosts[h]
@@ -341,12 +585,7 @@ impl<N: Network> Driver<N> {
     /// Stale wake-ups are dropped on the way.
     pub fn next_event(&mut self) -> Option<Timestamp> {
         if self.cfg.service == Service::EveryHost {
-            let net = self.net.next_event();
-            let hosts = self.hosts.iter().filter_map(Host::next_deadline).min();
-            return match (net, hosts) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            return self.every_host_next_event();
         }
         while let Some(&Reverse((t, h))) = self.wakes.peek() {
             if self.hosts[h as usize].wake == Some(t) {
@@ -361,6 +600,16 @@ impl<N: Network> Driver<N> {
             (a, b) => a.or(b),
         }
         .map(Timestamp::from_nanos)
+    }
+
+    /// [`Service::EveryHost`]'s next event: the earliest delivery or host deadline.
+    pub(crate) fn every_host_next_event(&self) -> Option<Timestamp> {
+        let net = self.net.next_event();
+        let hosts = self.hosts.iter().filter_map(Host::next_deadline).min();
+        match (net, hosts) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Services the marked hosts (their pending work and completions) at the current time,
@@ -390,6 +639,29 @@ impl<N: Network> Driver<N> {
         self.now = self.now.max(next);
         self.process(handler);
         true
+    }
+
+    /// [`step`](Self::step), except that the clock never passes `until`: when nothing is
+    /// due by then, the clock moves to `until` and the step ends there. False when nothing
+    /// is pending and there is no `until`.
+    pub fn step_until(&mut self, handler: &mut impl Handler<N>, until: Option<Timestamp>) -> bool {
+        self.service(handler);
+        match (self.next_event(), until) {
+            (None, None) => false,
+            (None, Some(u)) => {
+                self.now = self.now.max(u);
+                true
+            }
+            (Some(n), Some(u)) if u < n => {
+                self.now = self.now.max(u);
+                true
+            }
+            (Some(n), _) => {
+                self.now = self.now.max(n);
+                self.process(handler);
+                true
+            }
+        }
     }
 
     /// Steps until `done` holds, nothing is pending, or the next event is past `until`.
@@ -444,12 +716,24 @@ impl<N: Network> Driver<N> {
         let t_now = now.as_nanos();
         let batch = self.cfg.rx_batch_ns;
         while let Some(d) = self.net.poll_deliver(now) {
+            if !handler.on_delivery(&d) {
+                self.net.recycle(d.bytes);
+                continue;
+            }
             let h = d.host.0 as usize;
-            let Some(host) = self.hosts.get_mut(h) else {
+            let Some(host) = self.hosts.get_mut(h).filter(|host| !host.gone) else {
                 // A network host no engine runs on: nobody listens.
                 self.net.recycle(d.bytes);
                 continue;
             };
+            if let Some(slow) = host.slow.as_mut().filter(|s| s.model.is_slow()) {
+                // Its progress loop takes arrivals from its socket buffer when it is free.
+                if let Some(lost) = slow.arrive(d) {
+                    self.net.recycle(lost.bytes);
+                }
+                self.touch(h);
+                continue;
+            }
             let held = host.held_until.filter(|&t| t > t_now);
             if batch == 0 && held.is_none() {
                 host.ep
@@ -495,11 +779,28 @@ impl<N: Network> Driver<N> {
         let now = self.now;
         let t_now = now.as_nanos();
         let host = &mut self.hosts[h];
+        if host.gone {
+            return false;
+        }
         if let Some(until) = host.held_until {
             if until > t_now {
                 return false;
             }
             host.held_until = None;
+        }
+        if let Some(slow) = host.slow.as_mut().filter(|s| s.model.is_slow()) {
+            // A batch of what arrived, then the timers, at whatever time the host is free.
+            if !slow.ready(now) {
+                return false;
+            }
+            let n = slow.inbox.len().min(SLOW_BATCH);
+            for d in slow.inbox.drain(..n) {
+                host.ep
+                    .handle_datagram(now, d.meta.src, d.meta.ecn as u8, &d.bytes);
+                self.net.recycle(d.bytes);
+            }
+            slow.work(now, n as u64);
+            slow.owes_flush = true;
         }
         if host.rx_due.is_some_and(|d| d <= t_now) {
             host.rx_due = None;
@@ -511,8 +812,24 @@ impl<N: Network> Driver<N> {
         }
         if host.ep.poll_timeout().is_some_and(|t| t <= now) {
             host.ep.handle_timeout(now);
+            if let Some(slow) = &mut host.slow {
+                slow.owes_flush = true;
+            }
         }
         true
+    }
+
+    /// Whether host `h` may transmit now: it is there, not held, and not a slow host still
+    /// busy (asking starts the slow host's pause when one is due).
+    fn may_run(&mut self, h: usize) -> bool {
+        let now = self.now;
+        if self.hosts[h].gone || self.is_held(h) {
+            return false;
+        }
+        match self.hosts[h].slow.as_mut() {
+            Some(slow) if slow.model.is_slow() => slow.ready(now),
+            _ => true,
+        }
     }
 
     /// [`Service::EveryHost`]: transmissions and completions of every host not held, in
@@ -523,7 +840,7 @@ impl<N: Network> Driver<N> {
         }
         let nic_limit = self.nic_limit();
         for h in 0..self.hosts.len() {
-            if !self.is_held(h) {
+            if self.may_run(h) {
                 self.run_host(h, handler, nic_limit);
             }
         }
@@ -541,10 +858,14 @@ impl<N: Network> Driver<N> {
     fn service_host(&mut self, h: usize, handler: &mut impl Handler<N>) {
         let now = self.now;
         let t_now = now.as_nanos();
-        if !self.catch_up(h) {
-            // Held: come back at the end of the hold.
+        if !self.catch_up(h) || !self.may_run(h) {
+            // Held or busy: come back when it is free.
             let host = &mut self.hosts[h];
-            let until = host.held_until.unwrap_or(t_now);
+            if host.gone {
+                return;
+            }
+            let busy = host.slow.as_ref().map(|s| s.busy_until.as_nanos());
+            let until = host.held_until.or(busy).unwrap_or(t_now).max(t_now + 1);
             if host.wake != Some(until) {
                 host.wake = Some(until);
                 self.wakes.push(Reverse((until, h as u32)));
@@ -567,7 +888,12 @@ impl<N: Network> Driver<N> {
         self.servicing = Some(h);
         let mut nic_full;
         loop {
-            nic_full = self.transmit(h, nic_limit);
+            let sent;
+            (nic_full, sent) = self.transmit(h, nic_limit);
+            if let Some(slow) = self.hosts[h].slow.as_mut().filter(|s| s.model.is_slow()) {
+                slow.work(self.now, sent);
+                slow.owes_flush = false;
+            }
             let mut completions = mem::take(&mut self.completions);
             completions.clear();
             while let Some(c) = self.hosts[h].ep.poll_completion() {
@@ -588,22 +914,32 @@ impl<N: Network> Driver<N> {
     }
 
     /// `poll_transmit` into the network while host `h`'s NIC has room; returns whether it
-    /// stopped because the NIC was full.
-    fn transmit(&mut self, h: usize, nic_limit: Option<usize>) -> bool {
+    /// stopped because the NIC was full, and how many datagrams the engine gave.
+    fn transmit(&mut self, h: usize, nic_limit: Option<usize>) -> (bool, u64) {
         let now = self.now;
         let host = &mut self.hosts[h];
+        let mut sent = 0;
         loop {
             if let Some(limit) = nic_limit
                 && self.net.nic_backlog_bytes(host.id, now) >= limit
             {
-                return true;
+                return (true, sent);
             }
             if self.spare.len() < self.cfg.buffer_bytes {
                 self.spare = self.net.buffer(self.cfg.buffer_bytes);
             }
             let Some(t) = host.ep.poll_transmit(now, &mut self.spare) else {
-                return false;
+                return (false, sent);
             };
+            sent += 1;
+            if let Some(d) = &mut host.tx_drop
+                && d.left > 0
+                && (d.which)(&self.spare[..t.len])
+            {
+                d.left -= 1;
+                self.tx_dropped += 1;
+                continue;
+            }
             let ecn = Ecn::from_tos(t.ecn);
             if t.len < self.cfg.handover_min_bytes {
                 let tx = Transmit {
@@ -627,7 +963,11 @@ impl<N: Network> Driver<N> {
         let now = self.now;
         let t_now = now.as_nanos();
         let host = &self.hosts[h];
-        let timer = host.ep.poll_timeout().map(Timestamp::as_nanos);
+        let timer = match &host.slow {
+            Some(slow) if slow.model.is_slow() => slow.deadline(host.ep.poll_timeout()),
+            _ => host.ep.poll_timeout(),
+        }
+        .map(Timestamp::as_nanos);
         let wake = if nic_full {
             let ready = self
                 .net
@@ -829,6 +1169,70 @@ mod tests {
         }
     }
 
+    /// A slow host (per-datagram cost, a small socket buffer, pauses) and a dropped send
+    /// work in both service orders: the WRITE still lands, later than on a fast host, the
+    /// host dropped arrivals and paused, and exactly the chosen datagram was dropped.
+    #[test]
+    fn slow_hosts_and_dropped_sends_work_in_both_service_orders() {
+        for service in [Service::Marked, Service::EveryHost] {
+            let fast = {
+                let mut p = pair(4, LinkConfig::default(), 128 << 10);
+                p.driver.cfg.service = service;
+                write(&mut p, 128 << 10);
+                p.driver
+                    .drive_bounded(&mut CqQueues::default(), 1_000_000)
+                    .unwrap();
+                p.driver.now
+            };
+            let mut p = pair(4, LinkConfig::default(), 128 << 10);
+            p.driver.cfg.service = service;
+            let model = HostModel {
+                cost_ns: 4_000,
+                queue: 4,
+                pause_every_ns: 100_000,
+                pause_ns: 20_000,
+            };
+            p.driver.set_host_model(1, model, 77);
+            // The responder's first datagram (an ACK) never reaches the network.
+            p.driver.drop_sent(1, 1, |_| true);
+            write(&mut p, 128 << 10);
+            let mut cqs = CqQueues::default();
+            p.driver.drive_bounded(&mut cqs, 1_000_000).unwrap();
+            let c = cqs.poll(0, p.cq_a).expect("the WRITE completed");
+            assert_eq!(c.status, WcStatus::Success, "{service:?}");
+            let want: Vec<u8> = (0..128 << 10).map(|i| i as u8).collect();
+            assert_eq!(p.dst.to_vec(0, want.len()).unwrap(), want, "{service:?}");
+            assert!(
+                p.driver.now > fast,
+                "{service:?}: {:?} vs {fast:?}",
+                p.driver.now
+            );
+            assert!(p.driver.host_drops(1) > 0, "{service:?}");
+            assert!(p.driver.host_pauses(1) > 0, "{service:?}");
+            assert_eq!(p.driver.host_drops(0), 0, "{service:?}");
+            assert_eq!(p.driver.dropped_sent(), 1, "{service:?}");
+            assert_eq!(p.driver.next_event(), None, "{service:?}");
+        }
+    }
+
+    /// A removed host takes in nothing and does nothing: the requester's WRITE gives up.
+    #[test]
+    fn a_removed_host_is_gone_from_the_run() {
+        for service in [Service::Marked, Service::EveryHost] {
+            let mut p = pair(2, LinkConfig::default(), 4096);
+            p.driver.cfg.service = service;
+            p.driver.remove_host(1);
+            assert!(p.driver.is_removed(1));
+            write(&mut p, 4096);
+            let mut cqs = CqQueues::default();
+            p.driver.drive_bounded(&mut cqs, 1_000_000).unwrap();
+            assert_eq!(p.driver.ep(1).stats().rx_datagrams, 0, "{service:?}");
+            assert_eq!(p.driver.ep(1).stats().tx_datagrams, 0, "{service:?}");
+            let c = cqs.poll(0, p.cq_a).expect("the WRITE completed");
+            assert_eq!(c.status, WcStatus::RetryExceeded, "{service:?}");
+        }
+    }
+
     #[test]
     fn a_run_that_does_not_settle_is_a_livelock_naming_its_seed() {
         let mut p = pair(9, LinkConfig::default(), 64 << 10);
@@ -846,8 +1250,9 @@ mod tests {
         assert_eq!(p.driver.next_event(), None);
     }
 
-    /// The same two-way traffic on `testing::Cluster` and on a driver servicing every host:
-    /// the same virtual times, steps, network counters, completions and memory.
+    /// The same two-way traffic on `testing::Cluster` (its constructor, QP pairs and regions)
+    /// and on a driver built by hand servicing every host: the same virtual times, steps,
+    /// network counters, completions and memory.
     #[test]
     fn every_host_service_reproduces_the_cluster_exactly() {
         use crate::testing::Cluster;
@@ -898,8 +1303,8 @@ mod tests {
         {
             for k in 0..2 {
                 let id = (i * 2 + k) as u64;
-                cluster.nodes[from]
-                    .ep
+                cluster
+                    .ep_mut(from)
                     .post_send(qp, wr(id, to.keys.rkey, lkey))
                     .unwrap();
             }
@@ -913,11 +1318,12 @@ mod tests {
             ..DriverConfig::default()
         };
         let mut driver = Driver::new(net, config);
-        for node in &cluster.nodes {
-            let id = driver.net.add_host(node.addr, cfg.paths);
+        for h in 0..cluster.host_count() {
+            let addr = cluster.addr(h);
+            let id = driver.net.add_host(addr, cfg.paths);
             let mut c = cfg.clone();
-            c.seed = node.ep.config().seed;
-            driver.add_host(id, Endpoint::new(c, node.addr));
+            c.seed = cluster.ep(h).config().seed;
+            driver.add_host(id, Endpoint::new(c, addr));
         }
         let mut sides = Vec::new();
         for h in 0..2 {
@@ -970,7 +1376,7 @@ mod tests {
                     .map(|c| (c.wr_id, c.status))
                     .collect::<Vec<_>>()
             );
-            assert_eq!(driver.ep(h).stats(), cluster.nodes[h].ep.stats());
+            assert_eq!(driver.ep(h).stats(), cluster.ep(h).stats());
         }
         assert_eq!(
             mrs[0].0.to_vec(0, len).unwrap(),
