@@ -53,9 +53,9 @@ use rand_core::{RngCore, SeedableRng};
 use crate::coverage::{Coverage, RangeBudget};
 use crate::hist::{RttHistogram, RttSummary};
 use crate::mem::{Access, Region};
-use crate::ready::ReadySet;
+use crate::nak_repeat::{NakRepeat, Until};
 use crate::rc_order::RcOrder;
-use crate::nak_repeat::NakRepeat;
+use crate::ready::ReadySet;
 use crate::retry::{AwaitedResponses, RetryBudget, Timeout};
 use crate::seal::QpSeal;
 use crate::share::{SendShare, Turn};
@@ -75,9 +75,7 @@ const REO_WND_MIN_NS: u64 = 20_000;
 /// enough that the cap in `reorder_window_ns` (the smoothed RTT plus four deviations, at least
 /// the RTO floor) is what bounds the window, as SRTT bounds RACK's (RFC 8985 §6.2): with
 /// spraying, reordering spans the queueing spread between paths, which a multiple of a
-/// quarter of the *minimum* RTT does not follow. On the four-link testbed (minimum RTT 16 to
-/// 20 µs, one packet 118 µs at 100 Mbit/s) 64 stopped the window at about 256 µs, below the
-/// spread, and 7 to 11% of all packets went out again for losses that were not.
+/// quarter of the *minimum* RTT does not follow.
 const REO_MULT_MAX: u32 = 1024;
 /// Packets acknowledged without a spurious loss before the reordering window shrinks a step.
 const REO_DECAY_ACKS: u32 = 4096;
@@ -677,7 +675,7 @@ struct Qp {
     dup_since_ack: bool,
     echo: Option<(u32, u64, Timestamp)>,
     ce_count: u32,
-    naks: VecDeque<wire::Nak>,
+    naks: VecDeque<(wire::Nak, Until)>,
     /// Where a fatal refusal stopped this QP as a responder, and whether receives complete
     /// in order ([`crate::rc_order`]).
     order: RcOrder,
@@ -1715,11 +1713,11 @@ impl Qp {
                     .take_due(now, |psn| rx.classify(psn) != Class::Duplicate)
             }
         };
-        if let Some(nak) = fresh.or(repeat) {
-            if fresh.is_some() {
+        if let Some(nak) = fresh.map(|(n, _)| n).or(repeat) {
+            if let Some((_, until)) = fresh {
                 let wait =
                     NakRepeat::interval_ns(self.rtt.srtt_ns, self.rtt.rttvar_ns, self.rtt.samples);
-                self.nak_repeat.sent(nak, now, wait);
+                self.nak_repeat.sent(nak, until, now, wait);
             }
             let path = self.next_path(sh);
             let h = self.header(wire::Kind::Nak, 0, path, now, 0)?;
@@ -1993,11 +1991,12 @@ impl Qp {
 
     fn nak(&mut self, h: &Header, msn: u32, syndrome: Syndrome) {
         if self.naks.len() < MAX_PENDING_NAKS {
-            self.naks.push_back(wire::Nak {
+            let nak = wire::Nak {
                 psn: h.psn,
                 msn,
                 syndrome,
-            });
+            };
+            self.naks.push_back((nak, Until::Accepted));
         }
     }
 

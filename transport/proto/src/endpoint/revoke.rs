@@ -26,6 +26,7 @@ use std::sync::Arc;
 
 use super::{Qp, RespJob, SentWhat, Shared};
 use crate::mem::Region;
+use crate::nak_repeat::Until;
 use crate::types::{QpState, WcStatus};
 use crate::wire::{self, Syndrome};
 
@@ -56,12 +57,15 @@ impl Qp {
         });
         let mut fail = false;
         if let Some(msn) = refused {
-            // Queued even if the NAK queue is full: this one carries the verdict.
-            self.naks.push_back(wire::Nak {
+            // Queued even if the NAK queue is full: this one carries the verdict. It is repeated
+            // like every NAK (a lost one costs the requester a round trip, not its retry
+            // budget), but it names a message, so no later acceptance stops the repeats.
+            let nak = wire::Nak {
                 psn: 0,
                 msn,
                 syndrome: Syndrome::RemoteAccess,
-            });
+            };
+            self.naks.push_back((nak, Until::Repeated));
             fail = true;
         }
         if let Some(w) = self
