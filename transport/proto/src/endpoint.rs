@@ -58,6 +58,7 @@ use crate::rc_order::RcOrder;
 use crate::ready::ReadySet;
 use crate::retry::{AwaitedResponses, RetryBudget, Timeout};
 use crate::seal::QpSeal;
+use crate::seq::{CeCount, Msn, Psn};
 use crate::share::{SendShare, Turn};
 use crate::tracker::{Class, RecvTracker};
 use crate::types::*;
@@ -597,12 +598,12 @@ struct Qp {
     recv_cq: u32,
     state: QpState,
     peer: Option<QpInfo>,
-    initial_psn: u32,
+    initial_psn: Psn,
     // Requester.
     sq: VecDeque<SendWqe>,
-    sq_base_msn: u32,
-    next_msn: u32,
-    next_ssn: u32,
+    sq_base_msn: Msn,
+    next_msn: Msn,
+    next_ssn: Msn,
     /// Index in `sq` of the first work request with packets still to emit.
     pack_idx: usize,
     // Responder output.
@@ -610,8 +611,8 @@ struct Qp {
     /// How new packets are shared between `resp` and `sq` ([`crate::share`]).
     share: SendShare,
     // Reliability of what this QP sends.
-    next_psn: u32,
-    snd_una: u32,
+    next_psn: Psn,
+    snd_una: Psn,
     sent: VecDeque<SentPkt>,
     rtx: VecDeque<u32>,
     held: Vec<u32>,
@@ -652,7 +653,7 @@ struct Qp {
     last_paced: (Timestamp, u32),
     /// New packets are waiting only for the pacer (its next send time is a deadline).
     paced_out: bool,
-    peer_ce_seen: u32,
+    peer_ce_seen: CeCount,
     last_echo: (u32, u64),
     packets_sent: u64,
     retransmits: u64,
@@ -674,7 +675,7 @@ struct Qp {
     /// A duplicate arrived since the last ACK was sent (reported with `FLAG_DUPLICATE`).
     dup_since_ack: bool,
     echo: Option<(u32, u64, Timestamp)>,
-    ce_count: u32,
+    ce_count: CeCount,
     naks: VecDeque<(wire::Nak, Until)>,
     /// Where a fatal refusal stopped this QP as a responder, and whether receives complete
     /// in order ([`crate::rc_order`]).
@@ -682,7 +683,7 @@ struct Qp {
     /// The last NAK sent, repeated on a short timer in case it was lost.
     nak_repeat: NakRepeat,
     rq: VecDeque<RecvWqe>,
-    rq_base_ssn: u32,
+    rq_base_ssn: Msn,
     /// A work request was refused: send nothing new, fail once the earlier ones finish.
     failing: bool,
     /// Encryption of this QP's packets, if any ([`crate::seal`]).
@@ -701,8 +702,40 @@ struct Qp {
 struct QpTable {
     qps: Vec<Qp>,
     deadlines: Vec<Option<Timestamp>>,
+    earliest: Earliest,
     index: HashMap<u32, usize>,
     ready: ReadySet,
+}
+
+/// The earliest of the cached QP deadlines, kept up to date as they change, so that
+/// `handle_timeout` and `poll_timeout` need not look at every QP when none is due. A change
+/// that may raise the minimum (the QP holding it moved its deadline later) marks it stale; it
+/// is found again by a scan on the next `handle_timeout`.
+#[derive(Copy, Clone, Debug, Default)]
+struct Earliest {
+    at: Option<Timestamp>,
+    stale: bool,
+}
+
+impl Earliest {
+    /// One QP's deadline went from `old` to `new`.
+    fn changed(&mut self, old: Option<Timestamp>, new: Option<Timestamp>) {
+        if self.stale || old == new {
+            return;
+        }
+        if old.is_some() && old == self.at {
+            // This QP may have held the minimum: it stays exact only if the deadline came
+            // earlier.
+            match (new, old) {
+                (Some(n), Some(o)) if n <= o => self.at = Some(n),
+                _ => self.stale = true,
+            }
+        } else if let Some(n) = new {
+            if self.at.is_none_or(|a| n < a) {
+                self.at = Some(n);
+            }
+        }
+    }
 }
 
 /// Mutable access to one QP of a [`QpTable`]; refreshes its cached deadline when dropped, and
@@ -710,6 +743,7 @@ struct QpTable {
 struct QpMut<'a> {
     qp: &'a mut Qp,
     deadline: &'a mut Option<Timestamp>,
+    earliest: &'a mut Earliest,
     ready: Option<(&'a mut ReadySet, usize)>,
 }
 
@@ -728,7 +762,9 @@ impl core::ops::DerefMut for QpMut<'_> {
 
 impl Drop for QpMut<'_> {
     fn drop(&mut self) {
-        *self.deadline = self.qp.next_deadline();
+        let new = self.qp.next_deadline();
+        let old = core::mem::replace(self.deadline, new);
+        self.earliest.changed(old, new);
         if let Some((ready, i)) = self.ready.take() {
             ready.push(i);
         }
@@ -746,14 +782,17 @@ impl QpTable {
 
     fn insert(&mut self, qpn: u32, qp: Qp) {
         self.index.insert(qpn, self.qps.len());
-        self.deadlines.push(qp.next_deadline());
+        let d = qp.next_deadline();
+        self.earliest.changed(None, d);
+        self.deadlines.push(d);
         self.qps.push(qp);
         self.ready.add_slot();
     }
 
     fn remove(&mut self, qpn: u32) -> Option<Qp> {
         let i = self.index.remove(&qpn)?;
-        self.deadlines.remove(i);
+        let d = self.deadlines.remove(i);
+        self.earliest.changed(d, None);
         self.ready.remove_slot(i);
         let qp = self.qps.remove(i);
         for slot in self.index.values_mut() {
@@ -778,6 +817,7 @@ impl QpTable {
         QpMut {
             qp: &mut self.qps[i],
             deadline: &mut self.deadlines[i],
+            earliest: &mut self.earliest,
             ready: Some((&mut self.ready, i)),
         }
     }
@@ -788,6 +828,7 @@ impl QpTable {
         QpMut {
             qp: &mut self.qps[i],
             deadline: &mut self.deadlines[i],
+            earliest: &mut self.earliest,
             ready: None,
         }
     }
@@ -805,7 +846,27 @@ impl QpTable {
                 .all(|(q, &d)| q.next_deadline() == d),
             "a QP changed without refreshing its cached deadline"
         );
+        if self.earliest.stale {
+            self.scan_deadlines()
+        } else {
+            debug_assert_eq!(self.earliest.at, self.scan_deadlines());
+            self.earliest.at
+        }
+    }
+
+    fn scan_deadlines(&self) -> Option<Timestamp> {
         self.deadlines.iter().flatten().min().copied()
+    }
+
+    /// The earliest cached deadline, found again first if it went stale.
+    fn earliest(&mut self) -> Option<Timestamp> {
+        if self.earliest.stale {
+            self.earliest = Earliest {
+                at: self.scan_deadlines(),
+                stale: false,
+            };
+        }
+        self.earliest.at
     }
 }
 
@@ -1030,16 +1091,16 @@ impl Endpoint {
             recv_cq: recv_cq.0,
             state: QpState::Init,
             peer: None,
-            initial_psn: psn,
+            initial_psn: Psn(psn),
             sq: VecDeque::new(),
-            sq_base_msn: 0,
-            next_msn: 0,
-            next_ssn: 0,
+            sq_base_msn: Msn(0),
+            next_msn: Msn(0),
+            next_ssn: Msn(0),
             pack_idx: 0,
             resp: VecDeque::new(),
             share: SendShare::default(),
-            next_psn: psn,
-            snd_una: psn,
+            next_psn: Psn(psn),
+            snd_una: Psn(psn),
             sent: VecDeque::new(),
             rtx: VecDeque::new(),
             held: Vec::new(),
@@ -1067,7 +1128,7 @@ impl Endpoint {
             pacer: Pacer::new(),
             last_paced: (Timestamp::ZERO, 0),
             paced_out: false,
-            peer_ce_seen: 0,
+            peer_ce_seen: CeCount(0),
             last_echo: (0, 0),
             packets_sent: 0,
             retransmits: 0,
@@ -1082,12 +1143,12 @@ impl Endpoint {
             ack_pending: false,
             dup_since_ack: false,
             echo: None,
-            ce_count: 0,
+            ce_count: CeCount(0),
             naks: VecDeque::new(),
             order: RcOrder::new(opts.unordered),
             nak_repeat: NakRepeat::default(),
             rq: VecDeque::new(),
-            rq_base_ssn: 0,
+            rq_base_ssn: Msn(0),
             failing: false,
             seal: QpSeal::new(opts.seal_secret),
         };
@@ -1109,7 +1170,7 @@ impl Endpoint {
         self.qps.get(qpn).map(|q| QpInfo {
             addr: self.local,
             qpn,
-            psn: q.initial_psn,
+            psn: q.initial_psn.get(),
             seal_key: q.seal.public_key(),
         })
     }
@@ -1122,7 +1183,7 @@ impl Endpoint {
         if qp.state != QpState::Init {
             return Err(ResourceError::BadState);
         }
-        qp.seal.connect(qp.qpn, qp.initial_psn, &peer)?;
+        qp.seal.connect(qp.qpn, qp.initial_psn.get(), &peer)?;
         qp.peer = Some(peer);
         qp.rx = RecvTracker::new(peer.psn);
         qp.state = QpState::Connected;
@@ -1233,11 +1294,11 @@ impl Endpoint {
         }
         let mut guard = self.qps.get_mut(qpn).ok_or(PostError::UnknownQp)?;
         let qp = &mut *guard;
-        let msn = qp.next_msn;
-        qp.next_msn = msn.wrapping_add(1);
+        let msn = qp.next_msn.get();
+        qp.next_msn += 1;
         let ssn = if op.consumes_recv() {
-            let s = qp.next_ssn;
-            qp.next_ssn = s.wrapping_add(1);
+            let s = qp.next_ssn.get();
+            qp.next_ssn += 1;
             s
         } else {
             0
@@ -1293,8 +1354,8 @@ impl Endpoint {
             }
         };
         let qp = &mut *guard;
-        let msn = qp.next_msn;
-        qp.next_msn = msn.wrapping_add(1);
+        let msn = qp.next_msn.get();
+        qp.next_msn += 1;
         qp.sq.push_back(SendWqe {
             status: Some(status),
             ..SendWqe::new(wr_id, signaled, (op, remote, imm, operands), msn, 0)
@@ -1470,6 +1531,9 @@ impl Endpoint {
 
     /// Runs the timers that are due at `now`: retransmit timeouts and RNR waits.
     pub fn handle_timeout(&mut self, now: Timestamp) {
+        if self.qps.earliest().is_none_or(|d| d > now) {
+            return; // no QP is due
+        }
         for i in 0..self.qps.len() {
             if self.qps.deadline(i).is_some_and(|d| d <= now) {
                 self.qps.at_mut(i).on_timeout(now, &mut self.sh);
@@ -1579,12 +1643,12 @@ impl Qp {
     }
 
     fn sent_index(&self, psn: u32) -> Option<usize> {
-        let i = psn.wrapping_sub(self.snd_una) as usize;
+        let i = Psn(psn).since(self.snd_una) as usize;
         (i < self.sent.len()).then_some(i)
     }
 
     fn wqe_index(&self, msn: u32) -> Option<usize> {
-        let i = msn.wrapping_sub(self.sq_base_msn) as usize;
+        let i = Msn(msn).since(self.sq_base_msn) as usize;
         (i < self.sq.len()).then_some(i)
     }
 
@@ -1738,7 +1802,7 @@ impl Qp {
                 echo_psn,
                 echo_ts_ns: echo_ts,
                 hold_ns: u32::try_from(now.nanos_since(at)).unwrap_or(u32::MAX),
-                ce_count: self.ce_count,
+                ce_count: self.ce_count.get(),
                 sack: self.rx.sack(),
             };
             let path = self.next_path(sh);
@@ -1808,7 +1872,7 @@ impl Qp {
         }
         // New packets, within the SACK span, the window and the pacing rate.
         self.paced_out = false;
-        let span = self.next_psn.wrapping_sub(self.snd_una);
+        let span = self.next_psn.since(self.snd_una);
         if span >= wire::SACK_BITS {
             return None;
         }
@@ -1825,10 +1889,10 @@ impl Qp {
             return None;
         }
         let what = self.next_new_packet(sh)?;
-        let psn = self.next_psn;
+        let psn = self.next_psn.get();
         let path = self.next_path(sh);
         let len = self.emit(&what, psn, path, 0, now, buf)?;
-        self.next_psn = psn.wrapping_add(1);
+        self.next_psn += 1;
         self.sent.push_back(SentPkt {
             psn,
             what,
@@ -1962,7 +2026,7 @@ impl Qp {
         self.ack_pending = true;
         self.echo = Some((h.psn, h.send_ts_ns, now));
         if ecn == ECN_CE {
-            self.ce_count = self.ce_count.wrapping_add(1);
+            self.ce_count += 1;
         }
         self.made_progress();
     }
@@ -2090,10 +2154,11 @@ impl Qp {
     ) -> Result<(), Option<Syndrome>> {
         let plen = payload.len() as u64;
         let recv_idx = if r.op.consumes_recv() {
-            let i = r.ssn.wrapping_sub(self.rq_base_ssn) as usize;
-            if i >= 1 << 31 {
+            let ssn = Msn(r.ssn);
+            if !ssn.ge(self.rq_base_ssn) {
                 return Err(None); // a message that already completed
             }
+            let i = ssn.since(self.rq_base_ssn) as usize;
             if i >= self.rq.len() {
                 return Err(Some(Syndrome::ReceiverNotReady));
             }
@@ -2222,7 +2287,7 @@ impl Qp {
         {
             let Some(w) = self.rq.pop_front() else { break };
             self.ranges.release(&w.placed);
-            self.rq_base_ssn = self.rq_base_ssn.wrapping_add(1);
+            self.rq_base_ssn += 1;
             let (op, len) = w.msg.unwrap_or((Op::Send, 0));
             let opcode = if op == Op::WriteImm {
                 WcOpcode::RecvRdmaWithImm
@@ -2253,7 +2318,7 @@ impl Qp {
         {
             let Some(w) = self.sq.pop_front() else { break };
             self.ranges.release(&w.read_placed);
-            self.sq_base_msn = self.sq_base_msn.wrapping_add(1);
+            self.sq_base_msn += 1;
             self.pack_idx = self.pack_idx.saturating_sub(1);
             if w.signaled {
                 sh.complete(
@@ -2486,10 +2551,13 @@ impl Qp {
         }
         // The cumulative point must lie within what was sent. One behind `snd_una` is an
         // older ACK overtaken by a newer one (normal with spraying): its SACK bits still count.
-        let adv = a.cum_psn.wrapping_sub(self.snd_una);
-        let stale = self.snd_una.wrapping_sub(a.cum_psn) < 1 << 31;
-        let adv = if stale { 0 } else { adv };
-        if adv > self.next_psn.wrapping_sub(self.snd_una) {
+        let cum = Psn(a.cum_psn);
+        let adv = if cum.le(self.snd_una) {
+            0 // stale
+        } else {
+            cum.since(self.snd_una)
+        };
+        if adv > self.next_psn.since(self.snd_una) {
             sh.stats.rx_bad_response += 1;
             return;
         }
@@ -2502,10 +2570,11 @@ impl Qp {
             ..AckFeedback::NONE
         };
         // ECN echo: new CE marks since the last ACK (a wrapping counter).
-        let ce = a.ce_count.wrapping_sub(self.peer_ce_seen);
+        let peer_ce = CeCount(a.ce_count);
         let mut ce_new = 0;
-        if ce != 0 && ce < 1 << 31 {
-            self.peer_ce_seen = a.ce_count;
+        if self.peer_ce_seen.lt(peer_ce) {
+            let ce = peer_ce.since(self.peer_ce_seen);
+            self.peer_ce_seen = peer_ce;
             self.ce_marks += u64::from(ce);
             ce_new = ce;
             fb.ce = true;
@@ -2575,7 +2644,7 @@ impl Qp {
             while word != 0 {
                 let bit = 64 * k as u32 + word.trailing_zeros();
                 word &= word - 1;
-                let psn = a.cum_psn.wrapping_add(1 + bit);
+                let psn = (Psn(a.cum_psn) + 1 + bit).get();
                 if let Some(i) = self.sent_index(psn)
                     && !self.sent[i].acked
                 {
@@ -2616,7 +2685,7 @@ impl Qp {
         }
         while self.sent.front().is_some_and(|p| p.acked) {
             self.sent.pop_front();
-            self.snd_una = self.snd_una.wrapping_add(1);
+            self.snd_una += 1;
         }
         if newest.is_some() {
             self.made_progress();
@@ -2993,6 +3062,25 @@ mod tests {
     use proptest::prelude::*;
 
     proptest! {
+        /// The cached earliest deadline is, whenever it is not stale, the minimum of the
+        /// deadlines it was told about.
+        #[test]
+        fn earliest_deadline_follows_the_minimum(
+            changes in proptest::collection::vec((0usize..4, proptest::option::of(0u64..50)), 0..64),
+        ) {
+            let mut slots = [None; 4];
+            let mut e = Earliest::default();
+            for (i, d) in changes {
+                let new = d.map(Timestamp::from_nanos);
+                e.changed(slots[i], new);
+                slots[i] = new;
+                if e.stale {
+                    e = Earliest { at: slots.iter().flatten().min().copied(), stale: false };
+                }
+                prop_assert_eq!(e.at, slots.iter().flatten().min().copied());
+            }
+        }
+
         /// The port set answers what a plain list of ports would: how many of `0..n` are
         /// spare, and which is the k-th spare one in increasing order.
         #[test]

@@ -22,6 +22,7 @@ mod rc_order;
 mod ready;
 mod retry;
 pub mod seal;
+mod seq;
 pub mod share;
 pub mod tracker;
 pub mod types;
