@@ -46,7 +46,7 @@ use std::sync::Arc;
 
 use braid_cc::paths::PathSet;
 use braid_cc::{AckSample, Controller, Pacer};
-use braid_time::Timestamp;
+use braid_time::{Ecn, Timestamp};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 
@@ -88,9 +88,9 @@ const MAX_UNRESOLVED_LOSSES: usize = 64;
 const MAX_BACKOFF_SHIFT: u32 = 10;
 
 /// ECN codepoint for ECN-capable transport, codepoint 0.
-pub const ECN_ECT0: u8 = 0b10;
+pub const ECN_ECT0: u8 = Ecn::Ect0.to_bits();
 /// ECN codepoint for congestion experienced.
-pub const ECN_CE: u8 = 0b11;
+pub const ECN_CE: u8 = Ecn::Ce.to_bits();
 
 /// A datagram the endpoint wrote into the caller's buffer, to be sent.
 #[must_use]
@@ -1449,7 +1449,9 @@ impl Endpoint {
 
     /// Processes one received datagram. Anything malformed, unexpected or hostile is counted
     /// and dropped; nothing here panics or touches memory outside registered regions.
+    /// `ecn` is the IP header's ECN codepoint (its low two bits; see [`Ecn::from_bits`]).
     pub fn handle_datagram(&mut self, now: Timestamp, src: SocketAddr, ecn: u8, datagram: &[u8]) {
+        let ecn = Ecn::from_bits(ecn);
         self.sh.stats.rx_datagrams += 1;
         if wire::is_sealed(datagram) {
             self.handle_sealed(now, src, ecn, datagram);
@@ -1489,7 +1491,7 @@ impl Endpoint {
     /// [`handle_datagram`](Self::handle_datagram) for a sealed datagram: the QP and peer are
     /// read from the clear header, then the tag is verified, the replay window consulted and
     /// the plaintext parsed before the QP sees anything.
-    fn handle_sealed(&mut self, now: Timestamp, src: SocketAddr, ecn: u8, datagram: &[u8]) {
+    fn handle_sealed(&mut self, now: Timestamp, src: SocketAddr, ecn: Ecn, datagram: &[u8]) {
         let Ok(peek) = wire::peek_sealed(datagram) else {
             self.sh.stats.rx_malformed += 1;
             return;
@@ -1589,7 +1591,7 @@ impl Endpoint {
 
 impl Qp {
     /// Hands a parsed, authenticated packet from the connected peer to its handler.
-    fn dispatch(&mut self, now: Timestamp, ecn: u8, pkt: &wire::Packet<'_>, sh: &mut Shared) {
+    fn dispatch(&mut self, now: Timestamp, ecn: Ecn, pkt: &wire::Packet<'_>, sh: &mut Shared) {
         let h = pkt.header;
         match pkt.body {
             Body::Ack(a) => self.on_ack(now, &a, h.flags, sh),
@@ -1678,12 +1680,12 @@ impl Qp {
     }
 
     /// The datagram description for `len` bytes on logical path `path`.
-    fn transmit(&self, peer: &QpInfo, len: usize, path: u8, ecn: u8) -> Transmit {
+    fn transmit(&self, peer: &QpInfo, len: usize, path: u8, ecn: Ecn) -> Transmit {
         let port = self.port_map.get(usize::from(path)).copied().unwrap_or(0);
         Transmit {
             dest: peer.addr,
             path: port,
-            ecn,
+            ecn: ecn.to_bits(),
             len,
         }
     }
@@ -1787,7 +1789,7 @@ impl Qp {
             let h = self.header(wire::Kind::Nak, 0, path, now, 0)?;
             let len = self.seal.emit(buf, &h, &Body::Nak(nak), 0, |_| {}).ok()?;
             sh.stats.naks_sent += 1;
-            return Some(self.transmit(&peer, len, path, 0));
+            return Some(self.transmit(&peer, len, path, Ecn::NotEct));
         }
         // In the error state only a responder stopped by a fatal refusal acknowledges (the
         // packets before the refusal, see `after_accept`).
@@ -1814,7 +1816,7 @@ impl Qp {
             self.dup_since_ack = false;
             let h = self.header(wire::Kind::Ack, 0, path, now, flags)?;
             let len = self.seal.emit(buf, &h, &Body::Ack(ack), 0, |_| {}).ok()?;
-            return Some(self.transmit(&peer, len, path, 0));
+            return Some(self.transmit(&peer, len, path, Ecn::NotEct));
         }
         // Retransmissions first: they are not limited by the window.
         while let Some(psn) = self.rtx.pop_front() {
@@ -1868,7 +1870,7 @@ impl Qp {
             if self.rto_deadline.is_none() {
                 self.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));
             }
-            return Some(self.transmit(&peer, len, path, ECN_ECT0));
+            return Some(self.transmit(&peer, len, path, Ecn::Ect0));
         }
         // New packets, within the SACK span, the window and the pacing rate.
         self.paced_out = false;
@@ -1923,7 +1925,7 @@ impl Qp {
         if self.rto_deadline.is_none() {
             self.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));
         }
-        Some(self.transmit(&peer, len, path, ECN_ECT0))
+        Some(self.transmit(&peer, len, path, Ecn::Ect0))
     }
 
     /// Whether responses or requests still have packets to emit for the first time.
@@ -2021,11 +2023,11 @@ impl Qp {
     }
 
     /// Records a newly accepted packet of the peer's for acknowledgement.
-    fn accepted(&mut self, now: Timestamp, h: &Header, ecn: u8) {
+    fn accepted(&mut self, now: Timestamp, h: &Header, ecn: Ecn) {
         self.rx.accept(h.psn);
         self.ack_pending = true;
         self.echo = Some((h.psn, h.send_ts_ns, now));
-        if ecn == ECN_CE {
+        if ecn.is_ce() {
             self.ce_count += 1;
         }
         self.made_progress();
@@ -2070,7 +2072,7 @@ impl Qp {
         h: &Header,
         r: &wire::Request,
         payload: &[u8],
-        ecn: u8,
+        ecn: Ecn,
         sh: &mut Shared,
     ) {
         if let Some(f) = self.order.fence
@@ -2367,7 +2369,7 @@ impl Qp {
         h: &Header,
         r: &wire::ReadResponse,
         payload: &[u8],
-        ecn: u8,
+        ecn: Ecn,
         sh: &mut Shared,
     ) {
         if self.state != QpState::Connected {
@@ -2409,7 +2411,7 @@ impl Qp {
         now: Timestamp,
         h: &Header,
         r: &wire::AtomicResponse,
-        ecn: u8,
+        ecn: Ecn,
         sh: &mut Shared,
     ) {
         if self.state != QpState::Connected {
