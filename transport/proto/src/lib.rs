@@ -18,6 +18,7 @@ pub mod endpoint;
 pub mod hist;
 pub mod mem;
 mod nak_repeat;
+mod qp;
 mod rc_order;
 mod ready;
 mod retry;

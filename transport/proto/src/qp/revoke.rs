@@ -1,6 +1,6 @@
 //! Revocation: what a QP does when a region it uses is deregistered.
 //!
-//! After [`Endpoint::deregister`](super::Endpoint::deregister) returns, the engine never reads
+//! After [`Endpoint::deregister`](crate::Endpoint::deregister) returns, the engine never reads
 //! or writes that region's memory again (with [`Region::from_raw`] memory the caller may free
 //! it then). Peers' new requests find no key and are refused at once; what a QP already holds
 //! is swept here, once per deregistration (it is rare, so the sweep's cost, linear in the QP's
@@ -24,20 +24,21 @@
 //! either registration goes.
 use std::sync::Arc;
 
-use super::{Qp, RespJob, SentWhat, Shared};
+use super::{Qp, RespJob, Seg, SentWhat};
+use crate::endpoint::Shared;
 use crate::mem::Region;
 use crate::nak_repeat::Until;
 use crate::types::{QpState, WcStatus};
 use crate::wire::{self, Syndrome};
 
-fn uses(segs: &[super::Seg], region: &Arc<Region>) -> bool {
+fn uses(segs: &[Seg], region: &Arc<Region>) -> bool {
     segs.iter().any(|s| Arc::ptr_eq(&s.region, region))
 }
 
 impl Qp {
     /// Stops every use of `region` by this QP (see the module documentation). Returns
     /// whether the QP changed (it failed).
-    pub(super) fn revoke(&mut self, region: &Arc<Region>, sh: &mut Shared) -> bool {
+    pub(crate) fn revoke(&mut self, region: &Arc<Region>, sh: &mut Shared) -> bool {
         if self.state != QpState::Connected && self.state != QpState::Init {
             return false; // in error: its queues were drained, nothing holds the region
         }
@@ -96,7 +97,7 @@ impl Qp {
     /// packet is acknowledged already): the responder could not serve it after all (its
     /// region was deregistered, see the module documentation). The work request fails with
     /// the NAK's status, in posting order. Returns whether the NAK was such a refusal.
-    pub(super) fn refused_after_acceptance(&mut self, n: &wire::Nak, sh: &mut Shared) -> bool {
+    pub(crate) fn refused_after_acceptance(&mut self, n: &wire::Nak, sh: &mut Shared) -> bool {
         let pending_request = self.sent_index(n.psn).is_some_and(|i| {
             let p = &self.sent[i];
             !p.acked && matches!(p.what, SentWhat::Req { msn, .. } if msn == n.msn)

@@ -1,0 +1,272 @@
+//! Building headers and emitting a QP's datagrams, and the order in which they go: NAKs, then
+//! ACKs, then (by turns between response traffic and the QP's own requests) responses,
+//! retransmissions and new packets.
+use super::*;
+
+impl Qp {
+    pub(crate) fn header(
+        &self,
+        kind: wire::Kind,
+        psn: u32,
+        path: u8,
+        now: Timestamp,
+        flags: u8,
+    ) -> Option<Header> {
+        let peer = self.peer?;
+        Some(Header {
+            kind,
+            path,
+            flags,
+            dst_qpn: peer.qpn,
+            src_qpn: self.qpn,
+            psn,
+            send_ts_ns: now.as_nanos(),
+        })
+    }
+    /// The datagram description for `len` bytes on logical path `path`.
+    pub(crate) fn transmit(&self, peer: &QpInfo, len: usize, path: u8, ecn: Ecn) -> Transmit {
+        let port = self.port_map.get(usize::from(path)).copied().unwrap_or(0);
+        Transmit {
+            dest: peer.addr,
+            path: port,
+            ecn: ecn.to_bits(),
+            len,
+        }
+    }
+    /// Emits the packet described by `what` with sequence number `psn`.
+    pub(crate) fn emit(
+        &self,
+        what: &SentWhat,
+        psn: u32,
+        path: u8,
+        flags: u8,
+        now: Timestamp,
+        buf: &mut [u8],
+    ) -> Option<usize> {
+        match what {
+            SentWhat::Req { msn, offset, len } => {
+                let w = &self.sq[self.wqe_index(*msn)?];
+                let body = Body::Request(wire::Request {
+                    op: w.op,
+                    msn: w.msn,
+                    ssn: w.ssn,
+                    imm: w.imm,
+                    rkey: w.remote.rkey,
+                    msg_len: w.len,
+                    offset: *offset,
+                    remote_offset: w.remote.offset,
+                });
+                let h = self.header(wire::Kind::Request, psn, path, now, flags)?;
+                let (plen, ops) = if w.op.is_atomic() {
+                    (wire::ATOMIC_OPERANDS_LEN, Some(w.operands))
+                } else if w.op.carries_data() {
+                    (*len as usize, None)
+                } else {
+                    (0, None)
+                };
+                self.seal
+                    .emit(buf, &h, &body, plen, |p| match ops {
+                        Some((a, b)) => {
+                            p[..8].copy_from_slice(&a.to_be_bytes());
+                            p[8..16].copy_from_slice(&b.to_be_bytes());
+                        }
+                        None => gather(&w.segs, u64::from(*offset), p),
+                    })
+                    .ok()
+            }
+            SentWhat::ReadResp {
+                msn,
+                region,
+                base,
+                offset,
+                len,
+                msg_len,
+            } => {
+                let h = self.header(wire::Kind::ReadResponse, psn, path, now, flags)?;
+                let body = Body::ReadResponse(wire::ReadResponse {
+                    msn: *msn,
+                    offset: *offset,
+                    msg_len: *msg_len,
+                });
+                self.seal
+                    .emit(buf, &h, &body, *len as usize, |p| {
+                        // Bounds were checked when the READ was accepted.
+                        let _ = region.read(base + u64::from(*offset), p);
+                    })
+                    .ok()
+            }
+            SentWhat::AtomicResp { msn, original } => {
+                let h = self.header(wire::Kind::AtomicResponse, psn, path, now, flags)?;
+                let body = Body::AtomicResponse(wire::AtomicResponse {
+                    msn: *msn,
+                    original: *original,
+                });
+                self.seal.emit(buf, &h, &body, 0, |_| {}).ok()
+            }
+        }
+    }
+    pub(crate) fn poll_transmit(
+        &mut self,
+        now: Timestamp,
+        buf: &mut [u8],
+        sh: &mut Shared,
+    ) -> Option<Transmit> {
+        let peer = self.peer?;
+        let fresh = self.naks.pop_front();
+        let repeat = match fresh {
+            Some(_) => None,
+            None => {
+                let rx = &self.rx;
+                self.nak_repeat
+                    .take_due(now, |psn| rx.classify(psn) != Class::Duplicate)
+            }
+        };
+        if let Some(nak) = fresh.map(|(n, _)| n).or(repeat) {
+            if let Some((_, until)) = fresh {
+                let wait =
+                    NakRepeat::interval_ns(self.rtt.srtt_ns, self.rtt.rttvar_ns, self.rtt.samples);
+                self.nak_repeat.sent(nak, until, now, wait);
+            }
+            let path = self.next_path(sh);
+            let h = self.header(wire::Kind::Nak, 0, path, now, 0)?;
+            let len = self.seal.emit(buf, &h, &Body::Nak(nak), 0, |_| {}).ok()?;
+            sh.stats.naks_sent += 1;
+            return Some(self.transmit(&peer, len, path, Ecn::NotEct));
+        }
+        // In the error state only a responder stopped by a fatal refusal acknowledges (the
+        // packets before the refusal, see `after_accept`).
+        if self.state != QpState::Connected && !self.ack_pending {
+            return None;
+        }
+        if self.ack_pending {
+            self.ack_pending = false;
+            let (echo_psn, echo_ts, at) = self.echo.unwrap_or((0, 0, now));
+            let ack = wire::Ack {
+                cum_psn: self.rx.cum(),
+                echo_psn,
+                echo_ts_ns: echo_ts,
+                hold_ns: u32::try_from(now.nanos_since(at)).unwrap_or(u32::MAX),
+                ce_count: self.ce_count.get(),
+                sack: self.rx.sack(),
+            };
+            let path = self.next_path(sh);
+            let flags = if self.dup_since_ack {
+                wire::FLAG_DUPLICATE
+            } else {
+                0
+            };
+            self.dup_since_ack = false;
+            let h = self.header(wire::Kind::Ack, 0, path, now, flags)?;
+            let len = self.seal.emit(buf, &h, &Body::Ack(ack), 0, |_| {}).ok()?;
+            return Some(self.transmit(&peer, len, path, Ecn::NotEct));
+        }
+        // Retransmissions first: they are not limited by the window.
+        while let Some(psn) = self.rtx.pop_front() {
+            let Some(i) = self.sent_index(psn) else {
+                continue;
+            };
+            if self.sent[i].acked || !self.sent[i].lost {
+                continue;
+            }
+            if let SentWhat::Req { msn, .. } = self.sent[i].what
+                && self.wqe_index(msn).is_none()
+            {
+                // Its work request completed (a READ or atomic answered): nothing to resend.
+                self.sent[i].acked = true;
+                self.sent[i].lost = false;
+                continue;
+            }
+            let path = self
+                .paths
+                .pick_other(u16::from(self.sent[i].path), sh.rng.next_u32())
+                as u8;
+            let Some(len) = self.emit(
+                &self.sent[i].what,
+                psn,
+                path,
+                wire::FLAG_RETRANSMIT,
+                now,
+                buf,
+            ) else {
+                continue;
+            };
+            let p = &mut self.sent[i];
+            p.lost = false;
+            p.retransmitted = true;
+            p.send_ts = now;
+            p.path = path;
+            p.wire_len = len as u32;
+            self.in_flight_bytes += len as u64;
+            self.in_flight_pkts += 1;
+            self.retransmits += 1;
+            sh.stats.retransmits += 1;
+            for ps in [
+                &mut sh.paths[usize::from(path)],
+                &mut self.path_stats[usize::from(path)],
+            ] {
+                ps.packets += 1;
+                ps.retransmits += 1;
+            }
+            self.paths.on_sent(u16::from(path), now);
+            self.cc.on_sent(now, len as u32, psn);
+            if self.rto_deadline.is_none() {
+                self.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));
+            }
+            return Some(self.transmit(&peer, len, path, Ecn::Ect0));
+        }
+        // New packets, within the SACK span, the window and the pacing rate.
+        self.paced_out = false;
+        let span = self.next_psn.since(self.snd_una);
+        if span >= wire::SACK_BITS {
+            return None;
+        }
+        if self.in_flight_bytes > 0
+            && self.in_flight_bytes + sh.cfg.max_datagram as u64 > self.cc.window()
+        {
+            return None;
+        }
+        if !self.has_new_work() {
+            return None;
+        }
+        if now < self.pace_at() {
+            self.paced_out = true;
+            return None;
+        }
+        let what = self.next_new_packet(sh)?;
+        let psn = self.next_psn.get();
+        let path = self.next_path(sh);
+        let len = self.emit(&what, psn, path, 0, now, buf)?;
+        self.next_psn += 1;
+        self.sent.push_back(SentPkt {
+            psn,
+            what,
+            send_ts: now,
+            path,
+            wire_len: len as u32,
+            acked: false,
+            lost: false,
+            retransmitted: false,
+            first_path: path,
+            first_ts: now,
+            hold_until: Timestamp::ZERO,
+            cc_loss_ts: None,
+        });
+        self.in_flight_bytes += len as u64;
+        self.in_flight_pkts += 1;
+        self.packets_sent += 1;
+        sh.paths[usize::from(path)].packets += 1;
+        self.path_stats[usize::from(path)].packets += 1;
+        self.paths.on_sent(u16::from(path), now);
+        self.cc.on_sent(now, len as u32, psn);
+        if !self.pacer.can_send(now) {
+            // Sent ahead of a gap set by a lower rate (see `pace_at`): that schedule is stale.
+            self.pacer = Pacer::new();
+        }
+        self.pacer.on_sent(now, len as u32, self.cc.pacing_rate());
+        self.last_paced = (now, len as u32);
+        if self.rto_deadline.is_none() {
+            self.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));
+        }
+        Some(self.transmit(&peer, len, path, Ecn::Ect0))
+    }
+}
