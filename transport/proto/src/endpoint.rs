@@ -548,65 +548,75 @@ impl Endpoint {
             state: QpState::Init,
             peer: None,
             initial_psn: Psn(psn),
-            sq: VecDeque::new(),
-            sq_base_msn: Msn(0),
-            next_msn: Msn(0),
-            next_ssn: Msn(0),
-            pack_idx: 0,
-            resp: VecDeque::new(),
             share: SendShare::default(),
-            next_psn: Psn(psn),
-            snd_una: Psn(psn),
-            sent: VecDeque::new(),
-            rtx: VecDeque::new(),
-            held: Vec::new(),
-            in_flight_bytes: 0,
-            in_flight_pkts: 0,
-            rtt: Rtt::default(),
-            rtt_hist: RttHistogram::new(),
-            rto_deadline: None,
-            backoff: 0,
-            retry: RetryBudget::default(),
-            awaited: AwaitedResponses::default(),
             ranges: RangeBudget::default(),
-            rack_ts: Timestamp::ZERO,
-            rack_rtt_ns: 0,
-            reorder_deadline: None,
-            reo_mult: 1,
-            reo_bumped_at: Timestamp::ZERO,
-            acks_since_spurious: 0,
             cc,
-            paths: PathSet::new(self.sh.cfg.paths),
-            port_map: (0..self.sh.cfg.paths).collect(),
-            ports_used: PortSet::first(self.sh.cfg.paths),
-            repaths: 0,
-            ce_marks: 0,
-            pacer: Pacer::new(),
-            last_paced: (Timestamp::ZERO, 0),
-            paced_out: false,
-            peer_ce_seen: CeCount(0),
-            last_echo: (0, 0),
-            packets_sent: 0,
-            retransmits: 0,
-            rtos: 0,
-            spurious_losses: 0,
-            spurious_retransmits: 0,
-            duplicates_reported: 0,
-            unresolved_losses: VecDeque::new(),
-            dup_expected: 0,
-            path_stats: vec![PathStats::default(); usize::from(self.sh.cfg.paths)],
-            rx: RecvTracker::new(0),
-            ack_pending: false,
-            dup_since_ack: false,
-            echo: None,
-            ce_count: CeCount(0),
-            naks: VecDeque::new(),
-            order: RcOrder::new(opts.unordered),
-            nak_repeat: NakRepeat::default(),
-            rq: VecDeque::new(),
-            rq_base_ssn: Msn(0),
-            failing: false,
             seal: QpSeal::new(opts.seal_secret),
+            counters: Counters {
+                repaths: 0,
+                ce_marks: 0,
+                packets_sent: 0,
+                retransmits: 0,
+                rtos: 0,
+                spurious_losses: 0,
+                spurious_retransmits: 0,
+                duplicates_reported: 0,
+                path_stats: vec![PathStats::default(); usize::from(self.sh.cfg.paths)],
+            },
+            route: Route {
+                paths: PathSet::new(self.sh.cfg.paths),
+                port_map: (0..self.sh.cfg.paths).collect(),
+                ports_used: PortSet::first(self.sh.cfg.paths),
+                pacer: Pacer::new(),
+                last_paced: (Timestamp::ZERO, 0),
+                paced_out: false,
+            },
+            rec: Recovery {
+                next_psn: Psn(psn),
+                snd_una: Psn(psn),
+                sent: VecDeque::new(),
+                rtx: VecDeque::new(),
+                held: Vec::new(),
+                in_flight_bytes: 0,
+                in_flight_pkts: 0,
+                rtt: Rtt::default(),
+                rtt_hist: RttHistogram::new(),
+                rto_deadline: None,
+                backoff: 0,
+                retry: RetryBudget::default(),
+                rack_ts: Timestamp::ZERO,
+                rack_rtt_ns: 0,
+                reorder_deadline: None,
+                reo_mult: 1,
+                reo_bumped_at: Timestamp::ZERO,
+                acks_since_spurious: 0,
+                peer_ce_seen: CeCount(0),
+                last_echo: (0, 0),
+                unresolved_losses: VecDeque::new(),
+                dup_expected: 0,
+            },
+            req: Requester {
+                sq: VecDeque::new(),
+                sq_base_msn: Msn(0),
+                next_msn: Msn(0),
+                next_ssn: Msn(0),
+                pack_idx: 0,
+                awaited: AwaitedResponses::default(),
+                failing: false,
+            },
+            rsp: Responder {
+                resp: VecDeque::new(),
+                rx: RecvTracker::new(0),
+                ack_pending: false,
+                dup_since_ack: false,
+                echo: None,
+                ce_count: CeCount(0),
+                naks: VecDeque::new(),
+                order: RcOrder::new(opts.unordered),
+                nak_repeat: NakRepeat::default(),
+                rq: VecDeque::new(),
+                rq_base_ssn: Msn(0),
+            },
         };
         let seal_key = qp.seal.public_key();
         self.qps.insert(qpn, qp);
@@ -641,7 +651,7 @@ impl Endpoint {
         }
         qp.seal.connect(qp.qpn, qp.initial_psn.get(), &peer)?;
         qp.peer = Some(peer);
-        qp.rx = RecvTracker::new(peer.psn);
+        qp.rsp.rx = RecvTracker::new(peer.psn);
         qp.state = QpState::Connected;
         Ok(())
     }
@@ -671,7 +681,7 @@ impl Endpoint {
     /// Send and receive work requests posted on `qpn` and not yet completed (what
     /// `max_send_wr` and `max_recv_wr` bound), in O(1).
     pub fn queue_depths(&self, qpn: u32) -> Option<(usize, usize)> {
-        self.qps.get(qpn).map(|q| (q.sq.len(), q.rq.len()))
+        self.qps.get(qpn).map(|q| (q.req.sq.len(), q.rsp.rq.len()))
     }
 
     fn resolve(&self, pd: u32, sges: &[Sge], need: Access) -> Result<(Vec<Seg>, u32), PostError> {
@@ -707,7 +717,7 @@ impl Endpoint {
     pub fn post_send(&mut self, qpn: u32, wr: SendWr) -> Result<(), PostError> {
         let (pd, state, depth) = {
             let qp = self.qps.get(qpn).ok_or(PostError::UnknownQp)?;
-            (qp.pd, qp.state, qp.sq.len())
+            (qp.pd, qp.state, qp.req.sq.len())
         };
         if state == QpState::Init {
             return Err(PostError::NotConnected);
@@ -727,11 +737,11 @@ impl Endpoint {
         }
         let mut guard = self.qps.get_mut(qpn).ok_or(PostError::UnknownQp)?;
         let qp = &mut *guard;
-        let msn = qp.next_msn.get();
-        qp.next_msn += 1;
+        let msn = qp.req.next_msn.get();
+        qp.req.next_msn += 1;
         let ssn = if op.consumes_recv() {
-            let s = qp.next_ssn.get();
-            qp.next_ssn += 1;
+            let s = qp.req.next_ssn.get();
+            qp.req.next_ssn += 1;
             s
         } else {
             0
@@ -740,7 +750,7 @@ impl Endpoint {
         let wqe = SendWqe::new(wr.wr_id, wr.signaled, (op, remote, imm, operands), msn, ssn);
         let wqe = SendWqe { segs, len, ..wqe };
         if state == QpState::Error {
-            qp.sq_base_msn = qp.next_msn;
+            qp.req.sq_base_msn = qp.req.next_msn;
             let c = Completion {
                 wr_id: wqe.wr_id,
                 status: WcStatus::Flushed,
@@ -752,7 +762,7 @@ impl Endpoint {
             self.sh.complete(qp.send_cq, c);
             return Ok(());
         }
-        qp.sq.push_back(wqe);
+        qp.req.sq.push_back(wqe);
         Ok(())
     }
 
@@ -787,9 +797,9 @@ impl Endpoint {
             }
         };
         let qp = &mut *guard;
-        let msn = qp.next_msn.get();
-        qp.next_msn += 1;
-        qp.sq.push_back(SendWqe {
+        let msn = qp.req.next_msn.get();
+        qp.req.next_msn += 1;
+        qp.req.sq.push_back(SendWqe {
             status: Some(status),
             ..SendWqe::new(wr_id, signaled, (op, remote, imm, operands), msn, 0)
         });
@@ -825,7 +835,7 @@ impl Endpoint {
             self.sh.complete(cq.0, c);
             return;
         };
-        qp.rq.push_back(RecvWqe {
+        qp.rsp.rq.push_back(RecvWqe {
             wr_id,
             segs: Vec::new(),
             cap: 0,
@@ -844,7 +854,7 @@ impl Endpoint {
     pub fn post_recv(&mut self, qpn: u32, wr: RecvWr) -> Result<(), PostError> {
         let (pd, state, depth) = {
             let qp = self.qps.get(qpn).ok_or(PostError::UnknownQp)?;
-            (qp.pd, qp.state, qp.rq.len())
+            (qp.pd, qp.state, qp.rsp.rq.len())
         };
         if depth >= self.sh.cfg.max_recv_wr {
             return Err(PostError::QueueFull);
@@ -854,7 +864,7 @@ impl Endpoint {
         let qp = &mut *guard;
         // A responder stopped by a fatal refusal whose receives have flushed (see
         // `settle_fence`) takes no more.
-        if state == QpState::Error || qp.order.fence_reached(qp.rx.cum()) {
+        if state == QpState::Error || qp.rsp.order.fence_reached(qp.rsp.rx.cum()) {
             let c = Completion {
                 wr_id: wr.wr_id,
                 status: WcStatus::Flushed,
@@ -866,7 +876,7 @@ impl Endpoint {
             self.sh.complete(qp.recv_cq, c);
             return Ok(());
         }
-        qp.rq.push_back(RecvWqe {
+        qp.rsp.rq.push_back(RecvWqe {
             wr_id: wr.wr_id,
             segs,
             cap: u64::from(cap),

@@ -50,6 +50,7 @@ pub(crate) use paths::*;
 pub(crate) use recovery::*;
 pub(crate) use requester::*;
 pub(crate) use responder::*;
+pub(crate) use stats::Counters;
 pub use stats::QpStats;
 
 /// A local buffer resolved at post time.
@@ -117,95 +118,25 @@ pub(crate) struct Qp {
     pub(crate) state: QpState,
     pub(crate) peer: Option<QpInfo>,
     pub(crate) initial_psn: Psn,
-    // Requester.
-    pub(crate) sq: VecDeque<SendWqe>,
-    pub(crate) sq_base_msn: Msn,
-    pub(crate) next_msn: Msn,
-    pub(crate) next_ssn: Msn,
-    /// Index in `sq` of the first work request with packets still to emit.
-    pub(crate) pack_idx: usize,
-    // Responder output.
-    pub(crate) resp: VecDeque<RespJob>,
-    /// How new packets are shared between `resp` and `sq` ([`crate::share`]).
+    /// How new packets are shared between the responder's jobs and the send queue
+    /// ([`crate::share`]).
     pub(crate) share: SendShare,
-    // Reliability of what this QP sends.
-    pub(crate) next_psn: Psn,
-    pub(crate) snd_una: Psn,
-    pub(crate) sent: VecDeque<SentPkt>,
-    pub(crate) rtx: VecDeque<u32>,
-    pub(crate) held: Vec<u32>,
-    pub(crate) in_flight_bytes: u64,
-    pub(crate) in_flight_pkts: u32,
-    pub(crate) rtt: Rtt,
-    pub(crate) rtt_hist: RttHistogram,
-    pub(crate) rto_deadline: Option<Timestamp>,
-    pub(crate) backoff: u32,
-    /// Counted timeouts and silence since the peer was last heard from.
-    pub(crate) retry: RetryBudget,
-    /// READs and atomics sent and still awaiting their responses.
-    pub(crate) awaited: AwaitedResponses,
     /// Placement ranges tracked over all of this QP's messages.
     pub(crate) ranges: RangeBudget,
-    pub(crate) rack_ts: Timestamp,
-    /// Round trip of the packet that set `rack_ts`: it includes the queueing that packets
-    /// sent around the same time meet, which a smoothed RTT averages away.
-    pub(crate) rack_rtt_ns: u64,
-    /// When the reorder timer of loss detection fires.
-    pub(crate) reorder_deadline: Option<Timestamp>,
-    pub(crate) reo_mult: u32,
-    pub(crate) reo_bumped_at: Timestamp,
-    pub(crate) acks_since_spurious: u32,
     pub(crate) cc: Box<dyn Controller>,
-    /// Per-path health, spraying weights and re-pathing (indexed by logical path).
-    pub(crate) paths: PathSet,
-    /// Logical path → device path (source port). Re-pathing moves a logical path to a
-    /// fresh port.
-    pub(crate) port_map: Vec<u16>,
-    /// The ports `port_map` holds (each at most once), for finding a spare one in O(1).
-    pub(crate) ports_used: PortSet,
-    pub(crate) repaths: u64,
-    /// CE marks the peer reported for our packets.
-    pub(crate) ce_marks: u64,
-    pub(crate) pacer: Pacer,
-    /// When the last new packet left, and its length (see [`Qp::pace_at`]).
-    pub(crate) last_paced: (Timestamp, u32),
-    /// New packets are waiting only for the pacer (its next send time is a deadline).
-    pub(crate) paced_out: bool,
-    pub(crate) peer_ce_seen: CeCount,
-    pub(crate) last_echo: (u32, u64),
-    pub(crate) packets_sent: u64,
-    pub(crate) retransmits: u64,
-    pub(crate) rtos: u64,
-    pub(crate) spurious_losses: u64,
-    pub(crate) spurious_retransmits: u64,
-    pub(crate) duplicates_reported: u64,
-    /// Retransmitted packets (whose loss the controller heard of) acknowledged without proof
-    /// of which copy arrived: the loss send times, oldest first, for duplicate flags to prove
-    /// spurious (at most [`MAX_UNRESOLVED_LOSSES`]).
-    pub(crate) unresolved_losses: VecDeque<Timestamp>,
-    /// Duplicate flags expected for retransmissions already proven spurious.
-    pub(crate) dup_expected: u32,
-    /// Counters per logical path (the endpoint's `paths` sums them over QPs).
-    pub(crate) path_stats: Vec<PathStats>,
-    // Receiving the peer's packets.
-    pub(crate) rx: RecvTracker,
-    pub(crate) ack_pending: bool,
-    /// A duplicate arrived since the last ACK was sent (reported with `FLAG_DUPLICATE`).
-    pub(crate) dup_since_ack: bool,
-    pub(crate) echo: Option<(u32, u64, Timestamp)>,
-    pub(crate) ce_count: CeCount,
-    pub(crate) naks: VecDeque<(wire::Nak, Until)>,
-    /// Where a fatal refusal stopped this QP as a responder, and whether receives complete
-    /// in order ([`crate::rc_order`]).
-    pub(crate) order: RcOrder,
-    /// The last NAK sent, repeated on a short timer in case it was lost.
-    pub(crate) nak_repeat: NakRepeat,
-    pub(crate) rq: VecDeque<RecvWqe>,
-    pub(crate) rq_base_ssn: Msn,
-    /// A work request was refused: send nothing new, fail once the earlier ones finish.
-    pub(crate) failing: bool,
     /// Encryption of this QP's packets, if any ([`crate::seal`]).
     pub(crate) seal: QpSeal,
+    /// Counters behind [`QpStats`] ([`stats`]).
+    pub(crate) counters: Counters,
+    /// Port map, re-pathing and pacing ([`paths`]).
+    pub(crate) route: Route,
+    /// Sent packets, loss detection, RTT and the retransmit timer ([`recovery`]).
+    pub(crate) rec: Recovery,
+    /// The send queue ([`requester`]).
+    pub(crate) req: Requester,
+    /// What the peer's requests built up: tracker, ACK/NAK state, receive queue, response
+    /// jobs, the RC gate ([`responder`]).
+    pub(crate) rsp: Responder,
 }
 
 impl Qp {
@@ -228,28 +159,29 @@ impl Qp {
     }
     pub(crate) fn next_deadline(&self) -> Option<Timestamp> {
         // NAKs (and their repeats) go out in any state.
-        let nak = self.nak_repeat.deadline();
+        let nak = self.rsp.nak_repeat.deadline();
         if self.state != QpState::Connected {
             return nak;
         }
         let held = self
+            .rec
             .held
             .iter()
-            .filter_map(|&psn| self.sent_index(psn).map(|i| self.sent[i].hold_until));
-        let paced = self.paced_out.then(|| self.pace_at());
-        held.chain(self.rto_deadline)
-            .chain(self.reorder_deadline)
+            .filter_map(|&psn| self.sent_index(psn).map(|i| self.rec.sent[i].hold_until));
+        let paced = self.route.paced_out.then(|| self.pace_at());
+        held.chain(self.rec.rto_deadline)
+            .chain(self.rec.reorder_deadline)
             .chain(paced)
             .chain(nak)
             .min()
     }
     pub(crate) fn sent_index(&self, psn: u32) -> Option<usize> {
-        let i = Psn(psn).since(self.snd_una) as usize;
-        (i < self.sent.len()).then_some(i)
+        let i = Psn(psn).since(self.rec.snd_una) as usize;
+        (i < self.rec.sent.len()).then_some(i)
     }
     pub(crate) fn wqe_index(&self, msn: u32) -> Option<usize> {
-        let i = Msn(msn).since(self.sq_base_msn) as usize;
-        (i < self.sq.len()).then_some(i)
+        let i = Msn(msn).since(self.req.sq_base_msn) as usize;
+        (i < self.req.sq.len()).then_some(i)
     }
     /// Moves the QP to the error state and completes every outstanding work request: the
     /// finished ones as successes, the one that failed with its status, the rest as flushed.
@@ -261,7 +193,7 @@ impl Qp {
         // After the first failed work request everything is flushed, even work that finished
         // meanwhile (verbs semantics: nothing after an error completes successfully).
         let mut failed = false;
-        for w in self.sq.drain(..) {
+        for w in self.req.sq.drain(..) {
             let (status, byte_len) = match w.status {
                 Some(s) if !failed => (s, 0),
                 Some(_) => (WcStatus::Flushed, 0),
@@ -283,20 +215,20 @@ impl Qp {
                 );
             }
         }
-        self.sq_base_msn = self.next_msn;
-        self.pack_idx = 0;
-        self.awaited.clear();
+        self.req.sq_base_msn = self.req.next_msn;
+        self.req.pack_idx = 0;
+        self.req.awaited.clear();
         self.ranges.clear();
         self.flush_rq(sh);
-        self.resp.clear();
-        self.sent.clear();
-        self.snd_una = self.next_psn;
-        self.rtx.clear();
-        self.held.clear();
-        self.in_flight_bytes = 0;
-        self.in_flight_pkts = 0;
-        self.rto_deadline = None;
-        self.reorder_deadline = None;
-        self.ack_pending = false;
+        self.rsp.resp.clear();
+        self.rec.sent.clear();
+        self.rec.snd_una = self.rec.next_psn;
+        self.rec.rtx.clear();
+        self.rec.held.clear();
+        self.rec.in_flight_bytes = 0;
+        self.rec.in_flight_pkts = 0;
+        self.rec.rto_deadline = None;
+        self.rec.reorder_deadline = None;
+        self.rsp.ack_pending = false;
     }
 }

@@ -6,6 +6,22 @@ use super::*;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct PortSet([u64; MAX_PATHS as usize / 64]);
 
+/// How the QP's packets are spread over paths and spaced in time.
+pub(crate) struct Route {
+    /// Per-path health, spraying weights and re-pathing (indexed by logical path).
+    pub(crate) paths: PathSet,
+    /// Logical path → device path (source port). Re-pathing moves a logical path to a
+    /// fresh port.
+    pub(crate) port_map: Vec<u16>,
+    /// The ports `port_map` holds (each at most once), for finding a spare one in O(1).
+    pub(crate) ports_used: PortSet,
+    pub(crate) pacer: Pacer,
+    /// When the last new packet left, and its length (see [`Qp::pace_at`]).
+    pub(crate) last_paced: (Timestamp, u32),
+    /// New packets are waiting only for the pacer (its next send time is a deadline).
+    pub(crate) paced_out: bool,
+}
+
 impl PortSet {
     /// Ports `0..n`.
     pub(crate) fn first(n: u16) -> PortSet {
@@ -69,7 +85,7 @@ impl PortSet {
 impl Qp {
     /// A path for a new packet, drawn by the paths' weights.
     pub(crate) fn next_path(&mut self, sh: &mut Shared) -> u8 {
-        self.paths.pick(sh.rng.next_u32()) as u8
+        self.route.paths.pick(sh.rng.next_u32()) as u8
     }
     /// The earliest time a new packet may leave. The pacer fixed it from the controller's rate
     /// when the last packet left; the rate may have risen since, or pacing stopped (a window of
@@ -79,10 +95,13 @@ impl Qp {
     /// that has recovered (it held a READ's responses for 0.9 s, past the requester's retry
     /// budget, in the fault matrix's loss bursts).
     pub(crate) fn pace_at(&self) -> Timestamp {
-        let (at, len) = self.last_paced;
+        let (at, len) = self.route.last_paced;
         let mut current = Pacer::new();
         current.on_sent(at, len, self.cc.pacing_rate());
-        self.pacer.next_send_time().min(current.next_send_time())
+        self.route
+            .pacer
+            .next_send_time()
+            .min(current.next_send_time())
     }
 }
 

@@ -83,6 +83,40 @@ pub(crate) struct AckFeedback {
     pub(crate) delay_given: bool,
 }
 
+/// Reliability of what this QP sends: sequence numbers, the sent-packet record, loss detection and the retransmit timer.
+pub(crate) struct Recovery {
+    pub(crate) next_psn: Psn,
+    pub(crate) snd_una: Psn,
+    pub(crate) sent: VecDeque<SentPkt>,
+    pub(crate) rtx: VecDeque<u32>,
+    pub(crate) held: Vec<u32>,
+    pub(crate) in_flight_bytes: u64,
+    pub(crate) in_flight_pkts: u32,
+    pub(crate) rtt: Rtt,
+    pub(crate) rtt_hist: RttHistogram,
+    pub(crate) rto_deadline: Option<Timestamp>,
+    pub(crate) backoff: u32,
+    /// Counted timeouts and silence since the peer was last heard from.
+    pub(crate) retry: RetryBudget,
+    pub(crate) rack_ts: Timestamp,
+    /// Round trip of the packet that set `rack_ts`: it includes the queueing that packets
+    /// sent around the same time meet, which a smoothed RTT averages away.
+    pub(crate) rack_rtt_ns: u64,
+    /// When the reorder timer of loss detection fires.
+    pub(crate) reorder_deadline: Option<Timestamp>,
+    pub(crate) reo_mult: u32,
+    pub(crate) reo_bumped_at: Timestamp,
+    pub(crate) acks_since_spurious: u32,
+    pub(crate) peer_ce_seen: CeCount,
+    pub(crate) last_echo: (u32, u64),
+    /// Retransmitted packets (whose loss the controller heard of) acknowledged without proof
+    /// of which copy arrived: the loss send times, oldest first, for duplicate flags to prove
+    /// spurious (at most [`MAX_UNRESOLVED_LOSSES`]).
+    pub(crate) unresolved_losses: VecDeque<Timestamp>,
+    /// Duplicate flags expected for retransmissions already proven spurious.
+    pub(crate) dup_expected: u32,
+}
+
 impl AckFeedback {
     /// No measurement (a NAK acknowledging a response, for instance).
     pub(crate) const NONE: AckFeedback = AckFeedback {
@@ -124,27 +158,30 @@ impl Rtt {
 
 impl Qp {
     pub(crate) fn rto_ns(&self, cfg: &EndpointConfig) -> u64 {
-        let base = if self.rtt.samples == 0 {
+        let base = if self.rec.rtt.samples == 0 {
             cfg.rto_initial_ns
         } else {
-            self.rtt.srtt_ns + (4 * self.rtt.rttvar_ns).max(10_000)
+            self.rec.rtt.srtt_ns + (4 * self.rec.rtt.rttvar_ns).max(10_000)
         };
         let base = base.clamp(cfg.rto_min_ns, cfg.rto_max_ns);
-        (base << self.backoff.min(MAX_BACKOFF_SHIFT)).min(cfg.rto_max_ns)
+        (base << self.rec.backoff.min(MAX_BACKOFF_SHIFT)).min(cfg.rto_max_ns)
     }
     /// Bookkeeping for one packet newly acknowledged.
     /// `echo_ts_ns` is the send time of the newest packet the peer accepted, from the ACK
     /// (`u64::MAX` when unknown, as for a NAK).
     pub(crate) fn packet_acked(&mut self, i: usize, now: Timestamp, fb: &mut AckFeedback) {
         let echo_ts_ns = fb.echo_ts_ns;
-        let p = &mut self.sent[i];
+        let p = &mut self.rec.sent[i];
         if p.acked {
             return;
         }
         p.acked = true;
         if !p.lost {
-            self.in_flight_bytes = self.in_flight_bytes.saturating_sub(u64::from(p.wire_len));
-            self.in_flight_pkts = self.in_flight_pkts.saturating_sub(1);
+            self.rec.in_flight_bytes = self
+                .rec
+                .in_flight_bytes
+                .saturating_sub(u64::from(p.wire_len));
+            self.rec.in_flight_pkts = self.rec.in_flight_pkts.saturating_sub(1);
         }
         // Was the retransmission what arrived, or an earlier copy? The peer echoes the send
         // time of the newest packet it accepted, and it never accepts a duplicate: an echo
@@ -153,10 +190,11 @@ impl Qp {
         // TCP). The retransmission time then says nothing about what was delivered, so it must
         // not advance the RACK time, or everything sent before it would look lost.
         let ambiguous = p.retransmitted
-            && (echo_ts_ns < p.send_ts.as_nanos() || now.nanos_since(p.send_ts) < self.rtt.min_ns);
+            && (echo_ts_ns < p.send_ts.as_nanos()
+                || now.nanos_since(p.send_ts) < self.rec.rtt.min_ns);
         let spurious = p.lost || ambiguous;
-        self.spurious_losses += u64::from(p.lost);
-        self.spurious_retransmits += u64::from(ambiguous);
+        self.counters.spurious_losses += u64::from(p.lost);
+        self.counters.spurious_retransmits += u64::from(ambiguous);
         p.lost = false;
         // The controller heard of this packet's loss; the original arrived after all, so the
         // decrease it caused may be undone.
@@ -165,18 +203,18 @@ impl Qp {
         if p.retransmitted && cc_loss_ts.is_some() {
             if ambiguous {
                 // The retransmission will reach the peer as a duplicate: its flag is expected.
-                self.dup_expected = self.dup_expected.saturating_add(1);
+                self.rec.dup_expected = self.rec.dup_expected.saturating_add(1);
             } else if !spurious {
                 // Which copy arrived is unknown: a later duplicate flag may tell.
-                if self.unresolved_losses.len() == MAX_UNRESOLVED_LOSSES {
-                    self.unresolved_losses.pop_front();
+                if self.rec.unresolved_losses.len() == MAX_UNRESOLVED_LOSSES {
+                    self.rec.unresolved_losses.pop_front();
                 }
-                self.unresolved_losses.extend(cc_loss_ts);
+                self.rec.unresolved_losses.extend(cc_loss_ts);
             }
         }
-        if !ambiguous && p.send_ts >= self.rack_ts {
-            self.rack_ts = p.send_ts;
-            self.rack_rtt_ns = now.nanos_since(p.send_ts);
+        if !ambiguous && p.send_ts >= self.rec.rack_ts {
+            self.rec.rack_ts = p.send_ts;
+            self.rec.rack_rtt_ns = now.nanos_since(p.send_ts);
         }
         let (send_ts, wire_len) = (p.send_ts, p.wire_len);
         let (psn, path) = (p.psn, u16::from(p.path));
@@ -186,10 +224,10 @@ impl Qp {
         if spurious {
             self.widen_reorder_window(now);
         } else {
-            self.acks_since_spurious += 1;
-            if self.acks_since_spurious >= REO_DECAY_ACKS {
-                self.acks_since_spurious = 0;
-                self.reo_mult = (self.reo_mult / 2).max(1);
+            self.rec.acks_since_spurious += 1;
+            if self.rec.acks_since_spurious >= REO_DECAY_ACKS {
+                self.rec.acks_since_spurious = 0;
+                self.rec.reo_mult = (self.rec.reo_mult / 2).max(1);
             }
         }
         // Path scoring hears about every packet; the echoed one carries the measurements.
@@ -200,7 +238,7 @@ impl Qp {
             sample.fabric_delay_ns = fb.fabric_ns;
             sample.ecn_ce = Some(fb.ce);
         }
-        self.paths.on_ack(now, &sample);
+        self.route.paths.on_ack(now, &sample);
         if psn == fb.echo_psn && fb.echo_known && !fb.echo_latest && fb.rtt_ns.is_some() {
             // The echo measured an earlier copy, on the path it left on.
             let mut late = AckSample::new(Timestamp::from_nanos(fb.echo_ts_ns), wire_len);
@@ -208,7 +246,7 @@ impl Qp {
             late.rtt_ns = fb.rtt_ns;
             late.fabric_delay_ns = fb.fabric_ns;
             late.ecn_ce = Some(fb.ce);
-            self.paths.on_late_copy(now, &late);
+            self.route.paths.on_late_copy(now, &late);
         }
         // The controller gets the frame's delay once, seen through the connection-wide
         // signal: one slow path alone does not shrink the window.
@@ -219,17 +257,20 @@ impl Qp {
             && let (Some(rtt), Some(fabric)) = (fb.rtt_ns, fb.fabric_ns)
         {
             sample.rtt_ns = Some(rtt);
-            sample.fabric_delay_ns =
-                Some(self.paths.cc_delay_ns(now, u16::from(fb.echo_path), fabric));
+            sample.fabric_delay_ns = Some(self.route.paths.cc_delay_ns(
+                now,
+                u16::from(fb.echo_path),
+                fabric,
+            ));
             // Marked: the delay includes a queue, and must not become the base delay.
             sample.ecn_ce = Some(fb.ce);
             fb.delay_given = true;
         }
         self.cc.on_ack_with(now, &sample);
-        if let SentWhat::Req { msn, .. } = self.sent[i].what
+        if let SentWhat::Req { msn, .. } = self.rec.sent[i].what
             && let Some(w) = self.wqe_index(msn)
         {
-            let w = &mut self.sq[w];
+            let w = &mut self.req.sq[w];
             w.unacked_pkts = w.unacked_pkts.saturating_sub(1);
         }
     }
@@ -239,24 +280,24 @@ impl Qp {
         }
         let dup_flag = flags & wire::FLAG_DUPLICATE != 0;
         if dup_flag {
-            self.duplicates_reported += 1;
+            self.counters.duplicates_reported += 1;
             self.widen_reorder_window(now);
         }
         // The cumulative point must lie within what was sent. One behind `snd_una` is an
         // older ACK overtaken by a newer one (normal with spraying): its SACK bits still count.
         let cum = Psn(a.cum_psn);
-        let adv = if cum.le(self.snd_una) {
+        let adv = if cum.le(self.rec.snd_una) {
             0 // stale
         } else {
-            cum.since(self.snd_una)
+            cum.since(self.rec.snd_una)
         };
-        if adv > self.next_psn.since(self.snd_una) {
+        if adv > self.rec.next_psn.since(self.rec.snd_una) {
             sh.stats.rx_bad_response += 1;
             return;
         }
         // Any consistent ACK, even one that acknowledges nothing new (the answer to a probe
         // that arrived as a duplicate), shows the peer alive: the retry budget starts over.
-        self.retry.heard();
+        self.rec.retry.heard();
         let mut fb = AckFeedback {
             echo_ts_ns: a.echo_ts_ns,
             echo_psn: a.echo_psn,
@@ -265,23 +306,23 @@ impl Qp {
         // ECN echo: new CE marks since the last ACK (a wrapping counter).
         let peer_ce = CeCount(a.ce_count);
         let mut ce_new = 0;
-        if self.peer_ce_seen.lt(peer_ce) {
-            let ce = peer_ce.since(self.peer_ce_seen);
-            self.peer_ce_seen = peer_ce;
-            self.ce_marks += u64::from(ce);
+        if self.rec.peer_ce_seen.lt(peer_ce) {
+            let ce = peer_ce.since(self.rec.peer_ce_seen);
+            self.rec.peer_ce_seen = peer_ce;
+            self.counters.ce_marks += u64::from(ce);
             ce_new = ce;
             fb.ce = true;
         }
         // RTT from the echoed timestamp, minus the receiver's holding time.
-        if (a.echo_psn, a.echo_ts_ns) != self.last_echo
+        if (a.echo_psn, a.echo_ts_ns) != self.rec.last_echo
             && a.echo_ts_ns != 0
             && a.echo_ts_ns <= now.as_nanos()
         {
-            self.last_echo = (a.echo_psn, a.echo_ts_ns);
+            self.rec.last_echo = (a.echo_psn, a.echo_ts_ns);
             let full = (now.as_nanos() - a.echo_ts_ns).max(1);
             let rtt = full.saturating_sub(u64::from(a.hold_ns)).max(1);
-            self.rtt.sample(rtt);
-            self.rtt_hist.record(rtt);
+            self.rec.rtt.sample(rtt);
+            self.rec.rtt_hist.record(rtt);
             sh.rtt_hist.record(rtt);
             fb.rtt_ns = Some(full);
             fb.fabric_ns = Some(rtt);
@@ -290,7 +331,7 @@ impl Qp {
             // to that path, not to the retransmission's, or one slow path's queue shows up on
             // the fast paths (and in the controller) every time it causes a spurious loss.
             let copy = self.sent_index(a.echo_psn).and_then(|i| {
-                let p = &self.sent[i];
+                let p = &self.rec.sent[i];
                 if a.echo_ts_ns == p.send_ts.as_nanos() {
                     Some((p.path, true))
                 } else if a.echo_ts_ns == p.first_ts.as_nanos() {
@@ -304,7 +345,7 @@ impl Qp {
             fb.echo_latest = copy.is_some_and(|c| c.1);
             if let Some((path, _)) = copy {
                 let path = usize::from(path);
-                for ps in [&mut sh.paths[path], &mut self.path_stats[path]] {
+                for ps in [&mut sh.paths[path], &mut self.counters.path_stats[path]] {
                     ps.srtt_ns = if ps.rtt_samples == 0 {
                         rtt
                     } else {
@@ -319,14 +360,14 @@ impl Qp {
         if ce_new != 0
             && let Some(i) = self.sent_index(a.echo_psn)
         {
-            let path = usize::from(self.sent[i].path);
-            for ps in [&mut sh.paths[path], &mut self.path_stats[path]] {
+            let path = usize::from(self.rec.sent[i].path);
+            for ps in [&mut sh.paths[path], &mut self.counters.path_stats[path]] {
                 ps.ce_marks += u64::from(ce_new);
             }
         }
         let mut newest = None;
-        for i in 0..(adv as usize).min(self.sent.len()) {
-            if !self.sent[i].acked {
+        for i in 0..(adv as usize).min(self.rec.sent.len()) {
+            if !self.rec.sent[i].acked {
                 self.packet_acked(i, now, &mut fb);
                 newest = Some(i);
             }
@@ -339,7 +380,7 @@ impl Qp {
                 word &= word - 1;
                 let psn = (Psn(a.cum_psn) + 1 + bit).get();
                 if let Some(i) = self.sent_index(psn)
-                    && !self.sent[i].acked
+                    && !self.rec.sent[i].acked
                 {
                     self.packet_acked(i, now, &mut fb);
                     newest = Some(i);
@@ -349,36 +390,38 @@ impl Qp {
         if dup_flag {
             self.duplicate_proves_spurious(now);
         }
-        if fb.ce && !self.paths.is_outlier(u16::from(fb.echo_path)) {
+        if fb.ce && !self.route.paths.is_outlier(u16::from(fb.echo_path)) {
             self.cc.on_congestion_event(now, now, true, 0);
         }
-        self.paths.set_delay_target_ns(self.cc.target_delay_ns());
+        self.route
+            .paths
+            .set_delay_target_ns(self.cc.target_delay_ns());
         // PLB: a path kept looking congested; move it to a source port no other path of this
         // QP uses (the device has `cfg.ports` of them, by default more than the paths).
         // Sharing a port would only concentrate traffic (and could leave a route unused), so
         // without a spare port the path stays where it is, and keeps its statistics (taking
         // the re-path would reset them and make the bad path look new).
         let ports = sh.cfg.ports;
-        if self.ports_used.free_below(ports) == 0 {
-            self.paths.drop_repaths();
+        if self.route.ports_used.free_below(ports) == 0 {
+            self.route.paths.drop_repaths();
         }
-        while let Some(path) = self.paths.take_repath() {
-            let spare = self.ports_used.free_below(ports);
+        while let Some(path) = self.route.paths.take_repath() {
+            let spare = self.route.ports_used.free_below(ports);
             if spare == 0 {
                 continue;
             }
             let k = (sh.rng.next_u32() as usize) % usize::from(spare);
-            let port = self.ports_used.nth_free(k as u16);
-            if let Some(slot) = self.port_map.get_mut(usize::from(path)) {
-                self.ports_used.remove(*slot);
-                self.ports_used.insert(port);
+            let port = self.route.ports_used.nth_free(k as u16);
+            if let Some(slot) = self.route.port_map.get_mut(usize::from(path)) {
+                self.route.ports_used.remove(*slot);
+                self.route.ports_used.insert(port);
                 *slot = port;
-                self.repaths += 1;
+                self.counters.repaths += 1;
             }
         }
-        while self.sent.front().is_some_and(|p| p.acked) {
-            self.sent.pop_front();
-            self.snd_una += 1;
+        while self.rec.sent.front().is_some_and(|p| p.acked) {
+            self.rec.sent.pop_front();
+            self.rec.snd_una += 1;
         }
         if newest.is_some() {
             self.made_progress();
@@ -386,7 +429,7 @@ impl Qp {
             self.rearm_rto(now, sh);
         }
         self.complete_sq(sh);
-        if self.in_flight_pkts == 0 && !self.has_new_work() {
+        if self.rec.in_flight_pkts == 0 && !self.has_new_work() {
             self.cc.on_idle(now);
         }
         self.settle_fence(sh);
@@ -398,17 +441,18 @@ impl Qp {
     /// reordering is normal, so counting duplicate ACKs would be wrong.
     pub(crate) fn detect_losses(&mut self, now: Timestamp, sh: &mut Shared) {
         let reo = self.reorder_window_ns(&sh.cfg);
-        let rack = self.rack_ts.as_nanos();
+        let rack = self.rec.rack_ts.as_nanos();
         // Datagrams stamped together leave and land over tens of microseconds (one stamp per
         // batch, then a batched send and a batched receive), so the reorder timer waits at
         // least a smoothed RTT plus four deviations, not only the last packet's RTT.
         let wait = self
+            .rec
             .rack_rtt_ns
-            .max(self.rtt.srtt_ns + 4 * self.rtt.rttvar_ns)
+            .max(self.rec.rtt.srtt_ns + 4 * self.rec.rtt.rttvar_ns)
             + reo;
         let mut next: Option<u64> = None;
-        for i in 0..self.sent.len() {
-            let p = &mut self.sent[i];
+        for i in 0..self.rec.sent.len() {
+            let p = &mut self.rec.sent[i];
             let sent = p.send_ts.as_nanos();
             if p.acked || p.lost || sent > rack {
                 continue;
@@ -419,18 +463,18 @@ impl Qp {
             }
             p.lost = true;
             let (psn, path, len, ts) = (p.psn, p.path, p.wire_len, p.send_ts);
-            self.in_flight_bytes = self.in_flight_bytes.saturating_sub(u64::from(len));
-            self.in_flight_pkts = self.in_flight_pkts.saturating_sub(1);
-            self.rtx.push_back(psn);
+            self.rec.in_flight_bytes = self.rec.in_flight_bytes.saturating_sub(u64::from(len));
+            self.rec.in_flight_pkts = self.rec.in_flight_pkts.saturating_sub(1);
+            self.rec.rtx.push_back(psn);
             sh.paths[usize::from(path)].lost += 1;
-            self.path_stats[usize::from(path)].lost += 1;
-            self.paths.on_loss(now, u16::from(path), ts);
-            if !self.paths.is_outlier(u16::from(path)) {
-                self.sent[i].cc_loss_ts = Some(ts);
+            self.counters.path_stats[usize::from(path)].lost += 1;
+            self.route.paths.on_loss(now, u16::from(path), ts);
+            if !self.route.paths.is_outlier(u16::from(path)) {
+                self.rec.sent[i].cc_loss_ts = Some(ts);
                 self.cc.on_congestion_event(now, ts, false, len);
             }
         }
-        self.reorder_deadline = next.map(Timestamp::from_nanos);
+        self.rec.reorder_deadline = next.map(Timestamp::from_nanos);
     }
     /// The peer flagged a duplicate: one retransmission was unnecessary. Unless it is the one
     /// of a packet already proven spurious by the echoed timestamp, it is charged to the oldest
@@ -438,20 +482,20 @@ impl Qp {
     /// controller may undo that loss. (A copy the network duplicated looks the same to the
     /// peer; that is the price of a flag that names no packet.)
     pub(crate) fn duplicate_proves_spurious(&mut self, now: Timestamp) {
-        if self.dup_expected > 0 {
-            self.dup_expected -= 1;
-        } else if let Some(lost_sent_at) = self.unresolved_losses.pop_front() {
-            self.spurious_retransmits += 1;
+        if self.rec.dup_expected > 0 {
+            self.rec.dup_expected -= 1;
+        } else if let Some(lost_sent_at) = self.rec.unresolved_losses.pop_front() {
+            self.counters.spurious_retransmits += 1;
             self.cc.on_spurious_loss(now, lost_sent_at);
         }
     }
     /// A loss proved spurious (the peer saw a duplicate, or an acknowledgement came for the
     /// copy before a retransmission): doubles the reordering window, at most once per RTT.
     pub(crate) fn widen_reorder_window(&mut self, now: Timestamp) {
-        self.acks_since_spurious = 0;
-        if now >= self.reo_bumped_at.add_nanos(self.rtt.srtt_ns) {
-            self.reo_mult = (self.reo_mult * 2).min(REO_MULT_MAX);
-            self.reo_bumped_at = now;
+        self.rec.acks_since_spurious = 0;
+        if now >= self.rec.reo_bumped_at.add_nanos(self.rec.rtt.srtt_ns) {
+            self.rec.reo_mult = (self.rec.reo_mult * 2).min(REO_MULT_MAX);
+            self.rec.reo_bumped_at = now;
         }
     }
     /// How much later than a delivered packet an undelivered one may still arrive: a quarter
@@ -459,42 +503,44 @@ impl Qp {
     /// the larger of the RTT's smoothed value plus four deviations and the RTO floor (a
     /// software stack on busy cores reorders by scheduling delays, not only by paths).
     pub(crate) fn reorder_window_ns(&self, cfg: &EndpointConfig) -> u64 {
-        let cap = (self.rtt.srtt_ns + 4 * self.rtt.rttvar_ns).max(cfg.rto_min_ns);
-        (self.rtt.min_ns / 4 * u64::from(self.reo_mult))
+        let cap = (self.rec.rtt.srtt_ns + 4 * self.rec.rtt.rttvar_ns).max(cfg.rto_min_ns);
+        (self.rec.rtt.min_ns / 4 * u64::from(self.rec.reo_mult))
             .max(REO_WND_MIN_NS)
             .min(cap)
     }
     pub(crate) fn rearm_rto(&mut self, now: Timestamp, sh: &Shared) {
         let waiting = self.awaits_response();
-        self.rto_deadline =
-            (self.in_flight_pkts > 0 || waiting).then(|| now.add_nanos(self.rto_ns(&sh.cfg)));
+        self.rec.rto_deadline =
+            (self.rec.in_flight_pkts > 0 || waiting).then(|| now.add_nanos(self.rto_ns(&sh.cfg)));
     }
     pub(crate) fn on_timeout(&mut self, now: Timestamp, sh: &mut Shared) {
         if self.state != QpState::Connected {
             return;
         }
-        if !self.held.is_empty() {
+        if !self.rec.held.is_empty() {
             let mut i = 0;
-            while i < self.held.len() {
-                let psn = self.held[i];
+            while i < self.rec.held.len() {
+                let psn = self.rec.held[i];
                 match self.sent_index(psn) {
-                    Some(s) if self.sent[s].hold_until > now && !self.sent[s].acked => i += 1,
+                    Some(s) if self.rec.sent[s].hold_until > now && !self.rec.sent[s].acked => {
+                        i += 1
+                    }
                     Some(s) => {
-                        self.held.swap_remove(i);
-                        if !self.sent[s].acked {
-                            self.rtx.push_back(psn);
+                        self.rec.held.swap_remove(i);
+                        if !self.rec.sent[s].acked {
+                            self.rec.rtx.push_back(psn);
                         }
                     }
                     None => {
-                        self.held.swap_remove(i);
+                        self.rec.held.swap_remove(i);
                     }
                 }
             }
         }
-        if self.reorder_deadline.is_some_and(|d| d <= now) {
+        if self.rec.reorder_deadline.is_some_and(|d| d <= now) {
             self.detect_losses(now, sh);
         }
-        let Some(deadline) = self.rto_deadline else {
+        let Some(deadline) = self.rec.rto_deadline else {
             return;
         };
         if now < deadline {
@@ -504,16 +550,17 @@ impl Qp {
         // completed, as a READ does when its response arrives before the request's ACK): no
         // timeout to count. Counting it would fail an idle QP `retry_limit` timeouts later.
         let waiting = self.awaits_response();
-        if self.in_flight_pkts == 0 && self.rtx.is_empty() && !waiting {
-            self.rto_deadline = None;
+        if self.rec.in_flight_pkts == 0 && self.rec.rtx.is_empty() && !waiting {
+            self.rec.rto_deadline = None;
             return;
         }
         sh.stats.rto_fired += 1;
-        self.rtos += 1;
+        self.counters.rtos += 1;
         // The interval this timer was armed for (the backoff has not moved since), and whether
         // the probe below finds anything old enough to send again.
         let rto = self.rto_ns(&sh.cfg);
         let resends = self
+            .rec
             .sent
             .iter()
             .any(|p| !p.acked && !p.lost && p.send_ts.add_nanos(rto) <= now);
@@ -522,15 +569,15 @@ impl Qp {
             deadline.as_nanos(),
             rto,
             resends,
-            waiting && self.in_flight_pkts == 0,
+            waiting && self.rec.in_flight_pkts == 0,
         );
         let counted = charge == Timeout::Counted;
-        if counted && self.retry.charge(rto, &sh.cfg) {
+        if counted && self.rec.retry.charge(rto, &sh.cfg) {
             // The oldest unfinished work request gets the error (a READ waiting for its
             // response counts, though none of its packets is unacknowledged); the rest are
             // flushed, so the statuses read in posting order as verbs users expect.
-            if let Some(i) = self.sq.iter().position(|w| !w.is_done()) {
-                self.sq[i].status = Some(WcStatus::RetryExceeded);
+            if let Some(i) = self.req.sq.iter().position(|w| !w.is_done()) {
+                self.req.sq[i].status = Some(WcStatus::RetryExceeded);
             }
             self.enter_error(sh);
             return;
@@ -544,39 +591,39 @@ impl Qp {
             self.cc.on_retransmit_timeout(now);
         }
         let mut probes = 0;
-        for i in 0..self.sent.len() {
+        for i in 0..self.rec.sent.len() {
             if probes == RTO_PROBE_PACKETS {
                 break;
             }
-            let p = &mut self.sent[i];
+            let p = &mut self.rec.sent[i];
             if p.acked || p.lost || p.send_ts.add_nanos(rto) > now {
                 continue;
             }
             if probes == 0 && counted {
                 // A timeout suggests this path swallows packets: re-path it.
-                self.paths.request_repath(u16::from(p.path));
+                self.route.paths.request_repath(u16::from(p.path));
             }
             probes += 1;
             p.lost = true;
             let (psn, path, len, ts) = (p.psn, p.path, p.wire_len, p.send_ts);
-            self.in_flight_bytes = self.in_flight_bytes.saturating_sub(u64::from(len));
-            self.in_flight_pkts = self.in_flight_pkts.saturating_sub(1);
-            self.rtx.push_back(psn);
+            self.rec.in_flight_bytes = self.rec.in_flight_bytes.saturating_sub(u64::from(len));
+            self.rec.in_flight_pkts = self.rec.in_flight_pkts.saturating_sub(1);
+            self.rec.rtx.push_back(psn);
             sh.paths[usize::from(path)].lost += 1;
-            self.path_stats[usize::from(path)].lost += 1;
-            self.paths.on_loss(now, u16::from(path), ts);
-            if counted && !self.paths.is_outlier(u16::from(path)) {
-                self.sent[i].cc_loss_ts = Some(ts);
+            self.counters.path_stats[usize::from(path)].lost += 1;
+            self.route.paths.on_loss(now, u16::from(path), ts);
+            if counted && !self.route.paths.is_outlier(u16::from(path)) {
+                self.rec.sent[i].cc_loss_ts = Some(ts);
                 self.cc.on_congestion_event(now, ts, false, len);
             }
         }
         if counted {
-            self.backoff = (self.backoff + 1).min(MAX_BACKOFF_SHIFT);
+            self.rec.backoff = (self.rec.backoff + 1).min(MAX_BACKOFF_SHIFT);
         }
-        self.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));
+        self.rec.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));
     }
     pub(crate) fn made_progress(&mut self) {
-        self.retry.heard();
-        self.backoff = 0;
+        self.rec.retry.heard();
+        self.rec.backoff = 0;
     }
 }

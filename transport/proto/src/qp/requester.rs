@@ -27,6 +27,20 @@ pub(crate) struct SendWqe {
     pub(crate) status: Option<WcStatus>,
 }
 
+/// The requester's state: the send queue and its sequence numbers.
+pub(crate) struct Requester {
+    pub(crate) sq: VecDeque<SendWqe>,
+    pub(crate) sq_base_msn: Msn,
+    pub(crate) next_msn: Msn,
+    pub(crate) next_ssn: Msn,
+    /// Index in `sq` of the first work request with packets still to emit.
+    pub(crate) pack_idx: usize,
+    /// READs and atomics sent and still awaiting their responses.
+    pub(crate) awaited: AwaitedResponses,
+    /// A work request was refused: send nothing new, fail once the earlier ones finish.
+    pub(crate) failing: bool,
+}
+
 impl SendWqe {
     /// A work request not yet sent, without buffers (`segs`, `len` are set by the caller).
     pub(crate) fn new(
@@ -123,12 +137,12 @@ pub(crate) fn refused_status(e: PostError) -> WcStatus {
 impl Qp {
     /// Whether responses or requests still have packets to emit for the first time.
     pub(crate) fn has_new_work(&self) -> bool {
-        !self.resp.is_empty() || self.pack_idx < self.sq.len()
+        !self.rsp.resp.is_empty() || self.req.pack_idx < self.req.sq.len()
     }
     /// Takes the next packet's worth of new work: a response or a request, as the deficit
     /// round robin of [`crate::share`] picks.
     pub(crate) fn next_new_packet(&mut self, sh: &Shared) -> Option<SentWhat> {
-        let resp_len = self.resp.front().map(|job| match job {
+        let resp_len = self.rsp.resp.front().map(|job| match job {
             RespJob::Read {
                 msg_len,
                 next_offset,
@@ -136,10 +150,10 @@ impl Qp {
             } => (*msg_len - *next_offset).min(sh.resp_chunk - self.seal.overhead()),
             RespJob::Atomic { .. } => 0,
         });
-        let req_len = match self.sq.get(self.pack_idx) {
+        let req_len = match self.req.sq.get(self.req.pack_idx) {
             // Queued already failed (`post_send_or_fail`): never sent; it fails the QP when
             // it reaches the front.
-            Some(w) if !self.failing && w.status.is_none() => Some(if w.op.carries_data() {
+            Some(w) if !self.req.failing && w.status.is_none() => Some(if w.op.carries_data() {
                 (w.len - w.next_offset).min(sh.req_chunk - self.seal.overhead())
             } else {
                 0
@@ -147,7 +161,7 @@ impl Qp {
             _ => None,
         };
         if self.share.pick(resp_len, req_len)? == Turn::Response
-            && let Some(job) = self.resp.front_mut()
+            && let Some(job) = self.rsp.resp.front_mut()
         {
             match job {
                 RespJob::Read {
@@ -169,7 +183,7 @@ impl Qp {
                     };
                     *next_offset = offset + len;
                     if *next_offset >= *msg_len {
-                        self.resp.pop_front();
+                        self.rsp.resp.pop_front();
                     }
                     return Some(what);
                 }
@@ -178,15 +192,15 @@ impl Qp {
                         msn: *msn,
                         original: *original,
                     };
-                    self.resp.pop_front();
+                    self.rsp.resp.pop_front();
                     return Some(what);
                 }
             }
         }
-        if self.failing {
+        if self.req.failing {
             return None;
         }
-        let w = self.sq.get_mut(self.pack_idx)?;
+        let w = self.req.sq.get_mut(self.req.pack_idx)?;
         if w.status.is_some() {
             // Queued already failed (`post_send_or_fail`): never sent; it fails the QP when
             // it reaches the front.
@@ -203,9 +217,9 @@ impl Qp {
         if w.next_offset >= w.len || !w.op.carries_data() {
             w.packetized = true;
             if w.awaits_response() {
-                self.awaited.started();
+                self.req.awaited.started();
             }
-            self.pack_idx += 1;
+            self.req.pack_idx += 1;
         }
         Some(SentWhat::Req {
             msn: w.msn,
@@ -217,14 +231,17 @@ impl Qp {
     /// Once a refused work request (see `on_nak`) reaches the front, the QP fails.
     pub(crate) fn complete_sq(&mut self, sh: &mut Shared) {
         while self
+            .req
             .sq
             .front()
             .is_some_and(|w| w.status.is_none() && w.is_done())
         {
-            let Some(w) = self.sq.pop_front() else { break };
+            let Some(w) = self.req.sq.pop_front() else {
+                break;
+            };
             self.ranges.release(&w.read_placed);
-            self.sq_base_msn += 1;
-            self.pack_idx = self.pack_idx.saturating_sub(1);
+            self.req.sq_base_msn += 1;
+            self.req.pack_idx = self.req.pack_idx.saturating_sub(1);
             if w.signaled {
                 sh.complete(
                     self.send_cq,
@@ -239,7 +256,7 @@ impl Qp {
                 );
             }
         }
-        if self.sq.front().is_some_and(|w| w.status.is_some()) && self.refusal_settled() {
+        if self.req.sq.front().is_some_and(|w| w.status.is_some()) && self.refusal_settled() {
             self.enter_error(sh);
         }
     }
@@ -260,7 +277,7 @@ impl Qp {
             return;
         }
         let ok = self.wqe_index(r.msn).is_some_and(|i| {
-            let w = &mut self.sq[i];
+            let w = &mut self.req.sq[i];
             if w.op != Op::Read || w.len != r.msg_len || !w.packetized || w.is_done() {
                 return false;
             }
@@ -272,7 +289,7 @@ impl Qp {
             let _ = self.ranges.insert(&mut w.read_placed, off, len);
             w.got_resp = true;
             if w.is_done() {
-                self.awaited.answered();
+                self.req.awaited.answered();
             }
             true
         });
@@ -301,12 +318,12 @@ impl Qp {
             return;
         }
         let ok = self.wqe_index(r.msn).is_some_and(|i| {
-            let w = &mut self.sq[i];
+            let w = &mut self.req.sq[i];
             if !w.op.is_atomic() || !w.packetized || w.atomic_result.is_some() {
                 return false;
             }
             w.atomic_result = Some(r.original);
-            self.awaited.answered();
+            self.req.awaited.answered();
             scatter(&w.segs, 0, &r.original.to_ne_bytes())
         });
         if !ok {
@@ -322,11 +339,11 @@ impl Qp {
     /// are sent and answered; debug builds check it against a scan of the send queue.
     pub(crate) fn awaits_response(&self) -> bool {
         debug_assert_eq!(
-            self.awaited.count(),
-            self.sq.iter().filter(|w| w.awaits_response()).count(),
+            self.req.awaited.count(),
+            self.req.sq.iter().filter(|w| w.awaits_response()).count(),
             "awaited-response count out of step with the send queue"
         );
-        self.awaited.any()
+        self.req.awaited.any()
     }
     pub(crate) fn on_nak(&mut self, now: Timestamp, n: &wire::Nak, sh: &mut Shared) {
         sh.stats.naks_received += 1;
@@ -336,10 +353,10 @@ impl Qp {
         let Some(i) = self.sent_index(n.psn) else {
             return;
         };
-        if self.sent[i].acked {
+        if self.rec.sent[i].acked {
             return;
         }
-        let msn = match self.sent[i].what {
+        let msn = match self.rec.sent[i].what {
             SentWhat::Req { msn, .. } if msn == n.msn => msn,
             SentWhat::ReadResp { .. } | SentWhat::AtomicResp { .. } => {
                 // The requester gave up on this response: stop sending it.
@@ -362,25 +379,27 @@ impl Qp {
                 // fatal NAK is not (counting it would let a failed responder, which NAKs every
                 // probe, keep this QP retrying forever).
                 self.made_progress();
-                let w = &mut self.sq[wi];
+                let w = &mut self.req.sq[wi];
                 if now >= w.rnr_until {
                     w.rnr_retries += 1;
                     w.rnr_until = now.add_nanos(sh.cfg.rnr_timer_ns);
                 }
                 if w.rnr_retries <= sh.cfg.rnr_retry_limit {
                     let until = w.rnr_until;
-                    let p = &mut self.sent[i];
+                    let p = &mut self.rec.sent[i];
                     if !p.lost {
                         p.lost = true;
-                        self.in_flight_bytes =
-                            self.in_flight_bytes.saturating_sub(u64::from(p.wire_len));
-                        self.in_flight_pkts = self.in_flight_pkts.saturating_sub(1);
+                        self.rec.in_flight_bytes = self
+                            .rec
+                            .in_flight_bytes
+                            .saturating_sub(u64::from(p.wire_len));
+                        self.rec.in_flight_pkts = self.rec.in_flight_pkts.saturating_sub(1);
                     }
                     p.hold_until = until;
                     let psn = p.psn;
-                    self.rtx.retain(|&q| q != psn);
-                    if !self.held.contains(&psn) {
-                        self.held.push(psn);
+                    self.rec.rtx.retain(|&q| q != psn);
+                    if !self.rec.held.contains(&psn) {
+                        self.rec.held.push(psn);
                     }
                     self.rearm_rto(now, sh);
                     return;
@@ -394,17 +413,19 @@ impl Qp {
         // A fatal refusal: the packet was not executed and is never sent again.
         let mut none = AckFeedback::NONE;
         self.packet_acked(i, now, &mut none);
-        self.order.refused(n.psn);
+        self.rsp.order.refused(n.psn);
         // Work requests posted before the refused one may still be in flight (their packets
         // took other paths): let them finish, then fail this one and flush the rest, so the
         // statuses read in posting order. Nothing new is sent meanwhile. The responder stops
         // at its first refusal and refuses everything after it the same way, so the earliest
         // refused request in posting order carries the status (the later ones flush, see
         // `enter_error`); later NAKs for a request do not overwrite its status.
-        if self.sq[wi].status.is_none() && !self.sq.iter().take(wi).any(|w| w.status.is_some()) {
-            self.sq[wi].status = Some(status);
+        if self.req.sq[wi].status.is_none()
+            && !self.req.sq.iter().take(wi).any(|w| w.status.is_some())
+        {
+            self.req.sq[wi].status = Some(status);
         }
-        self.failing = true;
+        self.req.failing = true;
         if n.syndrome == Syndrome::RemoteOperation {
             // The responder's QP is in error: nothing earlier will complete either.
             self.enter_error(sh);

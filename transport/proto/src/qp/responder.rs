@@ -42,25 +42,44 @@ pub(crate) enum RespJob {
     },
 }
 
+/// The responder's state: what the peer's packets built up (tracker, ACK and NAK state, the receive queue, response jobs, the RC gate).
+pub(crate) struct Responder {
+    pub(crate) resp: VecDeque<RespJob>,
+    pub(crate) rx: RecvTracker,
+    pub(crate) ack_pending: bool,
+    /// A duplicate arrived since the last ACK was sent (reported with `FLAG_DUPLICATE`).
+    pub(crate) dup_since_ack: bool,
+    pub(crate) echo: Option<(u32, u64, Timestamp)>,
+    pub(crate) ce_count: CeCount,
+    pub(crate) naks: VecDeque<(wire::Nak, Until)>,
+    /// Where a fatal refusal stopped this QP as a responder, and whether receives complete
+    /// in order ([`crate::rc_order`]).
+    pub(crate) order: RcOrder,
+    /// The last NAK sent, repeated on a short timer in case it was lost.
+    pub(crate) nak_repeat: NakRepeat,
+    pub(crate) rq: VecDeque<RecvWqe>,
+    pub(crate) rq_base_ssn: Msn,
+}
+
 impl Qp {
     /// Records a newly accepted packet of the peer's for acknowledgement.
     pub(crate) fn accepted(&mut self, now: Timestamp, h: &Header, ecn: Ecn) {
-        self.rx.accept(h.psn);
-        self.ack_pending = true;
-        self.echo = Some((h.psn, h.send_ts_ns, now));
+        self.rsp.rx.accept(h.psn);
+        self.rsp.ack_pending = true;
+        self.rsp.echo = Some((h.psn, h.send_ts_ns, now));
         if ecn.is_ce() {
-            self.ce_count += 1;
+            self.rsp.ce_count += 1;
         }
         self.made_progress();
     }
     /// Classifies a sequenced packet from the peer; true if it is new and should be processed.
     pub(crate) fn admit(&mut self, h: &Header, sh: &mut Shared) -> bool {
-        match self.rx.classify(h.psn) {
+        match self.rsp.rx.classify(h.psn) {
             Class::New => true,
             Class::Duplicate => {
                 sh.stats.rx_duplicates += 1;
-                self.ack_pending = true;
-                self.dup_since_ack = true;
+                self.rsp.ack_pending = true;
+                self.rsp.dup_since_ack = true;
                 false
             }
             Class::OutOfWindow => {
@@ -70,13 +89,13 @@ impl Qp {
         }
     }
     pub(crate) fn nak(&mut self, h: &Header, msn: u32, syndrome: Syndrome) {
-        if self.naks.len() < MAX_PENDING_NAKS {
+        if self.rsp.naks.len() < MAX_PENDING_NAKS {
             let nak = wire::Nak {
                 psn: h.psn,
                 msn,
                 syndrome,
             };
-            self.naks.push_back((nak, Until::Accepted));
+            self.rsp.naks.push_back((nak, Until::Accepted));
         }
     }
     pub(crate) fn on_request(
@@ -88,7 +107,7 @@ impl Qp {
         ecn: Ecn,
         sh: &mut Shared,
     ) {
-        if let Some(f) = self.order.fence
+        if let Some(f) = self.rsp.order.fence
             && f.stops(h.psn)
         {
             // At or after a fatal refusal: never executed, refused the same way (a lost NAK
@@ -97,10 +116,10 @@ impl Qp {
             return;
         }
         if self.state == QpState::Error {
-            if self.order.fence.is_some() {
+            if self.rsp.order.fence.is_some() {
                 // Before the fence: every such packet arrived before the QP failed, so this
                 // is a duplicate whose acknowledgement may have been lost.
-                self.ack_pending = true;
+                self.rsp.ack_pending = true;
             } else {
                 self.nak(h, r.msn, Syndrome::RemoteOperation);
             }
@@ -116,8 +135,8 @@ impl Qp {
                 // Fatal: the responder stops at this packet ([`crate::rc_order`]), and this
                 // QP sends no new request of its own (they flush when it fails).
                 self.nak(h, r.msn, syndrome);
-                self.order.refuse(h.psn, r.msn, syndrome);
-                self.failing = true;
+                self.rsp.order.refuse(h.psn, r.msn, syndrome);
+                self.req.failing = true;
             }
             Err(None) => sh.stats.rx_bad_response += 1,
         }
@@ -136,7 +155,7 @@ impl Qp {
     /// has been acknowledged or given up by the requester: a READ posted before the refused
     /// request still gets its data. The last acknowledgement still goes out.
     pub(crate) fn settle_fence(&mut self, sh: &mut Shared) {
-        if self.state != QpState::Connected || !self.order.fence_reached(self.rx.cum()) {
+        if self.state != QpState::Connected || !self.rsp.order.fence_reached(self.rsp.rx.cum()) {
             return;
         }
         // Every receive before the fence has completed: the rest flush now, before this side
@@ -144,15 +163,16 @@ impl Qp {
         // report the refusal).
         self.flush_rq(sh);
         // Only while fenced (rare): a scan of what is in flight.
-        let delivered = self.resp.is_empty()
+        let delivered = self.rsp.resp.is_empty()
             && self
+                .rec
                 .sent
                 .iter()
                 .all(|p| p.acked || matches!(p.what, SentWhat::Req { .. }));
         if delivered {
-            let ack = self.ack_pending;
+            let ack = self.rsp.ack_pending;
             self.enter_error(sh);
-            self.ack_pending = ack;
+            self.rsp.ack_pending = ack;
         }
     }
     /// Executes one request packet. `Err(Some)` refuses it with a NAK, `Err(None)` drops it
@@ -167,14 +187,14 @@ impl Qp {
         let plen = payload.len() as u64;
         let recv_idx = if r.op.consumes_recv() {
             let ssn = Msn(r.ssn);
-            if !ssn.ge(self.rq_base_ssn) {
+            if !ssn.ge(self.rsp.rq_base_ssn) {
                 return Err(None); // a message that already completed
             }
-            let i = ssn.since(self.rq_base_ssn) as usize;
-            if i >= self.rq.len() {
+            let i = ssn.since(self.rsp.rq_base_ssn) as usize;
+            if i >= self.rsp.rq.len() {
                 return Err(Some(Syndrome::ReceiverNotReady));
             }
-            let w = &self.rq[i];
+            let w = &self.rsp.rq[i];
             if let Some((op, len)) = w.msg
                 && (op != r.op || len != r.msg_len)
             {
@@ -206,15 +226,15 @@ impl Qp {
             }
             Op::Send | Op::SendImm => {
                 let i = recv_idx.unwrap_or(0);
-                if u64::from(r.msg_len) > self.rq[i].cap {
+                if u64::from(r.msg_len) > self.rsp.rq[i].cap {
                     // A fatal refusal (the QP fails once the packets before it arrived);
                     // receives complete in posting order: this one with the length error,
                     // the ones after it as flushed.
-                    self.rq[i].msg = Some((r.op, r.msg_len));
-                    self.rq[i].error = Some(WcStatus::LocalLengthError);
+                    self.rsp.rq[i].msg = Some((r.op, r.msg_len));
+                    self.rsp.rq[i].error = Some(WcStatus::LocalLengthError);
                     return Err(Some(Syndrome::InvalidRequest));
                 }
-                if !scatter(&self.rq[i].segs, u64::from(r.offset), payload) {
+                if !scatter(&self.rsp.rq[i].segs, u64::from(r.offset), payload) {
                     return Err(Some(Syndrome::InvalidRequest));
                 }
             }
@@ -228,7 +248,7 @@ impl Qp {
                 )
                 .map_err(Some)
                 .map(|region| {
-                    self.resp.push_back(RespJob::Read {
+                    self.rsp.resp.push_back(RespJob::Read {
                         msn: r.msn,
                         region,
                         base: r.remote_offset,
@@ -236,13 +256,13 @@ impl Qp {
                         next_offset: 0,
                     })
                 })?;
-                if self.resp.len() > MAX_RESPONSE_JOBS {
-                    self.resp.pop_back();
+                if self.rsp.resp.len() > MAX_RESPONSE_JOBS {
+                    self.rsp.resp.pop_back();
                     return Err(Some(Syndrome::ReceiverNotReady));
                 }
             }
             Op::FetchAdd | Op::CompareSwap => {
-                if self.resp.len() >= MAX_RESPONSE_JOBS {
+                if self.rsp.resp.len() >= MAX_RESPONSE_JOBS {
                     return Err(Some(Syndrome::ReceiverNotReady));
                 }
                 if !r.remote_offset.is_multiple_of(8) {
@@ -262,14 +282,14 @@ impl Qp {
                     region.compare_swap(r.remote_offset, b, a)
                 }
                 .map_err(|_| Some(Syndrome::InvalidRequest))?;
-                self.resp.push_back(RespJob::Atomic {
+                self.rsp.resp.push_back(RespJob::Atomic {
                     msn: r.msn,
                     original,
                 });
             }
         }
         if let Some(i) = recv_idx {
-            let w = &mut self.rq[i];
+            let w = &mut self.rsp.rq[i];
             w.msg = Some((r.op, r.msg_len));
             // Cannot fail: `admits` was checked before placing (parsing bounded the range).
             let _ = self.ranges.insert(&mut w.placed, u64::from(r.offset), plen);
@@ -290,15 +310,17 @@ impl Qp {
     /// Completes receives from the front of the queue, in posting order; in ordered mode only
     /// once every packet up to the last of their message has arrived.
     pub(crate) fn complete_rq(&mut self, sh: &mut Shared) {
-        let cum = self.rx.cum();
-        while self
-            .rq
-            .front()
-            .is_some_and(|w| w.done && w.last_psn.is_some_and(|l| self.order.may_complete(l, cum)))
-        {
-            let Some(w) = self.rq.pop_front() else { break };
+        let cum = self.rsp.rx.cum();
+        while self.rsp.rq.front().is_some_and(|w| {
+            w.done
+                && w.last_psn
+                    .is_some_and(|l| self.rsp.order.may_complete(l, cum))
+        }) {
+            let Some(w) = self.rsp.rq.pop_front() else {
+                break;
+            };
             self.ranges.release(&w.placed);
-            self.rq_base_ssn += 1;
+            self.rsp.rq_base_ssn += 1;
             let (op, len) = w.msg.unwrap_or((Op::Send, 0));
             let opcode = if op == Op::WriteImm {
                 WcOpcode::RecvRdmaWithImm
@@ -322,7 +344,7 @@ impl Qp {
     /// acknowledged (true without a refusal). Until then those packets are still repaired:
     /// the responder executes them and fails only once it has them all.
     pub(crate) fn refusal_settled(&self) -> bool {
-        let Some(psn) = self.order.refused_psn else {
+        let Some(psn) = self.rsp.order.refused_psn else {
             return true;
         };
         // A request packet also counts once its work request is done (a READ or atomic
@@ -330,19 +352,19 @@ impl Qp {
         // to the peer's requests do not hold this QP's failure back.
         let settled = |p: &SentPkt| match p.what {
             SentWhat::Req { msn, .. } => {
-                p.acked || self.wqe_index(msn).is_none_or(|w| self.sq[w].is_done())
+                p.acked || self.wqe_index(msn).is_none_or(|w| self.req.sq[w].is_done())
             }
             _ => true,
         };
         match self.sent_index(psn) {
-            Some(i) => self.sent.iter().take(i).all(settled),
+            Some(i) => self.rec.sent.iter().take(i).all(settled),
             None => true,
         }
     }
     /// Completes every outstanding receive in posting order: a failed one with its status,
     /// the rest as flushed.
     pub(crate) fn flush_rq(&mut self, sh: &mut Shared) {
-        for w in self.rq.drain(..) {
+        for w in self.rsp.rq.drain(..) {
             let (status, byte_len) = match (w.error, w.msg) {
                 (Some(e), Some((_, len))) => (e, len),
                 (Some(e), None) => (e, 0),

@@ -44,14 +44,14 @@ impl Qp {
         }
         // The oldest READ whose responses still depend on the region: sent ones first (they
         // are older than any queued job).
-        let sent = self.sent.iter().find_map(|p| match &p.what {
+        let sent = self.rec.sent.iter().find_map(|p| match &p.what {
             SentWhat::ReadResp { msn, region: r, .. } if !p.acked && Arc::ptr_eq(r, region) => {
                 Some(*msn)
             }
             _ => None,
         });
         let refused = sent.or_else(|| {
-            self.resp.iter().find_map(|j| match j {
+            self.rsp.resp.iter().find_map(|j| match j {
                 RespJob::Read { msn, region: r, .. } if Arc::ptr_eq(r, region) => Some(*msn),
                 _ => None,
             })
@@ -66,10 +66,11 @@ impl Qp {
                 msn,
                 syndrome: Syndrome::RemoteAccess,
             };
-            self.naks.push_back((nak, Until::Repeated));
+            self.rsp.naks.push_back((nak, Until::Repeated));
             fail = true;
         }
         if let Some(w) = self
+            .req
             .sq
             .iter_mut()
             .find(|w| !w.is_done() && w.status.is_none() && uses(&w.segs, region))
@@ -78,6 +79,7 @@ impl Qp {
             fail = true;
         }
         if let Some(w) = self
+            .rsp
             .rq
             .iter_mut()
             .find(|w| !w.done && w.error.is_none() && uses(&w.segs, region))
@@ -99,7 +101,7 @@ impl Qp {
     /// the NAK's status, in posting order. Returns whether the NAK was such a refusal.
     pub(crate) fn refused_after_acceptance(&mut self, n: &wire::Nak, sh: &mut Shared) -> bool {
         let pending_request = self.sent_index(n.psn).is_some_and(|i| {
-            let p = &self.sent[i];
+            let p = &self.rec.sent[i];
             !p.acked && matches!(p.what, SentWhat::Req { msn, .. } if msn == n.msn)
         });
         if pending_request {
@@ -108,12 +110,12 @@ impl Qp {
         let Some(i) = self.wqe_index(n.msn) else {
             return false;
         };
-        let w = &mut self.sq[i];
+        let w = &mut self.req.sq[i];
         if n.syndrome != Syndrome::RemoteAccess || !w.awaits_response() || w.status.is_some() {
             return false;
         }
         w.status = Some(WcStatus::RemoteAccessError);
-        self.failing = true;
+        self.req.failing = true;
         self.complete_sq(sh);
         true
     }

@@ -54,32 +54,47 @@ pub struct QpStats {
     pub outstanding_recvs: usize,
 }
 
+/// The QP's counters, reported by [`QpStats`].
+pub(crate) struct Counters {
+    pub(crate) repaths: u64,
+    /// CE marks the peer reported for our packets.
+    pub(crate) ce_marks: u64,
+    pub(crate) packets_sent: u64,
+    pub(crate) retransmits: u64,
+    pub(crate) rtos: u64,
+    pub(crate) spurious_losses: u64,
+    pub(crate) spurious_retransmits: u64,
+    pub(crate) duplicates_reported: u64,
+    /// Counters per logical path (the endpoint's `paths` sums them over QPs).
+    pub(crate) path_stats: Vec<PathStats>,
+}
+
 impl super::Qp {
     /// The snapshot of this QP's state and counters.
     pub(crate) fn stats(&self, cfg: &crate::types::EndpointConfig) -> QpStats {
         QpStats {
             state: self.state,
-            srtt_ns: self.rtt.srtt_ns,
-            min_rtt_ns: self.rtt.min_ns,
-            rtt: self.rtt_hist.summary(),
+            srtt_ns: self.rec.rtt.srtt_ns,
+            min_rtt_ns: self.rec.rtt.min_ns,
+            rtt: self.rec.rtt_hist.summary(),
             rto_ns: self.rto_ns(cfg),
             cc: self.cc.name(),
             cwnd_bytes: self.cc.window(),
             pacing_rate: self.cc.pacing_rate(),
-            ce_marks: self.ce_marks,
-            repaths: self.repaths,
-            path_weights: self.paths.last_weights().to_vec(),
-            in_flight_bytes: self.in_flight_bytes,
-            packets_sent: self.packets_sent,
-            retransmits: self.retransmits,
-            rtos: self.rtos,
-            spurious_losses: self.spurious_losses,
-            spurious_retransmits: self.spurious_retransmits,
-            duplicates_reported: self.duplicates_reported,
-            path_ports: self.port_map.clone(),
-            paths: self.path_stats.clone(),
-            outstanding_sends: self.sq.len(),
-            outstanding_recvs: self.rq.len(),
+            ce_marks: self.counters.ce_marks,
+            repaths: self.counters.repaths,
+            path_weights: self.route.paths.last_weights().to_vec(),
+            in_flight_bytes: self.rec.in_flight_bytes,
+            packets_sent: self.counters.packets_sent,
+            retransmits: self.counters.retransmits,
+            rtos: self.counters.rtos,
+            spurious_losses: self.counters.spurious_losses,
+            spurious_retransmits: self.counters.spurious_retransmits,
+            duplicates_reported: self.counters.duplicates_reported,
+            path_ports: self.route.port_map.clone(),
+            paths: self.counters.path_stats.clone(),
+            outstanding_sends: self.req.sq.len(),
+            outstanding_recvs: self.rsp.rq.len(),
         }
     }
 }

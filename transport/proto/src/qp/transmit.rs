@@ -25,7 +25,12 @@ impl Qp {
     }
     /// The datagram description for `len` bytes on logical path `path`.
     pub(crate) fn transmit(&self, peer: &QpInfo, len: usize, path: u8, ecn: Ecn) -> Transmit {
-        let port = self.port_map.get(usize::from(path)).copied().unwrap_or(0);
+        let port = self
+            .route
+            .port_map
+            .get(usize::from(path))
+            .copied()
+            .unwrap_or(0);
         Transmit {
             dest: peer.addr,
             path: port,
@@ -45,7 +50,7 @@ impl Qp {
     ) -> Option<usize> {
         match what {
             SentWhat::Req { msn, offset, len } => {
-                let w = &self.sq[self.wqe_index(*msn)?];
+                let w = &self.req.sq[self.wqe_index(*msn)?];
                 let body = Body::Request(wire::Request {
                     op: w.op,
                     msn: w.msn,
@@ -112,20 +117,24 @@ impl Qp {
         sh: &mut Shared,
     ) -> Option<Transmit> {
         let peer = self.peer?;
-        let fresh = self.naks.pop_front();
+        let fresh = self.rsp.naks.pop_front();
         let repeat = match fresh {
             Some(_) => None,
             None => {
-                let rx = &self.rx;
-                self.nak_repeat
+                let rx = &self.rsp.rx;
+                self.rsp
+                    .nak_repeat
                     .take_due(now, |psn| rx.classify(psn) != Class::Duplicate)
             }
         };
         if let Some(nak) = fresh.map(|(n, _)| n).or(repeat) {
             if let Some((_, until)) = fresh {
-                let wait =
-                    NakRepeat::interval_ns(self.rtt.srtt_ns, self.rtt.rttvar_ns, self.rtt.samples);
-                self.nak_repeat.sent(nak, until, now, wait);
+                let wait = NakRepeat::interval_ns(
+                    self.rec.rtt.srtt_ns,
+                    self.rec.rtt.rttvar_ns,
+                    self.rec.rtt.samples,
+                );
+                self.rsp.nak_repeat.sent(nak, until, now, wait);
             }
             let path = self.next_path(sh);
             let h = self.header(wire::Kind::Nak, 0, path, now, 0)?;
@@ -135,53 +144,54 @@ impl Qp {
         }
         // In the error state only a responder stopped by a fatal refusal acknowledges (the
         // packets before the refusal, see `after_accept`).
-        if self.state != QpState::Connected && !self.ack_pending {
+        if self.state != QpState::Connected && !self.rsp.ack_pending {
             return None;
         }
-        if self.ack_pending {
-            self.ack_pending = false;
-            let (echo_psn, echo_ts, at) = self.echo.unwrap_or((0, 0, now));
+        if self.rsp.ack_pending {
+            self.rsp.ack_pending = false;
+            let (echo_psn, echo_ts, at) = self.rsp.echo.unwrap_or((0, 0, now));
             let ack = wire::Ack {
-                cum_psn: self.rx.cum(),
+                cum_psn: self.rsp.rx.cum(),
                 echo_psn,
                 echo_ts_ns: echo_ts,
                 hold_ns: u32::try_from(now.nanos_since(at)).unwrap_or(u32::MAX),
-                ce_count: self.ce_count.get(),
-                sack: self.rx.sack(),
+                ce_count: self.rsp.ce_count.get(),
+                sack: self.rsp.rx.sack(),
             };
             let path = self.next_path(sh);
-            let flags = if self.dup_since_ack {
+            let flags = if self.rsp.dup_since_ack {
                 wire::FLAG_DUPLICATE
             } else {
                 0
             };
-            self.dup_since_ack = false;
+            self.rsp.dup_since_ack = false;
             let h = self.header(wire::Kind::Ack, 0, path, now, flags)?;
             let len = self.seal.emit(buf, &h, &Body::Ack(ack), 0, |_| {}).ok()?;
             return Some(self.transmit(&peer, len, path, Ecn::NotEct));
         }
         // Retransmissions first: they are not limited by the window.
-        while let Some(psn) = self.rtx.pop_front() {
+        while let Some(psn) = self.rec.rtx.pop_front() {
             let Some(i) = self.sent_index(psn) else {
                 continue;
             };
-            if self.sent[i].acked || !self.sent[i].lost {
+            if self.rec.sent[i].acked || !self.rec.sent[i].lost {
                 continue;
             }
-            if let SentWhat::Req { msn, .. } = self.sent[i].what
+            if let SentWhat::Req { msn, .. } = self.rec.sent[i].what
                 && self.wqe_index(msn).is_none()
             {
                 // Its work request completed (a READ or atomic answered): nothing to resend.
-                self.sent[i].acked = true;
-                self.sent[i].lost = false;
+                self.rec.sent[i].acked = true;
+                self.rec.sent[i].lost = false;
                 continue;
             }
             let path = self
+                .route
                 .paths
-                .pick_other(u16::from(self.sent[i].path), sh.rng.next_u32())
+                .pick_other(u16::from(self.rec.sent[i].path), sh.rng.next_u32())
                 as u8;
             let Some(len) = self.emit(
-                &self.sent[i].what,
+                &self.rec.sent[i].what,
                 psn,
                 path,
                 wire::FLAG_RETRANSMIT,
@@ -190,38 +200,38 @@ impl Qp {
             ) else {
                 continue;
             };
-            let p = &mut self.sent[i];
+            let p = &mut self.rec.sent[i];
             p.lost = false;
             p.retransmitted = true;
             p.send_ts = now;
             p.path = path;
             p.wire_len = len as u32;
-            self.in_flight_bytes += len as u64;
-            self.in_flight_pkts += 1;
-            self.retransmits += 1;
+            self.rec.in_flight_bytes += len as u64;
+            self.rec.in_flight_pkts += 1;
+            self.counters.retransmits += 1;
             sh.stats.retransmits += 1;
             for ps in [
                 &mut sh.paths[usize::from(path)],
-                &mut self.path_stats[usize::from(path)],
+                &mut self.counters.path_stats[usize::from(path)],
             ] {
                 ps.packets += 1;
                 ps.retransmits += 1;
             }
-            self.paths.on_sent(u16::from(path), now);
+            self.route.paths.on_sent(u16::from(path), now);
             self.cc.on_sent(now, len as u32, psn);
-            if self.rto_deadline.is_none() {
-                self.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));
+            if self.rec.rto_deadline.is_none() {
+                self.rec.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));
             }
             return Some(self.transmit(&peer, len, path, Ecn::Ect0));
         }
         // New packets, within the SACK span, the window and the pacing rate.
-        self.paced_out = false;
-        let span = self.next_psn.since(self.snd_una);
+        self.route.paced_out = false;
+        let span = self.rec.next_psn.since(self.rec.snd_una);
         if span >= wire::SACK_BITS {
             return None;
         }
-        if self.in_flight_bytes > 0
-            && self.in_flight_bytes + sh.cfg.max_datagram as u64 > self.cc.window()
+        if self.rec.in_flight_bytes > 0
+            && self.rec.in_flight_bytes + sh.cfg.max_datagram as u64 > self.cc.window()
         {
             return None;
         }
@@ -229,15 +239,15 @@ impl Qp {
             return None;
         }
         if now < self.pace_at() {
-            self.paced_out = true;
+            self.route.paced_out = true;
             return None;
         }
         let what = self.next_new_packet(sh)?;
-        let psn = self.next_psn.get();
+        let psn = self.rec.next_psn.get();
         let path = self.next_path(sh);
         let len = self.emit(&what, psn, path, 0, now, buf)?;
-        self.next_psn += 1;
-        self.sent.push_back(SentPkt {
+        self.rec.next_psn += 1;
+        self.rec.sent.push_back(SentPkt {
             psn,
             what,
             send_ts: now,
@@ -251,21 +261,23 @@ impl Qp {
             hold_until: Timestamp::ZERO,
             cc_loss_ts: None,
         });
-        self.in_flight_bytes += len as u64;
-        self.in_flight_pkts += 1;
-        self.packets_sent += 1;
+        self.rec.in_flight_bytes += len as u64;
+        self.rec.in_flight_pkts += 1;
+        self.counters.packets_sent += 1;
         sh.paths[usize::from(path)].packets += 1;
-        self.path_stats[usize::from(path)].packets += 1;
-        self.paths.on_sent(u16::from(path), now);
+        self.counters.path_stats[usize::from(path)].packets += 1;
+        self.route.paths.on_sent(u16::from(path), now);
         self.cc.on_sent(now, len as u32, psn);
-        if !self.pacer.can_send(now) {
+        if !self.route.pacer.can_send(now) {
             // Sent ahead of a gap set by a lower rate (see `pace_at`): that schedule is stale.
-            self.pacer = Pacer::new();
+            self.route.pacer = Pacer::new();
         }
-        self.pacer.on_sent(now, len as u32, self.cc.pacing_rate());
-        self.last_paced = (now, len as u32);
-        if self.rto_deadline.is_none() {
-            self.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));
+        self.route
+            .pacer
+            .on_sent(now, len as u32, self.cc.pacing_rate());
+        self.route.last_paced = (now, len as u32);
+        if self.rec.rto_deadline.is_none() {
+            self.rec.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));
         }
         Some(self.transmit(&peer, len, path, Ecn::Ect0))
     }
