@@ -44,22 +44,15 @@ use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use braid_cc::Pacer;
-use braid_cc::paths::PathSet;
 use braid_time::{Ecn, Timestamp};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 
-use crate::coverage::{Coverage, RangeBudget};
+use crate::coverage::Coverage;
 use crate::hist::{RttHistogram, RttSummary};
 use crate::mem::{Access, Region};
-use crate::nak_repeat::NakRepeat;
-use crate::rc_order::RcOrder;
 use crate::ready::ReadySet;
-use crate::retry::{AwaitedResponses, RetryBudget};
-use crate::seal::QpSeal;
-use crate::seq::{CeCount, Msn, Psn};
-use crate::share::SendShare;
+use crate::seq::Psn;
 use crate::tracker::RecvTracker;
 use crate::types::*;
 use crate::wire::{self, Op, Syndrome};
@@ -540,84 +533,18 @@ impl Endpoint {
         };
         let psn = self.sh.rng.next_u32();
         let cc = self.sh.cfg.cc.build(self.sh.cfg.max_datagram as u32);
-        let qp = Qp {
-            qpn,
-            pd: pd.0,
-            send_cq: send_cq.0,
-            recv_cq: recv_cq.0,
-            state: QpState::Init,
-            peer: None,
-            initial_psn: Psn(psn),
-            share: SendShare::default(),
-            ranges: RangeBudget::default(),
+        let qp = Qp::new(
+            QpIds {
+                qpn,
+                pd: pd.0,
+                send_cq: send_cq.0,
+                recv_cq: recv_cq.0,
+            },
+            Psn(psn),
             cc,
-            seal: QpSeal::new(opts.seal_secret),
-            counters: Counters {
-                repaths: 0,
-                ce_marks: 0,
-                packets_sent: 0,
-                retransmits: 0,
-                rtos: 0,
-                spurious_losses: 0,
-                spurious_retransmits: 0,
-                duplicates_reported: 0,
-                path_stats: vec![PathStats::default(); usize::from(self.sh.cfg.paths)],
-            },
-            route: Route {
-                paths: PathSet::new(self.sh.cfg.paths),
-                port_map: (0..self.sh.cfg.paths).collect(),
-                ports_used: PortSet::first(self.sh.cfg.paths),
-                pacer: Pacer::new(),
-                last_paced: (Timestamp::ZERO, 0),
-                paced_out: false,
-            },
-            rec: Recovery {
-                next_psn: Psn(psn),
-                snd_una: Psn(psn),
-                sent: VecDeque::new(),
-                rtx: VecDeque::new(),
-                held: Vec::new(),
-                in_flight_bytes: 0,
-                in_flight_pkts: 0,
-                rtt: Rtt::default(),
-                rtt_hist: RttHistogram::new(),
-                rto_deadline: None,
-                backoff: 0,
-                retry: RetryBudget::default(),
-                rack_ts: Timestamp::ZERO,
-                rack_rtt_ns: 0,
-                reorder_deadline: None,
-                reo_mult: 1,
-                reo_bumped_at: Timestamp::ZERO,
-                acks_since_spurious: 0,
-                peer_ce_seen: CeCount(0),
-                last_echo: (0, 0),
-                unresolved_losses: VecDeque::new(),
-                dup_expected: 0,
-            },
-            req: Requester {
-                sq: VecDeque::new(),
-                sq_base_msn: Msn(0),
-                next_msn: Msn(0),
-                next_ssn: Msn(0),
-                pack_idx: 0,
-                awaited: AwaitedResponses::default(),
-                failing: false,
-            },
-            rsp: Responder {
-                resp: VecDeque::new(),
-                rx: RecvTracker::new(0),
-                ack_pending: false,
-                dup_since_ack: false,
-                echo: None,
-                ce_count: CeCount(0),
-                naks: VecDeque::new(),
-                order: RcOrder::new(opts.unordered),
-                nak_repeat: NakRepeat::default(),
-                rq: VecDeque::new(),
-                rq_base_ssn: Msn(0),
-            },
-        };
+            &opts,
+            &self.sh.cfg,
+        );
         let seal_key = qp.seal.public_key();
         self.qps.insert(qpn, qp);
         if let Some(n) = self.pds.get_mut(&pd.0) {

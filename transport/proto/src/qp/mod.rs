@@ -139,7 +139,43 @@ pub(crate) struct Qp {
     pub(crate) rsp: Responder,
 }
 
+/// Who a new QP is: its number and the resources it was created on.
+pub(crate) struct QpIds {
+    pub(crate) qpn: u32,
+    pub(crate) pd: u32,
+    pub(crate) send_cq: u32,
+    pub(crate) recv_cq: u32,
+}
+
 impl Qp {
+    /// A QP in the `Init` state, its first PSN `psn`.
+    pub(crate) fn new(
+        ids: QpIds,
+        psn: Psn,
+        cc: Box<dyn Controller>,
+        opts: &QpOptions,
+        cfg: &EndpointConfig,
+    ) -> Qp {
+        Qp {
+            qpn: ids.qpn,
+            pd: ids.pd,
+            send_cq: ids.send_cq,
+            recv_cq: ids.recv_cq,
+            state: QpState::Init,
+            peer: None,
+            initial_psn: psn,
+            share: SendShare::default(),
+            ranges: RangeBudget::default(),
+            cc,
+            seal: QpSeal::new(opts.seal_secret),
+            counters: Counters::new(cfg.paths),
+            route: Route::new(cfg.paths),
+            rec: Recovery::new(psn),
+            req: Requester::new(),
+            rsp: Responder::new(opts.unordered),
+        }
+    }
+
     /// Hands a parsed, authenticated packet from the connected peer to its handler.
     pub(crate) fn dispatch(
         &mut self,

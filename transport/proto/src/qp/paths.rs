@@ -82,6 +82,19 @@ impl PortSet {
     }
 }
 
+impl Route {
+    pub(crate) fn new(paths: u16) -> Route {
+        Route {
+            paths: PathSet::new(paths),
+            port_map: (0..paths).collect(),
+            ports_used: PortSet::first(paths),
+            pacer: Pacer::new(),
+            last_paced: (Timestamp::ZERO, 0),
+            paced_out: false,
+        }
+    }
+}
+
 impl Qp {
     /// A path for a new packet, drawn by the paths' weights.
     pub(crate) fn next_path(&mut self, sh: &mut Shared) -> u8 {

@@ -156,6 +156,35 @@ impl Rtt {
     }
 }
 
+impl Recovery {
+    pub(crate) fn new(psn: Psn) -> Recovery {
+        Recovery {
+            next_psn: psn,
+            snd_una: psn,
+            sent: VecDeque::new(),
+            rtx: VecDeque::new(),
+            held: Vec::new(),
+            in_flight_bytes: 0,
+            in_flight_pkts: 0,
+            rtt: Rtt::default(),
+            rtt_hist: RttHistogram::new(),
+            rto_deadline: None,
+            backoff: 0,
+            retry: RetryBudget::default(),
+            rack_ts: Timestamp::ZERO,
+            rack_rtt_ns: 0,
+            reorder_deadline: None,
+            reo_mult: 1,
+            reo_bumped_at: Timestamp::ZERO,
+            acks_since_spurious: 0,
+            peer_ce_seen: CeCount(0),
+            last_echo: (0, 0),
+            unresolved_losses: VecDeque::new(),
+            dup_expected: 0,
+        }
+    }
+}
+
 impl Qp {
     pub(crate) fn rto_ns(&self, cfg: &EndpointConfig) -> u64 {
         let base = if self.rec.rtt.samples == 0 {

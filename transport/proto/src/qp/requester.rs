@@ -134,6 +134,20 @@ pub(crate) fn refused_status(e: PostError) -> WcStatus {
     }
 }
 
+impl Requester {
+    pub(crate) fn new() -> Requester {
+        Requester {
+            sq: VecDeque::new(),
+            sq_base_msn: Msn(0),
+            next_msn: Msn(0),
+            next_ssn: Msn(0),
+            pack_idx: 0,
+            awaited: AwaitedResponses::default(),
+            failing: false,
+        }
+    }
+}
+
 impl Qp {
     /// Whether responses or requests still have packets to emit for the first time.
     pub(crate) fn has_new_work(&self) -> bool {

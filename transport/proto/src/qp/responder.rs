@@ -61,6 +61,24 @@ pub(crate) struct Responder {
     pub(crate) rq_base_ssn: Msn,
 }
 
+impl Responder {
+    pub(crate) fn new(unordered: bool) -> Responder {
+        Responder {
+            resp: VecDeque::new(),
+            rx: RecvTracker::new(0),
+            ack_pending: false,
+            dup_since_ack: false,
+            echo: None,
+            ce_count: CeCount(0),
+            naks: VecDeque::new(),
+            order: RcOrder::new(unordered),
+            nak_repeat: NakRepeat::default(),
+            rq: VecDeque::new(),
+            rq_base_ssn: Msn(0),
+        }
+    }
+}
+
 impl Qp {
     /// Records a newly accepted packet of the peer's for acknowledgement.
     pub(crate) fn accepted(&mut self, now: Timestamp, h: &Header, ecn: Ecn) {

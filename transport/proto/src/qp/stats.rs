@@ -69,6 +69,22 @@ pub(crate) struct Counters {
     pub(crate) path_stats: Vec<PathStats>,
 }
 
+impl Counters {
+    pub(crate) fn new(paths: u16) -> Counters {
+        Counters {
+            repaths: 0,
+            ce_marks: 0,
+            packets_sent: 0,
+            retransmits: 0,
+            rtos: 0,
+            spurious_losses: 0,
+            spurious_retransmits: 0,
+            duplicates_reported: 0,
+            path_stats: vec![PathStats::default(); usize::from(paths)],
+        }
+    }
+}
+
 impl super::Qp {
     /// The snapshot of this QP's state and counters.
     pub(crate) fn stats(&self, cfg: &crate::types::EndpointConfig) -> QpStats {
