@@ -110,6 +110,8 @@ impl Qp {
             }
         }
     }
+    /// The next datagram of this QP, in this order: a NAK (new, or a repeat that is due), an
+    /// ACK, a retransmission, then a new packet (within the SACK span, window and pacing).
     pub(crate) fn poll_transmit(
         &mut self,
         now: Timestamp,
@@ -117,30 +119,8 @@ impl Qp {
         sh: &mut Shared,
     ) -> Option<Transmit> {
         let peer = self.peer?;
-        let fresh = self.rsp.naks.pop_front();
-        let repeat = match fresh {
-            Some(_) => None,
-            None => {
-                let rx = &self.rsp.rx;
-                self.rsp
-                    .nak_repeat
-                    .take_due(now, |psn| rx.classify(psn) != Class::Duplicate)
-            }
-        };
-        if let Some(nak) = fresh.map(|(n, _)| n).or(repeat) {
-            if let Some((_, until)) = fresh {
-                let wait = NakRepeat::interval_ns(
-                    self.rec.rtt.srtt_ns,
-                    self.rec.rtt.rttvar_ns,
-                    self.rec.rtt.samples,
-                );
-                self.rsp.nak_repeat.sent(nak, until, now, wait);
-            }
-            let path = self.next_path(sh);
-            let h = self.header(wire::Kind::Nak, 0, path, now, 0)?;
-            let len = self.seal.emit(buf, &h, &Body::Nak(nak), 0, |_| {}).ok()?;
-            sh.stats.naks_sent += 1;
-            return Some(self.transmit(&peer, len, path, Ecn::NotEct));
+        if let Some(nak) = self.due_nak(now) {
+            return self.send_nak(nak, &peer, now, buf, sh);
         }
         // In the error state only a responder stopped by a fatal refusal acknowledges (the
         // packets before the refusal, see `after_accept`).
@@ -148,28 +128,85 @@ impl Qp {
             return None;
         }
         if self.rsp.ack_pending {
-            self.rsp.ack_pending = false;
-            let (echo_psn, echo_ts, at) = self.rsp.echo.unwrap_or((0, 0, now));
-            let ack = wire::Ack {
-                cum_psn: self.rsp.rx.cum(),
-                echo_psn,
-                echo_ts_ns: echo_ts,
-                hold_ns: u32::try_from(now.nanos_since(at)).unwrap_or(u32::MAX),
-                ce_count: self.rsp.ce_count.get(),
-                sack: self.rsp.rx.sack(),
-            };
-            let path = self.next_path(sh);
-            let flags = if self.rsp.dup_since_ack {
-                wire::FLAG_DUPLICATE
-            } else {
-                0
-            };
-            self.rsp.dup_since_ack = false;
-            let h = self.header(wire::Kind::Ack, 0, path, now, flags)?;
-            let len = self.seal.emit(buf, &h, &Body::Ack(ack), 0, |_| {}).ok()?;
-            return Some(self.transmit(&peer, len, path, Ecn::NotEct));
+            return self.send_ack(&peer, now, buf, sh);
         }
         // Retransmissions first: they are not limited by the window.
+        if let Some(t) = self.send_retransmission(&peer, now, buf, sh) {
+            return Some(t);
+        }
+        self.send_new(&peer, now, buf, sh)
+    }
+
+    /// The NAK to send now: the oldest queued one (arming its repeat), else a repeat that is
+    /// due.
+    fn due_nak(&mut self, now: Timestamp) -> Option<wire::Nak> {
+        if let Some((nak, until)) = self.rsp.naks.pop_front() {
+            let wait = NakRepeat::interval_ns(
+                self.rec.rtt.srtt_ns,
+                self.rec.rtt.rttvar_ns,
+                self.rec.rtt.samples,
+            );
+            self.rsp.nak_repeat.sent(nak, until, now, wait);
+            return Some(nak);
+        }
+        let rx = &self.rsp.rx;
+        self.rsp
+            .nak_repeat
+            .take_due(now, |psn| rx.classify(psn) != Class::Duplicate)
+    }
+
+    fn send_nak(
+        &mut self,
+        nak: wire::Nak,
+        peer: &QpInfo,
+        now: Timestamp,
+        buf: &mut [u8],
+        sh: &mut Shared,
+    ) -> Option<Transmit> {
+        let path = self.next_path(sh);
+        let h = self.header(wire::Kind::Nak, 0, path, now, 0)?;
+        let len = self.seal.emit(buf, &h, &Body::Nak(nak), 0, |_| {}).ok()?;
+        sh.stats.naks_sent += 1;
+        Some(self.transmit(peer, len, path, Ecn::NotEct))
+    }
+
+    fn send_ack(
+        &mut self,
+        peer: &QpInfo,
+        now: Timestamp,
+        buf: &mut [u8],
+        sh: &mut Shared,
+    ) -> Option<Transmit> {
+        self.rsp.ack_pending = false;
+        let (echo_psn, echo_ts, at) = self.rsp.echo.unwrap_or((0, 0, now));
+        let ack = wire::Ack {
+            cum_psn: self.rsp.rx.cum(),
+            echo_psn,
+            echo_ts_ns: echo_ts,
+            hold_ns: u32::try_from(now.nanos_since(at)).unwrap_or(u32::MAX),
+            ce_count: self.rsp.ce_count.get(),
+            sack: self.rsp.rx.sack(),
+        };
+        let path = self.next_path(sh);
+        let flags = if self.rsp.dup_since_ack {
+            wire::FLAG_DUPLICATE
+        } else {
+            0
+        };
+        self.rsp.dup_since_ack = false;
+        let h = self.header(wire::Kind::Ack, 0, path, now, flags)?;
+        let len = self.seal.emit(buf, &h, &Body::Ack(ack), 0, |_| {}).ok()?;
+        Some(self.transmit(peer, len, path, Ecn::NotEct))
+    }
+
+    /// The first packet queued for retransmission that still needs it, sent on another path.
+    fn send_retransmission(
+        &mut self,
+        peer: &QpInfo,
+        now: Timestamp,
+        buf: &mut [u8],
+        sh: &mut Shared,
+    ) -> Option<Transmit> {
         while let Some(psn) = self.rec.rtx.pop_front() {
             let Some(i) = self.sent_index(psn) else {
                 continue;
@@ -222,9 +259,19 @@ impl Qp {
             if self.rec.rto_deadline.is_none() {
                 self.rec.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));
             }
-            return Some(self.transmit(&peer, len, path, Ecn::Ect0));
+            return Some(self.transmit(peer, len, path, Ecn::Ect0));
         }
-        // New packets, within the SACK span, the window and the pacing rate.
+        None
+    }
+
+    /// A new packet, within the SACK span, the window and the pacing rate.
+    fn send_new(
+        &mut self,
+        peer: &QpInfo,
+        now: Timestamp,
+        buf: &mut [u8],
+        sh: &mut Shared,
+    ) -> Option<Transmit> {
         self.route.paced_out = false;
         let span = self.rec.next_psn.since(self.rec.snd_una);
         if span >= wire::SACK_BITS {
@@ -279,6 +326,6 @@ impl Qp {
         if self.rec.rto_deadline.is_none() {
             self.rec.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));
         }
-        Some(self.transmit(&peer, len, path, Ecn::Ect0))
+        Some(self.transmit(peer, len, path, Ecn::Ect0))
     }
 }
