@@ -96,6 +96,33 @@ impl Route {
 }
 
 impl Qp {
+    /// Moves the paths PLB asked to re-path to spare source ports.
+    pub(crate) fn repath(&mut self, sh: &mut Shared) {
+        // PLB: a path kept looking congested; move it to a source port no other path of this
+        // QP uses (the device has `cfg.ports` of them, by default more than the paths).
+        // Sharing a port would only concentrate traffic (and could leave a route unused), so
+        // without a spare port the path stays where it is, and keeps its statistics (taking
+        // the re-path would reset them and make the bad path look new).
+        let ports = sh.cfg.ports;
+        if self.route.ports_used.free_below(ports) == 0 {
+            self.route.paths.drop_repaths();
+        }
+        while let Some(path) = self.route.paths.take_repath() {
+            let spare = self.route.ports_used.free_below(ports);
+            if spare == 0 {
+                continue;
+            }
+            let k = (sh.rng.next_u32() as usize) % usize::from(spare);
+            let port = self.route.ports_used.nth_free(k as u16);
+            if let Some(slot) = self.route.port_map.get_mut(usize::from(path)) {
+                self.route.ports_used.remove(*slot);
+                self.route.ports_used.insert(port);
+                *slot = port;
+                self.counters.repaths += 1;
+            }
+        }
+    }
+
     /// A path for a new packet, drawn by the paths' weights.
     pub(crate) fn next_path(&mut self, sh: &mut Shared) -> u8 {
         self.route.paths.pick(sh.rng.next_u32()) as u8

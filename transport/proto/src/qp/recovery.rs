@@ -332,16 +332,53 @@ impl Qp {
             echo_psn: a.echo_psn,
             ..AckFeedback::NONE
         };
+        let ce_new = self.ack_ce(a, &mut fb);
+        self.ack_rtt(now, a, &mut fb, sh);
+        self.charge_ce(a.echo_psn, ce_new, sh);
+        let newest = self.ack_packets(now, a, adv, &mut fb);
+        if dup_flag {
+            self.duplicate_proves_spurious(now);
+        }
+        if fb.ce && !self.route.paths.is_outlier(u16::from(fb.echo_path)) {
+            self.cc.on_congestion_event(now, now, true, 0);
+        }
+        self.route
+            .paths
+            .set_delay_target_ns(self.cc.target_delay_ns());
+        self.repath(sh);
+        while self.rec.sent.front().is_some_and(|p| p.acked) {
+            self.rec.sent.pop_front();
+            self.rec.snd_una += 1;
+        }
+        if newest.is_some() {
+            self.made_progress();
+            self.detect_losses(now, sh);
+            self.rearm_rto(now, sh);
+        }
+        self.complete_sq(sh);
+        if self.rec.in_flight_pkts == 0 && !self.has_new_work() {
+            self.cc.on_idle(now);
+        }
+        self.settle_fence(sh);
+    }
+
+    /// New CE marks the ACK reports (its counter is cumulative and wraps); flags them in `fb`.
+    fn ack_ce(&mut self, a: &wire::Ack, fb: &mut AckFeedback) -> u32 {
         // ECN echo: new CE marks since the last ACK (a wrapping counter).
         let peer_ce = CeCount(a.ce_count);
-        let mut ce_new = 0;
         if self.rec.peer_ce_seen.lt(peer_ce) {
             let ce = peer_ce.since(self.rec.peer_ce_seen);
             self.rec.peer_ce_seen = peer_ce;
             self.counters.ce_marks += u64::from(ce);
-            ce_new = ce;
             fb.ce = true;
+            return ce;
         }
+        0
+    }
+
+    /// The RTT sample of the ACK's echoed timestamp (the receiver's holding time removed),
+    /// charged to the path of the copy it measured.
+    fn ack_rtt(&mut self, now: Timestamp, a: &wire::Ack, fb: &mut AckFeedback, sh: &mut Shared) {
         // RTT from the echoed timestamp, minus the receiver's holding time.
         if (a.echo_psn, a.echo_ts_ns) != self.rec.last_echo
             && a.echo_ts_ns != 0
@@ -384,20 +421,34 @@ impl Qp {
                 }
             }
         }
+    }
+
+    fn charge_ce(&mut self, echo_psn: u32, ce_new: u32, sh: &mut Shared) {
         // New CE marks are charged to the echoed packet's path: the ACK carries one counter,
         // and the echoed packet is the newest one it reports on.
         if ce_new != 0
-            && let Some(i) = self.sent_index(a.echo_psn)
+            && let Some(i) = self.sent_index(echo_psn)
         {
             let path = usize::from(self.rec.sent[i].path);
             for ps in [&mut sh.paths[path], &mut self.counters.path_stats[path]] {
                 ps.ce_marks += u64::from(ce_new);
             }
         }
+    }
+
+    /// Marks what the ACK acknowledges (the `adv` packets before its cumulative point, then
+    /// its SACK bits); the index of the last packet newly acknowledged.
+    fn ack_packets(
+        &mut self,
+        now: Timestamp,
+        a: &wire::Ack,
+        adv: u32,
+        fb: &mut AckFeedback,
+    ) -> Option<usize> {
         let mut newest = None;
         for i in 0..(adv as usize).min(self.rec.sent.len()) {
             if !self.rec.sent[i].acked {
-                self.packet_acked(i, now, &mut fb);
+                self.packet_acked(i, now, fb);
                 newest = Some(i);
             }
         }
@@ -411,57 +462,12 @@ impl Qp {
                 if let Some(i) = self.sent_index(psn)
                     && !self.rec.sent[i].acked
                 {
-                    self.packet_acked(i, now, &mut fb);
+                    self.packet_acked(i, now, fb);
                     newest = Some(i);
                 }
             }
         }
-        if dup_flag {
-            self.duplicate_proves_spurious(now);
-        }
-        if fb.ce && !self.route.paths.is_outlier(u16::from(fb.echo_path)) {
-            self.cc.on_congestion_event(now, now, true, 0);
-        }
-        self.route
-            .paths
-            .set_delay_target_ns(self.cc.target_delay_ns());
-        // PLB: a path kept looking congested; move it to a source port no other path of this
-        // QP uses (the device has `cfg.ports` of them, by default more than the paths).
-        // Sharing a port would only concentrate traffic (and could leave a route unused), so
-        // without a spare port the path stays where it is, and keeps its statistics (taking
-        // the re-path would reset them and make the bad path look new).
-        let ports = sh.cfg.ports;
-        if self.route.ports_used.free_below(ports) == 0 {
-            self.route.paths.drop_repaths();
-        }
-        while let Some(path) = self.route.paths.take_repath() {
-            let spare = self.route.ports_used.free_below(ports);
-            if spare == 0 {
-                continue;
-            }
-            let k = (sh.rng.next_u32() as usize) % usize::from(spare);
-            let port = self.route.ports_used.nth_free(k as u16);
-            if let Some(slot) = self.route.port_map.get_mut(usize::from(path)) {
-                self.route.ports_used.remove(*slot);
-                self.route.ports_used.insert(port);
-                *slot = port;
-                self.counters.repaths += 1;
-            }
-        }
-        while self.rec.sent.front().is_some_and(|p| p.acked) {
-            self.rec.sent.pop_front();
-            self.rec.snd_una += 1;
-        }
-        if newest.is_some() {
-            self.made_progress();
-            self.detect_losses(now, sh);
-            self.rearm_rto(now, sh);
-        }
-        self.complete_sq(sh);
-        if self.rec.in_flight_pkts == 0 && !self.has_new_work() {
-            self.cc.on_idle(now);
-        }
-        self.settle_fence(sh);
+        newest
     }
     /// Time-based loss detection (RACK): a packet sent a reordering window before the newest
     /// delivered one is lost; so is one sent before it that stays unacknowledged a round trip
