@@ -203,127 +203,167 @@ impl Qp {
         sh: &mut Shared,
     ) -> Result<(), Option<Syndrome>> {
         let plen = payload.len() as u64;
-        let recv_idx = if r.op.consumes_recv() {
-            let ssn = Msn(r.ssn);
-            if !ssn.ge(self.rsp.rq_base_ssn) {
-                return Err(None); // a message that already completed
-            }
-            let i = ssn.since(self.rsp.rq_base_ssn) as usize;
-            if i >= self.rsp.rq.len() {
-                return Err(Some(Syndrome::ReceiverNotReady));
-            }
-            let w = &self.rsp.rq[i];
-            if let Some((op, len)) = w.msg
-                && (op != r.op || len != r.msg_len)
-            {
-                return Err(None);
-            }
-            // A peer scattering a message into more pieces than any window could is refused
-            // before it writes anything.
-            if !self.ranges.admits(&w.placed, u64::from(r.offset), plen) {
-                return Err(None);
-            }
-            Some(i)
-        } else {
-            None
-        };
+        let recv_idx = self.matching_recv(r, plen)?;
         match r.op {
-            Op::Write | Op::WriteImm => {
-                let region = sh
-                    .remote_region(
-                        self.pd,
-                        r.rkey,
-                        Access::REMOTE_WRITE,
-                        r.remote_offset,
-                        u64::from(r.msg_len),
-                    )
-                    .map_err(Some)?;
-                region
-                    .write(r.remote_offset + u64::from(r.offset), payload)
-                    .map_err(|_| Some(Syndrome::RemoteAccess))?;
-            }
-            Op::Send | Op::SendImm => {
-                let i = recv_idx.unwrap_or(0);
-                if u64::from(r.msg_len) > self.rsp.rq[i].cap {
-                    // A fatal refusal (the QP fails once the packets before it arrived);
-                    // receives complete in posting order: this one with the length error,
-                    // the ones after it as flushed.
-                    self.rsp.rq[i].msg = Some((r.op, r.msg_len));
-                    self.rsp.rq[i].error = Some(WcStatus::LocalLengthError);
-                    return Err(Some(Syndrome::InvalidRequest));
-                }
-                if !scatter(&self.rsp.rq[i].segs, u64::from(r.offset), payload) {
-                    return Err(Some(Syndrome::InvalidRequest));
-                }
-            }
-            Op::Read => {
-                sh.remote_region(
-                    self.pd,
-                    r.rkey,
-                    Access::REMOTE_READ,
-                    r.remote_offset,
-                    u64::from(r.msg_len),
-                )
-                .map_err(Some)
-                .map(|region| {
-                    self.rsp.resp.push_back(RespJob::Read {
-                        msn: r.msn,
-                        region,
-                        base: r.remote_offset,
-                        msg_len: r.msg_len,
-                        next_offset: 0,
-                    })
-                })?;
-                if self.rsp.resp.len() > MAX_RESPONSE_JOBS {
-                    self.rsp.resp.pop_back();
-                    return Err(Some(Syndrome::ReceiverNotReady));
-                }
-            }
-            Op::FetchAdd | Op::CompareSwap => {
-                if self.rsp.resp.len() >= MAX_RESPONSE_JOBS {
-                    return Err(Some(Syndrome::ReceiverNotReady));
-                }
-                if !r.remote_offset.is_multiple_of(8) {
-                    return Err(Some(Syndrome::InvalidRequest));
-                }
-                let region = sh
-                    .remote_region(self.pd, r.rkey, Access::REMOTE_ATOMIC, r.remote_offset, 8)
-                    .map_err(Some)?;
-                let mut a = [0u8; 8];
-                let mut b = [0u8; 8];
-                a.copy_from_slice(payload.get(..8).ok_or(None)?);
-                b.copy_from_slice(payload.get(8..16).ok_or(None)?);
-                let (a, b) = (u64::from_be_bytes(a), u64::from_be_bytes(b));
-                let original = if r.op == Op::FetchAdd {
-                    region.fetch_add(r.remote_offset, a)
-                } else {
-                    region.compare_swap(r.remote_offset, b, a)
-                }
-                .map_err(|_| Some(Syndrome::InvalidRequest))?;
-                self.rsp.resp.push_back(RespJob::Atomic {
-                    msn: r.msn,
-                    original,
-                });
-            }
+            Op::Write | Op::WriteImm => self.place_write(r, payload, sh)?,
+            Op::Send | Op::SendImm => self.place_send(recv_idx.unwrap_or(0), r, payload)?,
+            Op::Read => self.queue_read(r, sh)?,
+            Op::FetchAdd | Op::CompareSwap => self.apply_atomic(r, payload, sh)?,
         }
         if let Some(i) = recv_idx {
-            let w = &mut self.rsp.rq[i];
-            w.msg = Some((r.op, r.msg_len));
-            // Cannot fail: `admits` was checked before placing (parsing bounded the range).
-            let _ = self.ranges.insert(&mut w.placed, u64::from(r.offset), plen);
-            if matches!(r.op, Op::SendImm | Op::WriteImm) {
-                w.imm = Some(r.imm);
-            }
-            if w.last_psn
-                .is_none_or(|l| crate::rc_order::psn_before(l, psn))
-            {
-                w.last_psn = Some(psn);
-            }
-            if w.placed.covered() >= u64::from(r.msg_len) {
-                w.done = true;
-            }
+            self.note_placed(i, psn, r, plen);
         }
         Ok(())
+    }
+
+    /// The index in the receive queue of the receive a SEND or WRITE with immediate consumes
+    /// (`None` for other operations), checked to accept this packet.
+    fn matching_recv(
+        &self,
+        r: &wire::Request,
+        plen: u64,
+    ) -> Result<Option<usize>, Option<Syndrome>> {
+        if !r.op.consumes_recv() {
+            return Ok(None);
+        }
+        let ssn = Msn(r.ssn);
+        if !ssn.ge(self.rsp.rq_base_ssn) {
+            return Err(None); // a message that already completed
+        }
+        let i = ssn.since(self.rsp.rq_base_ssn) as usize;
+        if i >= self.rsp.rq.len() {
+            return Err(Some(Syndrome::ReceiverNotReady));
+        }
+        let w = &self.rsp.rq[i];
+        if let Some((op, len)) = w.msg
+            && (op != r.op || len != r.msg_len)
+        {
+            return Err(None);
+        }
+        // A peer scattering a message into more pieces than any window could is refused
+        // before it writes anything.
+        if !self.ranges.admits(&w.placed, u64::from(r.offset), plen) {
+            return Err(None);
+        }
+        Ok(Some(i))
+    }
+
+    fn place_write(
+        &mut self,
+        r: &wire::Request,
+        payload: &[u8],
+        sh: &mut Shared,
+    ) -> Result<(), Option<Syndrome>> {
+        let region = sh
+            .remote_region(
+                self.pd,
+                r.rkey,
+                Access::REMOTE_WRITE,
+                r.remote_offset,
+                u64::from(r.msg_len),
+            )
+            .map_err(Some)?;
+        region
+            .write(r.remote_offset + u64::from(r.offset), payload)
+            .map_err(|_| Some(Syndrome::RemoteAccess))?;
+        Ok(())
+    }
+
+    fn place_send(
+        &mut self,
+        i: usize,
+        r: &wire::Request,
+        payload: &[u8],
+    ) -> Result<(), Option<Syndrome>> {
+        if u64::from(r.msg_len) > self.rsp.rq[i].cap {
+            // A fatal refusal (the QP fails once the packets before it arrived);
+            // receives complete in posting order: this one with the length error,
+            // the ones after it as flushed.
+            self.rsp.rq[i].msg = Some((r.op, r.msg_len));
+            self.rsp.rq[i].error = Some(WcStatus::LocalLengthError);
+            return Err(Some(Syndrome::InvalidRequest));
+        }
+        if !scatter(&self.rsp.rq[i].segs, u64::from(r.offset), payload) {
+            return Err(Some(Syndrome::InvalidRequest));
+        }
+        Ok(())
+    }
+
+    fn queue_read(&mut self, r: &wire::Request, sh: &mut Shared) -> Result<(), Option<Syndrome>> {
+        sh.remote_region(
+            self.pd,
+            r.rkey,
+            Access::REMOTE_READ,
+            r.remote_offset,
+            u64::from(r.msg_len),
+        )
+        .map_err(Some)
+        .map(|region| {
+            self.rsp.resp.push_back(RespJob::Read {
+                msn: r.msn,
+                region,
+                base: r.remote_offset,
+                msg_len: r.msg_len,
+                next_offset: 0,
+            })
+        })?;
+        if self.rsp.resp.len() > MAX_RESPONSE_JOBS {
+            self.rsp.resp.pop_back();
+            return Err(Some(Syndrome::ReceiverNotReady));
+        }
+        Ok(())
+    }
+
+    fn apply_atomic(
+        &mut self,
+        r: &wire::Request,
+        payload: &[u8],
+        sh: &mut Shared,
+    ) -> Result<(), Option<Syndrome>> {
+        if self.rsp.resp.len() >= MAX_RESPONSE_JOBS {
+            return Err(Some(Syndrome::ReceiverNotReady));
+        }
+        if !r.remote_offset.is_multiple_of(8) {
+            return Err(Some(Syndrome::InvalidRequest));
+        }
+        let region = sh
+            .remote_region(self.pd, r.rkey, Access::REMOTE_ATOMIC, r.remote_offset, 8)
+            .map_err(Some)?;
+        let mut a = [0u8; 8];
+        let mut b = [0u8; 8];
+        a.copy_from_slice(payload.get(..8).ok_or(None)?);
+        b.copy_from_slice(payload.get(8..16).ok_or(None)?);
+        let (a, b) = (u64::from_be_bytes(a), u64::from_be_bytes(b));
+        let original = if r.op == Op::FetchAdd {
+            region.fetch_add(r.remote_offset, a)
+        } else {
+            region.compare_swap(r.remote_offset, b, a)
+        }
+        .map_err(|_| Some(Syndrome::InvalidRequest))?;
+        self.rsp.resp.push_back(RespJob::Atomic {
+            msn: r.msn,
+            original,
+        });
+        Ok(())
+    }
+
+    /// Records a packet placed into receive `i`: its message, range, immediate and PSN.
+    fn note_placed(&mut self, i: usize, psn: u32, r: &wire::Request, plen: u64) {
+        let w = &mut self.rsp.rq[i];
+        w.msg = Some((r.op, r.msg_len));
+        // Cannot fail: `admits` was checked before placing (parsing bounded the range).
+        let _ = self.ranges.insert(&mut w.placed, u64::from(r.offset), plen);
+        if matches!(r.op, Op::SendImm | Op::WriteImm) {
+            w.imm = Some(r.imm);
+        }
+        if w.last_psn
+            .is_none_or(|l| crate::rc_order::psn_before(l, psn))
+        {
+            w.last_psn = Some(psn);
+        }
+        if w.placed.covered() >= u64::from(r.msg_len) {
+            w.done = true;
+        }
     }
     /// Completes receives from the front of the queue, in posting order; in ordered mode only
     /// once every packet up to the last of their message has arrived.
