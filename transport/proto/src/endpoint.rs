@@ -55,89 +55,18 @@ use crate::ready::ReadySet;
 use crate::seq::Psn;
 use crate::tracker::RecvTracker;
 use crate::types::*;
-use crate::wire::{self, Op, Syndrome};
+use crate::wire::{self, Op};
 
 pub use crate::qp::QpStats;
 use crate::qp::*;
+use crate::shared::{Mr, Shared};
 
 /// ECN codepoint for ECN-capable transport, codepoint 0.
 pub const ECN_ECT0: u8 = Ecn::Ect0.to_bits();
 /// ECN codepoint for congestion experienced.
 pub const ECN_CE: u8 = Ecn::Ce.to_bits();
 
-/// A datagram the endpoint wrote into the caller's buffer, to be sent.
-#[must_use]
-#[derive(Copy, Clone, Debug, PartialEq, Eq)]
-pub struct Transmit {
-    /// Destination device address.
-    pub dest: SocketAddr,
-    /// Path (source port index) to send it on.
-    pub path: u16,
-    /// ECN codepoint to set in the IP header.
-    pub ecn: u8,
-    /// Bytes written at the start of the buffer.
-    pub len: usize,
-}
-
-pub(crate) struct Mr {
-    pub(crate) region: Arc<Region>,
-    pub(crate) pd: u32,
-    pub(crate) access: Access,
-    pub(crate) rkey: u32,
-}
-
-/// Everything outside the QPs, borrowed by QP methods alongside the QP itself.
-pub(crate) struct Shared {
-    pub(crate) cfg: EndpointConfig,
-    pub(crate) rng: ChaCha8Rng,
-    pub(crate) mrs: HashMap<u32, Mr>,
-    pub(crate) rkeys: HashMap<u32, u32>,
-    pub(crate) completions: VecDeque<(CqId, Completion)>,
-    pub(crate) stats: EndpointStats,
-    pub(crate) paths: Vec<PathStats>,
-    /// Every QP's RTT samples together (the device-level distribution).
-    pub(crate) rtt_hist: RttHistogram,
-    pub(crate) req_chunk: u32,
-    pub(crate) resp_chunk: u32,
-}
-
-impl Shared {
-    pub(crate) fn complete(&mut self, cq: u32, c: Completion) {
-        self.completions.push_back((CqId(cq), c));
-    }
-
-    /// Finds the region behind `rkey` for a remote access, checking PD, rights and bounds.
-    pub(crate) fn remote_region(
-        &self,
-        pd: u32,
-        rkey: u32,
-        need: Access,
-        offset: u64,
-        len: u64,
-    ) -> Result<Arc<Region>, Syndrome> {
-        let mr = self
-            .rkeys
-            .get(&rkey)
-            .and_then(|l| self.mrs.get(l))
-            .ok_or(Syndrome::RemoteAccess)?;
-        if mr.pd != pd || !mr.access.contains(need) {
-            return Err(Syndrome::RemoteAccess);
-        }
-        mr.region
-            .check(offset, len)
-            .map_err(|_| Syndrome::RemoteAccess)?;
-        Ok(mr.region.clone())
-    }
-
-    pub(crate) fn random_nonzero(&mut self) -> u32 {
-        loop {
-            let v = self.rng.next_u32();
-            if v != 0 {
-                return v;
-            }
-        }
-    }
-}
+pub use crate::qp::Transmit;
 
 /// The QPs of an endpoint, in creation order (the round-robin order of transmission and the
 /// order timers run in), each with its next deadline cached beside it.

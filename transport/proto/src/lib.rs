@@ -25,6 +25,7 @@ mod retry;
 pub mod seal;
 mod seq;
 pub mod share;
+mod shared;
 pub mod tracker;
 pub mod types;
 pub mod validate;

@@ -25,7 +25,6 @@ use braid_time::{Ecn, Timestamp};
 use rand_core::RngCore;
 
 use crate::coverage::{Coverage, RangeBudget};
-use crate::endpoint::{Shared, Transmit};
 use crate::hist::RttHistogram;
 use crate::mem::{Access, Region};
 use crate::nak_repeat::{NakRepeat, Until};
@@ -34,6 +33,7 @@ use crate::retry::{AwaitedResponses, RetryBudget, Timeout};
 use crate::seal::QpSeal;
 use crate::seq::{CeCount, Msn, Psn};
 use crate::share::{SendShare, Turn};
+use crate::shared::Shared;
 use crate::tracker::{Class, RecvTracker};
 use crate::types::*;
 use crate::wire::{self, Body, Header, Op, Syndrome};
@@ -52,6 +52,7 @@ pub(crate) use requester::*;
 pub(crate) use responder::*;
 pub(crate) use stats::Counters;
 pub use stats::QpStats;
+pub use transmit::Transmit;
 
 /// A local buffer resolved at post time.
 #[derive(Clone, Debug)]

@@ -25,9 +25,9 @@
 use std::sync::Arc;
 
 use super::{Qp, RespJob, Seg, SentWhat};
-use crate::endpoint::Shared;
 use crate::mem::Region;
 use crate::nak_repeat::Until;
+use crate::shared::Shared;
 use crate::types::{QpState, WcStatus};
 use crate::wire::{self, Syndrome};
 

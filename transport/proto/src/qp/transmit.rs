@@ -1,7 +1,23 @@
 //! Building headers and emitting a QP's datagrams, and the order in which they go: NAKs, then
 //! ACKs, then (by turns between response traffic and the QP's own requests) responses,
 //! retransmissions and new packets.
+use std::net::SocketAddr;
+
 use super::*;
+
+/// A datagram the endpoint wrote into the caller's buffer, to be sent.
+#[must_use]
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Transmit {
+    /// Destination device address.
+    pub dest: SocketAddr,
+    /// Path (source port index) to send it on.
+    pub path: u16,
+    /// ECN codepoint to set in the IP header.
+    pub ecn: u8,
+    /// Bytes written at the start of the buffer.
+    pub len: usize,
+}
 
 impl Qp {
     pub(crate) fn header(
