@@ -368,6 +368,41 @@ fn deregistering_a_region_stops_the_read_responses_served_from_it() {
     assert_eq!(b_stats.packets_sent, at_deregistration);
 }
 
+fn is_nak(d: &[u8]) -> bool {
+    braid::proto::wire::Packet::parse(d)
+        .is_ok_and(|p| p.header.kind == braid::proto::wire::Kind::Nak)
+}
+
+/// The NAK that revokes a READ being served is repeated like any NAK: when the first copy is
+/// lost, the requester still fails the READ with a remote access error, without a retransmit
+/// timeout and long before its retry budget would run out.
+#[test]
+fn a_lost_revocation_nak_is_repeated() {
+    let mut c = Cluster::new(22, 2, &EndpointConfig::default(), LinkConfig::default());
+    let (a, b) = c.connect(0, 1);
+    let len = 1usize << 20;
+    let a_dst = c.alloc_mr(&a, len, Access::LOCAL_WRITE);
+    let b_src = c.alloc_mr(&b, len, Access::REMOTE_READ);
+    let rkey = b_src.keys.rkey;
+    post(
+        &mut c,
+        &a,
+        1,
+        SendOp::Read(RemoteAddr { rkey, offset: 0 }),
+        vec![sge(&a_dst, 0, len as u32)],
+    );
+    let sent = |c: &Cluster| c.ep(1).qp_stats(b.qp.qpn).expect("qp").packets_sent;
+    assert!(c.run_until(1_000_000, |c| sent(c) >= 100));
+    c.drop_sent(1, 1, is_nak);
+    c.ep_mut(1).deregister(b_src.keys.lkey).expect("registered");
+    let got = take(&mut c, &a, 1);
+    assert_eq!(c.dropped_sent(), 1, "the revocation NAK was not sent");
+    let st: Vec<_> = got.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(st, vec![(1, WcStatus::RemoteAccessError)]);
+    let a_stats = c.ep(0).qp_stats(a.qp.qpn).expect("qp");
+    assert_eq!(a_stats.rtos, 0, "{a_stats:?}");
+}
+
 /// A WRITE whose local source is deregistered before it went out fails with a local
 /// protection error, and its source memory is not read.
 #[test]

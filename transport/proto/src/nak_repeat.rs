@@ -11,6 +11,10 @@
 //! A repeat the requester did not need is harmless: it already knows the refusal, so a
 //! repeated fatal NAK changes no status, and a repeated RNR NAK arriving while the packet is
 //! held for the RNR timer adds no retry.
+//!
+//! A NAK that names a message rather than a refused packet (the revocation NAK of a READ whose
+//! region was deregistered, sent by a QP that has stopped) is repeated [`NAK_REPEATS`] times
+//! whatever the packet tracker says: nothing the QP accepts later can settle it.
 use braid_time::Timestamp;
 
 use crate::wire::Nak;
@@ -33,9 +37,19 @@ pub(crate) struct NakRepeat {
 #[derive(Copy, Clone, Debug)]
 struct Armed {
     nak: Nak,
+    until: Until,
     due: Timestamp,
     wait_ns: u64,
     left: u32,
+}
+
+/// When a NAK stops being repeated, besides running out of repeats.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Until {
+    /// Once the refused packet (the NAK's PSN) has been accepted.
+    Accepted,
+    /// Only after [`NAK_REPEATS`] repeats: the NAK refuses a message, not a packet.
+    Repeated,
 }
 
 impl NakRepeat {
@@ -48,10 +62,11 @@ impl NakRepeat {
         }
     }
 
-    /// `nak` was sent at `now` in answer to an arrival: repeat it from `now + wait_ns` on.
-    pub(crate) fn sent(&mut self, nak: Nak, now: Timestamp, wait_ns: u64) {
+    /// `nak` was sent at `now`: repeat it from `now + wait_ns` on, until `until`.
+    pub(crate) fn sent(&mut self, nak: Nak, until: Until, now: Timestamp, wait_ns: u64) {
         self.armed = Some(Armed {
             nak,
+            until,
             due: now.add_nanos(wait_ns),
             wait_ns,
             left: NAK_REPEATS,
@@ -63,8 +78,8 @@ impl NakRepeat {
         self.armed.map(|a| a.due)
     }
 
-    /// The NAK to send again now, if one is due and `still_refused(psn)` says the refused
-    /// packet has not been accepted since. Arms the next repeat (twice the wait) or disarms.
+    /// The NAK to send again now, if one is due and (for [`Until::Accepted`])
+    /// `still_refused(psn)` says the refused packet has not been accepted since. Arms the next repeat (twice the wait) or disarms.
     pub(crate) fn take_due(
         &mut self,
         now: Timestamp,
@@ -74,7 +89,8 @@ impl NakRepeat {
         if a.due > now {
             return None;
         }
-        if !still_refused(a.nak.psn) || a.left == 0 {
+        let settled = a.until == Until::Accepted && !still_refused(a.nak.psn);
+        if settled || a.left == 0 {
             self.armed = None;
             return None;
         }
@@ -103,7 +119,7 @@ mod tests {
     #[test]
     fn repeats_a_bounded_number_of_times_with_doubling_waits() {
         let mut r = NakRepeat::default();
-        r.sent(NAK, Timestamp::from_nanos(1_000), 100);
+        r.sent(NAK, Until::Accepted, Timestamp::from_nanos(1_000), 100);
         assert_eq!(r.deadline(), Some(Timestamp::from_nanos(1_100)));
         assert_eq!(r.take_due(Timestamp::from_nanos(1_099), |_| true), None);
         let mut at = 1_100;
@@ -119,8 +135,20 @@ mod tests {
     #[test]
     fn stops_once_the_packet_is_accepted() {
         let mut r = NakRepeat::default();
-        r.sent(NAK, Timestamp::ZERO, 100);
+        r.sent(NAK, Until::Accepted, Timestamp::ZERO, 100);
         assert_eq!(r.take_due(Timestamp::from_nanos(100), |psn| psn != 7), None);
         assert_eq!(r.deadline(), None);
+    }
+
+    #[test]
+    fn a_message_refusal_repeats_whatever_the_tracker_says() {
+        let mut r = NakRepeat::default();
+        r.sent(NAK, Until::Repeated, Timestamp::ZERO, 100);
+        let mut sent = 0;
+        while let Some(due) = r.deadline() {
+            assert_eq!(r.take_due(due, |_| false), Some(NAK));
+            sent += 1;
+        }
+        assert_eq!(sent, NAK_REPEATS);
     }
 }

@@ -26,12 +26,12 @@
 //! (whose receive still completes as flushed, in the default ordered mode), their atomics
 //! applied and their READs answered. Their requester still reports them as flushed. Nothing
 //! that arrives after the refusal executes.
+use crate::seq::Psn;
 use crate::wire::Syndrome;
 
-/// Whether sequence number `a` comes before `b` (in a window of 2^31).
+/// Whether packet sequence number `a` comes before `b` (serial-number order, [`Psn::lt`]).
 pub(crate) fn psn_before(a: u32, b: u32) -> bool {
-    let d = b.wrapping_sub(a);
-    d != 0 && d < 1 << 31
+    Psn(a).lt(Psn(b))
 }
 
 /// The packet a fatal refusal stopped the responder at.

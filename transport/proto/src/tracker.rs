@@ -6,6 +6,7 @@
 //! outstanding past its oldest unacknowledged one, so a PSN farther ahead than `WINDOW` is
 //! hostile or stale and is refused. PSNs are compared with wrapping (serial number)
 //! arithmetic.
+use crate::seq::Psn;
 use crate::wire::SACK_BITS;
 
 /// PSNs tracked ahead of `cum`. A power of two, at least four times the sender's limit.
@@ -62,8 +63,9 @@ impl RecvTracker {
 
     /// Classifies `psn` without changing anything.
     pub fn classify(&self, psn: u32) -> Class {
-        let d = psn.wrapping_sub(self.cum);
-        if d >= 1 << 31 {
+        let (psn_s, cum) = (Psn(psn), Psn(self.cum));
+        let d = psn_s.since(cum);
+        if !psn_s.ge(cum) {
             Class::Duplicate
         } else if d >= WINDOW {
             Class::OutOfWindow
@@ -83,7 +85,7 @@ impl RecvTracker {
         while self.bit(self.cum) {
             let c = self.cum;
             self.set(c, false);
-            self.cum = c.wrapping_add(1);
+            self.cum = (Psn(c) + 1).get();
         }
         true
     }

@@ -61,6 +61,8 @@
 use core::fmt;
 use core::ops::{BitOr, BitOrAssign};
 
+use crate::seq::Psn;
+
 /// Protocol version carried in every packet.
 pub const VERSION: u8 = 1;
 /// Bytes of the common header.
@@ -675,7 +677,7 @@ pub struct Ack {
 impl Ack {
     /// Whether the SACK bitmap says `psn` was received (false outside its range).
     pub fn sacked(&self, psn: u32) -> bool {
-        let d = psn.wrapping_sub(self.cum_psn.wrapping_add(1));
+        let d = Psn(psn).since(Psn(self.cum_psn) + 1);
         if d >= SACK_BITS {
             return false;
         }

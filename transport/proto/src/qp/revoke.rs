@@ -1,6 +1,6 @@
 //! Revocation: what a QP does when a region it uses is deregistered.
 //!
-//! After [`Endpoint::deregister`](super::Endpoint::deregister) returns, the engine never reads
+//! After [`Endpoint::deregister`](crate::Endpoint::deregister) returns, the engine never reads
 //! or writes that region's memory again (with [`Region::from_raw`] memory the caller may free
 //! it then). Peers' new requests find no key and are refused at once; what a QP already holds
 //! is swept here, once per deregistration (it is rare, so the sweep's cost, linear in the QP's
@@ -24,47 +24,53 @@
 //! either registration goes.
 use std::sync::Arc;
 
-use super::{Qp, RespJob, SentWhat, Shared};
+use super::{Qp, RespJob, Seg, SentWhat};
 use crate::mem::Region;
+use crate::nak_repeat::Until;
+use crate::shared::Shared;
 use crate::types::{QpState, WcStatus};
 use crate::wire::{self, Syndrome};
 
-fn uses(segs: &[super::Seg], region: &Arc<Region>) -> bool {
+fn uses(segs: &[Seg], region: &Arc<Region>) -> bool {
     segs.iter().any(|s| Arc::ptr_eq(&s.region, region))
 }
 
 impl Qp {
     /// Stops every use of `region` by this QP (see the module documentation). Returns
     /// whether the QP changed (it failed).
-    pub(super) fn revoke(&mut self, region: &Arc<Region>, sh: &mut Shared) -> bool {
+    pub(crate) fn revoke(&mut self, region: &Arc<Region>, sh: &mut Shared) -> bool {
         if self.state != QpState::Connected && self.state != QpState::Init {
             return false; // in error: its queues were drained, nothing holds the region
         }
         // The oldest READ whose responses still depend on the region: sent ones first (they
         // are older than any queued job).
-        let sent = self.sent.iter().find_map(|p| match &p.what {
+        let sent = self.rec.sent.iter().find_map(|p| match &p.what {
             SentWhat::ReadResp { msn, region: r, .. } if !p.acked && Arc::ptr_eq(r, region) => {
                 Some(*msn)
             }
             _ => None,
         });
         let refused = sent.or_else(|| {
-            self.resp.iter().find_map(|j| match j {
+            self.rsp.resp.iter().find_map(|j| match j {
                 RespJob::Read { msn, region: r, .. } if Arc::ptr_eq(r, region) => Some(*msn),
                 _ => None,
             })
         });
         let mut fail = false;
         if let Some(msn) = refused {
-            // Queued even if the NAK queue is full: this one carries the verdict.
-            self.naks.push_back(wire::Nak {
+            // Queued even if the NAK queue is full: this one carries the verdict. It is repeated
+            // like every NAK (a lost one costs the requester a round trip, not its retry
+            // budget), but it names a message, so no later acceptance stops the repeats.
+            let nak = wire::Nak {
                 psn: 0,
                 msn,
                 syndrome: Syndrome::RemoteAccess,
-            });
+            };
+            self.rsp.naks.push_back((nak, Until::Repeated));
             fail = true;
         }
         if let Some(w) = self
+            .req
             .sq
             .iter_mut()
             .find(|w| !w.is_done() && w.status.is_none() && uses(&w.segs, region))
@@ -73,6 +79,7 @@ impl Qp {
             fail = true;
         }
         if let Some(w) = self
+            .rsp
             .rq
             .iter_mut()
             .find(|w| !w.done && w.error.is_none() && uses(&w.segs, region))
@@ -92,9 +99,9 @@ impl Qp {
     /// packet is acknowledged already): the responder could not serve it after all (its
     /// region was deregistered, see the module documentation). The work request fails with
     /// the NAK's status, in posting order. Returns whether the NAK was such a refusal.
-    pub(super) fn refused_after_acceptance(&mut self, n: &wire::Nak, sh: &mut Shared) -> bool {
+    pub(crate) fn refused_after_acceptance(&mut self, n: &wire::Nak, sh: &mut Shared) -> bool {
         let pending_request = self.sent_index(n.psn).is_some_and(|i| {
-            let p = &self.sent[i];
+            let p = &self.rec.sent[i];
             !p.acked && matches!(p.what, SentWhat::Req { msn, .. } if msn == n.msn)
         });
         if pending_request {
@@ -103,12 +110,12 @@ impl Qp {
         let Some(i) = self.wqe_index(n.msn) else {
             return false;
         };
-        let w = &mut self.sq[i];
+        let w = &mut self.req.sq[i];
         if n.syndrome != Syndrome::RemoteAccess || !w.awaits_response() || w.status.is_some() {
             return false;
         }
         w.status = Some(WcStatus::RemoteAccessError);
-        self.failing = true;
+        self.req.failing = true;
         self.complete_sq(sh);
         true
     }

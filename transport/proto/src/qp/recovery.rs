@@ -1,0 +1,664 @@
+//! Loss recovery of a QP: the record of sent packets, ACK processing, time-based loss
+//! detection (RACK-style, with a reordering window that widens when losses prove spurious),
+//! the retransmit timeout and its backoff, RTT estimation and the retry budget.
+use super::*;
+
+/// Lower bound of the reordering window used by time-based loss detection, ns.
+pub(crate) const REO_WND_MIN_NS: u64 = 20_000;
+/// Largest multiplier of the reordering window (it grows when losses prove spurious). High
+/// enough that the cap in `reorder_window_ns` (the smoothed RTT plus four deviations, at least
+/// the RTO floor) is what bounds the window, as SRTT bounds RACK's (RFC 8985 §6.2): with
+/// spraying, reordering spans the queueing spread between paths, which a multiple of a
+/// quarter of the *minimum* RTT does not follow.
+pub(crate) const REO_MULT_MAX: u32 = 1024;
+/// Packets acknowledged without a spurious loss before the reordering window shrinks a step.
+pub(crate) const REO_DECAY_ACKS: u32 = 4096;
+/// Packets a retransmit timeout sends again as a probe.
+pub(crate) const RTO_PROBE_PACKETS: usize = 2;
+/// Most retransmitted packets kept waiting for a duplicate flag to prove their loss spurious.
+pub(crate) const MAX_UNRESOLVED_LOSSES: usize = 64;
+/// Largest RTO backoff exponent.
+pub(crate) const MAX_BACKOFF_SHIFT: u32 = 10;
+
+#[derive(Debug)]
+pub(crate) enum SentWhat {
+    Req {
+        msn: u32,
+        offset: u32,
+        len: u32,
+    },
+    ReadResp {
+        msn: u32,
+        region: Arc<Region>,
+        base: u64,
+        offset: u32,
+        len: u32,
+        msg_len: u32,
+    },
+    AtomicResp {
+        msn: u32,
+        original: u64,
+    },
+}
+
+#[derive(Debug)]
+pub(crate) struct SentPkt {
+    pub(crate) psn: u32,
+    pub(crate) what: SentWhat,
+    pub(crate) send_ts: Timestamp,
+    pub(crate) path: u8,
+    pub(crate) wire_len: u32,
+    pub(crate) acked: bool,
+    /// Declared lost and not yet sent again (in `rtx` or `held`).
+    pub(crate) lost: bool,
+    /// Sent more than once: an acknowledgement may be for an earlier copy.
+    pub(crate) retransmitted: bool,
+    /// Path and send time of the first copy, to tell which copy an ACK's echo measured.
+    pub(crate) first_path: u8,
+    pub(crate) first_ts: Timestamp,
+    pub(crate) hold_until: Timestamp,
+    /// Its loss was reported to the controller, for the transmission sent at this time.
+    pub(crate) cc_loss_ts: Option<Timestamp>,
+}
+
+/// What one ACK frame says beyond which packets arrived: the measurement for the packet it
+/// echoes, and whether new CE marks were reported.
+#[derive(Copy, Clone, Debug)]
+pub(crate) struct AckFeedback {
+    /// Send time of the newest packet the peer accepted (`u64::MAX` when unknown).
+    pub(crate) echo_ts_ns: u64,
+    pub(crate) echo_psn: u32,
+    /// Logical path of the echoed copy of the packet, if known.
+    pub(crate) echo_path: u8,
+    pub(crate) echo_known: bool,
+    /// The echo measured the packet's latest transmission (not an earlier copy that arrived
+    /// late, after the packet was declared lost and sent again on another path).
+    pub(crate) echo_latest: bool,
+    /// Full round trip and fabric delay (holding time removed) of the echoed packet.
+    pub(crate) rtt_ns: Option<u64>,
+    pub(crate) fabric_ns: Option<u64>,
+    /// The ACK reported CE marks not seen before.
+    pub(crate) ce: bool,
+    /// The delay sample was already handed to the controller for this frame.
+    pub(crate) delay_given: bool,
+}
+
+/// Reliability of what this QP sends: sequence numbers, the sent-packet record, loss detection and the retransmit timer.
+pub(crate) struct Recovery {
+    pub(crate) next_psn: Psn,
+    pub(crate) snd_una: Psn,
+    pub(crate) sent: VecDeque<SentPkt>,
+    pub(crate) rtx: VecDeque<u32>,
+    pub(crate) held: Vec<u32>,
+    pub(crate) in_flight_bytes: u64,
+    pub(crate) in_flight_pkts: u32,
+    pub(crate) rtt: Rtt,
+    pub(crate) rtt_hist: RttHistogram,
+    pub(crate) rto_deadline: Option<Timestamp>,
+    pub(crate) backoff: u32,
+    /// Counted timeouts and silence since the peer was last heard from.
+    pub(crate) retry: RetryBudget,
+    pub(crate) rack_ts: Timestamp,
+    /// Round trip of the packet that set `rack_ts`: it includes the queueing that packets
+    /// sent around the same time meet, which a smoothed RTT averages away.
+    pub(crate) rack_rtt_ns: u64,
+    /// When the reorder timer of loss detection fires.
+    pub(crate) reorder_deadline: Option<Timestamp>,
+    pub(crate) reo_mult: u32,
+    pub(crate) reo_bumped_at: Timestamp,
+    pub(crate) acks_since_spurious: u32,
+    pub(crate) peer_ce_seen: CeCount,
+    pub(crate) last_echo: (u32, u64),
+    /// Retransmitted packets (whose loss the controller heard of) acknowledged without proof
+    /// of which copy arrived: the loss send times, oldest first, for duplicate flags to prove
+    /// spurious (at most [`MAX_UNRESOLVED_LOSSES`]).
+    pub(crate) unresolved_losses: VecDeque<Timestamp>,
+    /// Duplicate flags expected for retransmissions already proven spurious.
+    pub(crate) dup_expected: u32,
+}
+
+impl AckFeedback {
+    /// No measurement (a NAK acknowledging a response, for instance).
+    pub(crate) const NONE: AckFeedback = AckFeedback {
+        echo_ts_ns: u64::MAX,
+        echo_psn: 0,
+        echo_path: 0,
+        echo_known: false,
+        echo_latest: false,
+        rtt_ns: None,
+        fabric_ns: None,
+        ce: false,
+        delay_given: false,
+    };
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Rtt {
+    pub(crate) srtt_ns: u64,
+    pub(crate) rttvar_ns: u64,
+    pub(crate) min_ns: u64,
+    pub(crate) samples: u64,
+}
+
+impl Rtt {
+    pub(crate) fn sample(&mut self, rtt: u64) {
+        if self.samples == 0 {
+            self.srtt_ns = rtt;
+            self.rttvar_ns = rtt / 2;
+            self.min_ns = rtt;
+        } else {
+            let err = self.srtt_ns.abs_diff(rtt);
+            self.rttvar_ns = (3 * self.rttvar_ns + err) / 4;
+            self.srtt_ns = (7 * self.srtt_ns + rtt) / 8;
+            self.min_ns = self.min_ns.min(rtt);
+        }
+        self.samples += 1;
+    }
+}
+
+impl Recovery {
+    pub(crate) fn new(psn: Psn) -> Recovery {
+        Recovery {
+            next_psn: psn,
+            snd_una: psn,
+            sent: VecDeque::new(),
+            rtx: VecDeque::new(),
+            held: Vec::new(),
+            in_flight_bytes: 0,
+            in_flight_pkts: 0,
+            rtt: Rtt::default(),
+            rtt_hist: RttHistogram::new(),
+            rto_deadline: None,
+            backoff: 0,
+            retry: RetryBudget::default(),
+            rack_ts: Timestamp::ZERO,
+            rack_rtt_ns: 0,
+            reorder_deadline: None,
+            reo_mult: 1,
+            reo_bumped_at: Timestamp::ZERO,
+            acks_since_spurious: 0,
+            peer_ce_seen: CeCount(0),
+            last_echo: (0, 0),
+            unresolved_losses: VecDeque::new(),
+            dup_expected: 0,
+        }
+    }
+}
+
+impl Qp {
+    pub(crate) fn rto_ns(&self, cfg: &EndpointConfig) -> u64 {
+        let base = if self.rec.rtt.samples == 0 {
+            cfg.rto_initial_ns
+        } else {
+            self.rec.rtt.srtt_ns + (4 * self.rec.rtt.rttvar_ns).max(10_000)
+        };
+        let base = base.clamp(cfg.rto_min_ns, cfg.rto_max_ns);
+        (base << self.rec.backoff.min(MAX_BACKOFF_SHIFT)).min(cfg.rto_max_ns)
+    }
+    /// Bookkeeping for one packet newly acknowledged.
+    /// `echo_ts_ns` is the send time of the newest packet the peer accepted, from the ACK
+    /// (`u64::MAX` when unknown, as for a NAK).
+    pub(crate) fn packet_acked(&mut self, i: usize, now: Timestamp, fb: &mut AckFeedback) {
+        let echo_ts_ns = fb.echo_ts_ns;
+        let p = &mut self.rec.sent[i];
+        if p.acked {
+            return;
+        }
+        p.acked = true;
+        if !p.lost {
+            self.rec.in_flight_bytes = self
+                .rec
+                .in_flight_bytes
+                .saturating_sub(u64::from(p.wire_len));
+            self.rec.in_flight_pkts = self.rec.in_flight_pkts.saturating_sub(1);
+        }
+        // Was the retransmission what arrived, or an earlier copy? The peer echoes the send
+        // time of the newest packet it accepted, and it never accepts a duplicate: an echo
+        // older than the retransmission, or an acknowledgement sooner than any round trip
+        // after it, means an earlier copy arrived (the loss was spurious, as Eifel detects for
+        // TCP). The retransmission time then says nothing about what was delivered, so it must
+        // not advance the RACK time, or everything sent before it would look lost.
+        let ambiguous = p.retransmitted
+            && (echo_ts_ns < p.send_ts.as_nanos()
+                || now.nanos_since(p.send_ts) < self.rec.rtt.min_ns);
+        let spurious = p.lost || ambiguous;
+        self.counters.spurious_losses += u64::from(p.lost);
+        self.counters.spurious_retransmits += u64::from(ambiguous);
+        p.lost = false;
+        // The controller heard of this packet's loss; the original arrived after all, so the
+        // decrease it caused may be undone.
+        let cc_loss_ts = p.cc_loss_ts.take();
+        let undo = cc_loss_ts.filter(|_| spurious);
+        if p.retransmitted && cc_loss_ts.is_some() {
+            if ambiguous {
+                // The retransmission will reach the peer as a duplicate: its flag is expected.
+                self.rec.dup_expected = self.rec.dup_expected.saturating_add(1);
+            } else if !spurious {
+                // Which copy arrived is unknown: a later duplicate flag may tell.
+                if self.rec.unresolved_losses.len() == MAX_UNRESOLVED_LOSSES {
+                    self.rec.unresolved_losses.pop_front();
+                }
+                self.rec.unresolved_losses.extend(cc_loss_ts);
+            }
+        }
+        if !ambiguous && p.send_ts >= self.rec.rack_ts {
+            self.rec.rack_ts = p.send_ts;
+            self.rec.rack_rtt_ns = now.nanos_since(p.send_ts);
+        }
+        let (send_ts, wire_len) = (p.send_ts, p.wire_len);
+        let (psn, path) = (p.psn, u16::from(p.path));
+        if let Some(lost_sent_at) = undo {
+            self.cc.on_spurious_loss(now, lost_sent_at);
+        }
+        if spurious {
+            self.widen_reorder_window(now);
+        } else {
+            self.rec.acks_since_spurious += 1;
+            if self.rec.acks_since_spurious >= REO_DECAY_ACKS {
+                self.rec.acks_since_spurious = 0;
+                self.rec.reo_mult = (self.rec.reo_mult / 2).max(1);
+            }
+        }
+        // Path scoring hears about every packet; the echoed one carries the measurements.
+        let mut sample = AckSample::new(send_ts, wire_len);
+        sample.path = path;
+        if psn == fb.echo_psn && fb.rtt_ns.is_some() && fb.echo_latest {
+            sample.rtt_ns = fb.rtt_ns;
+            sample.fabric_delay_ns = fb.fabric_ns;
+            sample.ecn_ce = Some(fb.ce);
+        }
+        self.route.paths.on_ack(now, &sample);
+        if psn == fb.echo_psn && fb.echo_known && !fb.echo_latest && fb.rtt_ns.is_some() {
+            // The echo measured an earlier copy, on the path it left on.
+            let mut late = AckSample::new(Timestamp::from_nanos(fb.echo_ts_ns), wire_len);
+            late.path = u16::from(fb.echo_path);
+            late.rtt_ns = fb.rtt_ns;
+            late.fabric_delay_ns = fb.fabric_ns;
+            late.ecn_ce = Some(fb.ce);
+            self.route.paths.on_late_copy(now, &late);
+        }
+        // The controller gets the frame's delay once, seen through the connection-wide
+        // signal: one slow path alone does not shrink the window.
+        let mut sample = AckSample::new(send_ts, wire_len);
+        sample.path = path;
+        if !fb.delay_given
+            && fb.echo_known
+            && let (Some(rtt), Some(fabric)) = (fb.rtt_ns, fb.fabric_ns)
+        {
+            sample.rtt_ns = Some(rtt);
+            sample.fabric_delay_ns = Some(self.route.paths.cc_delay_ns(
+                now,
+                u16::from(fb.echo_path),
+                fabric,
+            ));
+            // Marked: the delay includes a queue, and must not become the base delay.
+            sample.ecn_ce = Some(fb.ce);
+            fb.delay_given = true;
+        }
+        self.cc.on_ack_with(now, &sample);
+        if let SentWhat::Req { msn, .. } = self.rec.sent[i].what
+            && let Some(w) = self.wqe_index(msn)
+        {
+            let w = &mut self.req.sq[w];
+            w.unacked_pkts = w.unacked_pkts.saturating_sub(1);
+        }
+    }
+    pub(crate) fn on_ack(&mut self, now: Timestamp, a: &wire::Ack, flags: u8, sh: &mut Shared) {
+        if self.state != QpState::Connected {
+            return;
+        }
+        let dup_flag = flags & wire::FLAG_DUPLICATE != 0;
+        if dup_flag {
+            self.counters.duplicates_reported += 1;
+            self.widen_reorder_window(now);
+        }
+        // The cumulative point must lie within what was sent. One behind `snd_una` is an
+        // older ACK overtaken by a newer one (normal with spraying): its SACK bits still count.
+        let cum = Psn(a.cum_psn);
+        let adv = if cum.le(self.rec.snd_una) {
+            0 // stale
+        } else {
+            cum.since(self.rec.snd_una)
+        };
+        if adv > self.rec.next_psn.since(self.rec.snd_una) {
+            sh.stats.rx_bad_response += 1;
+            return;
+        }
+        // Any consistent ACK, even one that acknowledges nothing new (the answer to a probe
+        // that arrived as a duplicate), shows the peer alive: the retry budget starts over.
+        self.rec.retry.heard();
+        let mut fb = AckFeedback {
+            echo_ts_ns: a.echo_ts_ns,
+            echo_psn: a.echo_psn,
+            ..AckFeedback::NONE
+        };
+        let ce_new = self.ack_ce(a, &mut fb);
+        self.ack_rtt(now, a, &mut fb, sh);
+        self.charge_ce(a.echo_psn, ce_new, sh);
+        let newest = self.ack_packets(now, a, adv, &mut fb);
+        if dup_flag {
+            self.duplicate_proves_spurious(now);
+        }
+        if fb.ce && !self.route.paths.is_outlier(u16::from(fb.echo_path)) {
+            self.cc.on_congestion_event(now, now, true, 0);
+        }
+        self.route
+            .paths
+            .set_delay_target_ns(self.cc.target_delay_ns());
+        self.repath(sh);
+        while self.rec.sent.front().is_some_and(|p| p.acked) {
+            self.rec.sent.pop_front();
+            self.rec.snd_una += 1;
+        }
+        if newest.is_some() {
+            self.made_progress();
+            self.detect_losses(now, sh);
+            self.rearm_rto(now, sh);
+        }
+        self.complete_sq(sh);
+        if self.rec.in_flight_pkts == 0 && !self.has_new_work() {
+            self.cc.on_idle(now);
+        }
+        self.settle_fence(sh);
+    }
+
+    /// New CE marks the ACK reports (its counter is cumulative and wraps); flags them in `fb`.
+    fn ack_ce(&mut self, a: &wire::Ack, fb: &mut AckFeedback) -> u32 {
+        // ECN echo: new CE marks since the last ACK (a wrapping counter).
+        let peer_ce = CeCount(a.ce_count);
+        if self.rec.peer_ce_seen.lt(peer_ce) {
+            let ce = peer_ce.since(self.rec.peer_ce_seen);
+            self.rec.peer_ce_seen = peer_ce;
+            self.counters.ce_marks += u64::from(ce);
+            fb.ce = true;
+            return ce;
+        }
+        0
+    }
+
+    /// The RTT sample of the ACK's echoed timestamp (the receiver's holding time removed),
+    /// charged to the path of the copy it measured.
+    fn ack_rtt(&mut self, now: Timestamp, a: &wire::Ack, fb: &mut AckFeedback, sh: &mut Shared) {
+        // RTT from the echoed timestamp, minus the receiver's holding time.
+        if (a.echo_psn, a.echo_ts_ns) != self.rec.last_echo
+            && a.echo_ts_ns != 0
+            && a.echo_ts_ns <= now.as_nanos()
+        {
+            self.rec.last_echo = (a.echo_psn, a.echo_ts_ns);
+            let full = (now.as_nanos() - a.echo_ts_ns).max(1);
+            let rtt = full.saturating_sub(u64::from(a.hold_ns)).max(1);
+            self.rec.rtt.sample(rtt);
+            self.rec.rtt_hist.record(rtt);
+            sh.rtt_hist.record(rtt);
+            fb.rtt_ns = Some(full);
+            fb.fabric_ns = Some(rtt);
+            // Which copy the echo measured: a packet declared lost and sent again on another
+            // path may still arrive first through the slow path it left on. Its delay belongs
+            // to that path, not to the retransmission's, or one slow path's queue shows up on
+            // the fast paths (and in the controller) every time it causes a spurious loss.
+            let copy = self.sent_index(a.echo_psn).and_then(|i| {
+                let p = &self.rec.sent[i];
+                if a.echo_ts_ns == p.send_ts.as_nanos() {
+                    Some((p.path, true))
+                } else if a.echo_ts_ns == p.first_ts.as_nanos() {
+                    Some((p.first_path, false))
+                } else {
+                    None
+                }
+            });
+            fb.echo_path = copy.map_or(0, |c| c.0);
+            fb.echo_known = copy.is_some();
+            fb.echo_latest = copy.is_some_and(|c| c.1);
+            if let Some((path, _)) = copy {
+                let path = usize::from(path);
+                for ps in [&mut sh.paths[path], &mut self.counters.path_stats[path]] {
+                    ps.srtt_ns = if ps.rtt_samples == 0 {
+                        rtt
+                    } else {
+                        (7 * ps.srtt_ns + rtt) / 8
+                    };
+                    ps.rtt_samples += 1;
+                }
+            }
+        }
+    }
+
+    fn charge_ce(&mut self, echo_psn: u32, ce_new: u32, sh: &mut Shared) {
+        // New CE marks are charged to the echoed packet's path: the ACK carries one counter,
+        // and the echoed packet is the newest one it reports on.
+        if ce_new != 0
+            && let Some(i) = self.sent_index(echo_psn)
+        {
+            let path = usize::from(self.rec.sent[i].path);
+            for ps in [&mut sh.paths[path], &mut self.counters.path_stats[path]] {
+                ps.ce_marks += u64::from(ce_new);
+            }
+        }
+    }
+
+    /// Marks what the ACK acknowledges (the `adv` packets before its cumulative point, then
+    /// its SACK bits); the index of the last packet newly acknowledged.
+    fn ack_packets(
+        &mut self,
+        now: Timestamp,
+        a: &wire::Ack,
+        adv: u32,
+        fb: &mut AckFeedback,
+    ) -> Option<usize> {
+        let mut newest = None;
+        for i in 0..(adv as usize).min(self.rec.sent.len()) {
+            if !self.rec.sent[i].acked {
+                self.packet_acked(i, now, fb);
+                newest = Some(i);
+            }
+        }
+        // Only the set bits of the SACK map, a word at a time (same order as bit by bit).
+        for (k, chunk) in a.sack.chunks_exact(8).enumerate() {
+            let mut word = u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8]));
+            while word != 0 {
+                let bit = 64 * k as u32 + word.trailing_zeros();
+                word &= word - 1;
+                let psn = (Psn(a.cum_psn) + 1 + bit).get();
+                if let Some(i) = self.sent_index(psn)
+                    && !self.rec.sent[i].acked
+                {
+                    self.packet_acked(i, now, fb);
+                    newest = Some(i);
+                }
+            }
+        }
+        newest
+    }
+    /// Time-based loss detection (RACK): a packet sent a reordering window before the newest
+    /// delivered one is lost; so is one sent before it that stays unacknowledged a round trip
+    /// plus the reordering window after it left (the reorder timer, which catches losses at
+    /// the tail of a burst without waiting for the retransmit timeout). With spraying,
+    /// reordering is normal, so counting duplicate ACKs would be wrong.
+    pub(crate) fn detect_losses(&mut self, now: Timestamp, sh: &mut Shared) {
+        let reo = self.reorder_window_ns(&sh.cfg);
+        let rack = self.rec.rack_ts.as_nanos();
+        // Datagrams stamped together leave and land over tens of microseconds (one stamp per
+        // batch, then a batched send and a batched receive), so the reorder timer waits at
+        // least a smoothed RTT plus four deviations, not only the last packet's RTT.
+        let wait = self
+            .rec
+            .rack_rtt_ns
+            .max(self.rec.rtt.srtt_ns + 4 * self.rec.rtt.rttvar_ns)
+            + reo;
+        let mut next: Option<u64> = None;
+        for i in 0..self.rec.sent.len() {
+            let p = &mut self.rec.sent[i];
+            let sent = p.send_ts.as_nanos();
+            if p.acked || p.lost || sent > rack {
+                continue;
+            }
+            if sent + reo >= rack && sent + wait > now.as_nanos() {
+                next = Some(next.map_or(sent + wait, |n| n.min(sent + wait)));
+                continue;
+            }
+            p.lost = true;
+            let (psn, path, len, ts) = (p.psn, p.path, p.wire_len, p.send_ts);
+            self.rec.in_flight_bytes = self.rec.in_flight_bytes.saturating_sub(u64::from(len));
+            self.rec.in_flight_pkts = self.rec.in_flight_pkts.saturating_sub(1);
+            self.rec.rtx.push_back(psn);
+            sh.paths[usize::from(path)].lost += 1;
+            self.counters.path_stats[usize::from(path)].lost += 1;
+            self.route.paths.on_loss(now, u16::from(path), ts);
+            if !self.route.paths.is_outlier(u16::from(path)) {
+                self.rec.sent[i].cc_loss_ts = Some(ts);
+                self.cc.on_congestion_event(now, ts, false, len);
+            }
+        }
+        self.rec.reorder_deadline = next.map(Timestamp::from_nanos);
+    }
+    /// The peer flagged a duplicate: one retransmission was unnecessary. Unless it is the one
+    /// of a packet already proven spurious by the echoed timestamp, it is charged to the oldest
+    /// retransmitted packet acknowledged without saying which copy arrived, and the
+    /// controller may undo that loss. (A copy the network duplicated looks the same to the
+    /// peer; that is the price of a flag that names no packet.)
+    pub(crate) fn duplicate_proves_spurious(&mut self, now: Timestamp) {
+        if self.rec.dup_expected > 0 {
+            self.rec.dup_expected -= 1;
+        } else if let Some(lost_sent_at) = self.rec.unresolved_losses.pop_front() {
+            self.counters.spurious_retransmits += 1;
+            self.cc.on_spurious_loss(now, lost_sent_at);
+        }
+    }
+    /// A loss proved spurious (the peer saw a duplicate, or an acknowledgement came for the
+    /// copy before a retransmission): doubles the reordering window, at most once per RTT.
+    pub(crate) fn widen_reorder_window(&mut self, now: Timestamp) {
+        self.rec.acks_since_spurious = 0;
+        if now >= self.rec.reo_bumped_at.add_nanos(self.rec.rtt.srtt_ns) {
+            self.rec.reo_mult = (self.rec.reo_mult * 2).min(REO_MULT_MAX);
+            self.rec.reo_bumped_at = now;
+        }
+    }
+    /// How much later than a delivered packet an undelivered one may still arrive: a quarter
+    /// of the minimum RTT, scaled up while losses keep proving spurious, and never more than
+    /// the larger of the RTT's smoothed value plus four deviations and the RTO floor (a
+    /// software stack on busy cores reorders by scheduling delays, not only by paths).
+    pub(crate) fn reorder_window_ns(&self, cfg: &EndpointConfig) -> u64 {
+        let cap = (self.rec.rtt.srtt_ns + 4 * self.rec.rtt.rttvar_ns).max(cfg.rto_min_ns);
+        (self.rec.rtt.min_ns / 4 * u64::from(self.rec.reo_mult))
+            .max(REO_WND_MIN_NS)
+            .min(cap)
+    }
+    pub(crate) fn rearm_rto(&mut self, now: Timestamp, sh: &Shared) {
+        let waiting = self.awaits_response();
+        self.rec.rto_deadline =
+            (self.rec.in_flight_pkts > 0 || waiting).then(|| now.add_nanos(self.rto_ns(&sh.cfg)));
+    }
+    pub(crate) fn on_timeout(&mut self, now: Timestamp, sh: &mut Shared) {
+        if self.state != QpState::Connected {
+            return;
+        }
+        if !self.rec.held.is_empty() {
+            let mut i = 0;
+            while i < self.rec.held.len() {
+                let psn = self.rec.held[i];
+                match self.sent_index(psn) {
+                    Some(s) if self.rec.sent[s].hold_until > now && !self.rec.sent[s].acked => {
+                        i += 1
+                    }
+                    Some(s) => {
+                        self.rec.held.swap_remove(i);
+                        if !self.rec.sent[s].acked {
+                            self.rec.rtx.push_back(psn);
+                        }
+                    }
+                    None => {
+                        self.rec.held.swap_remove(i);
+                    }
+                }
+            }
+        }
+        if self.rec.reorder_deadline.is_some_and(|d| d <= now) {
+            self.detect_losses(now, sh);
+        }
+        let Some(deadline) = self.rec.rto_deadline else {
+            return;
+        };
+        if now < deadline {
+            return;
+        }
+        // Nothing outstanding (the last packet probed needed no resending: its work request had
+        // completed, as a READ does when its response arrives before the request's ACK): no
+        // timeout to count. Counting it would fail an idle QP `retry_limit` timeouts later.
+        let waiting = self.awaits_response();
+        if self.rec.in_flight_pkts == 0 && self.rec.rtx.is_empty() && !waiting {
+            self.rec.rto_deadline = None;
+            return;
+        }
+        sh.stats.rto_fired += 1;
+        self.counters.rtos += 1;
+        // The interval this timer was armed for (the backoff has not moved since), and whether
+        // the probe below finds anything old enough to send again.
+        let rto = self.rto_ns(&sh.cfg);
+        let resends = self
+            .rec
+            .sent
+            .iter()
+            .any(|p| !p.acked && !p.lost && p.send_ts.add_nanos(rto) <= now);
+        let charge = Timeout::classify(
+            now.as_nanos(),
+            deadline.as_nanos(),
+            rto,
+            resends,
+            waiting && self.rec.in_flight_pkts == 0,
+        );
+        let counted = charge == Timeout::Counted;
+        if counted && self.rec.retry.charge(rto, &sh.cfg) {
+            // The oldest unfinished work request gets the error (a READ waiting for its
+            // response counts, though none of its packets is unacknowledged); the rest are
+            // flushed, so the statuses read in posting order as verbs users expect.
+            if let Some(i) = self.req.sq.iter().position(|w| !w.is_done()) {
+                self.req.sq[i].status = Some(WcStatus::RetryExceeded);
+            }
+            self.enter_error(sh);
+            return;
+        }
+        // Probe with the oldest outstanding packets only (as RACK-TLP does): if the tail was
+        // really lost, their acknowledgement lets time-based detection declare the rest; if
+        // the timeout was spurious (a stalled receiver), it costs a duplicate or two instead
+        // of the whole window. A late timeout (this host stalled) probes too, but says nothing
+        // about the network: no window cut, no re-path, no backoff.
+        if counted {
+            self.cc.on_retransmit_timeout(now);
+        }
+        let mut probes = 0;
+        for i in 0..self.rec.sent.len() {
+            if probes == RTO_PROBE_PACKETS {
+                break;
+            }
+            let p = &mut self.rec.sent[i];
+            if p.acked || p.lost || p.send_ts.add_nanos(rto) > now {
+                continue;
+            }
+            if probes == 0 && counted {
+                // A timeout suggests this path swallows packets: re-path it.
+                self.route.paths.request_repath(u16::from(p.path));
+            }
+            probes += 1;
+            p.lost = true;
+            let (psn, path, len, ts) = (p.psn, p.path, p.wire_len, p.send_ts);
+            self.rec.in_flight_bytes = self.rec.in_flight_bytes.saturating_sub(u64::from(len));
+            self.rec.in_flight_pkts = self.rec.in_flight_pkts.saturating_sub(1);
+            self.rec.rtx.push_back(psn);
+            sh.paths[usize::from(path)].lost += 1;
+            self.counters.path_stats[usize::from(path)].lost += 1;
+            self.route.paths.on_loss(now, u16::from(path), ts);
+            if counted && !self.route.paths.is_outlier(u16::from(path)) {
+                self.rec.sent[i].cc_loss_ts = Some(ts);
+                self.cc.on_congestion_event(now, ts, false, len);
+            }
+        }
+        if counted {
+            self.rec.backoff = (self.rec.backoff + 1).min(MAX_BACKOFF_SHIFT);
+        }
+        self.rec.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));
+    }
+    pub(crate) fn made_progress(&mut self) {
+        self.rec.retry.heard();
+        self.rec.backoff = 0;
+    }
+}

@@ -1,0 +1,450 @@
+//! The requester side of a QP: the send queue, cutting new work into packets, matching the
+//! responses (READ data, atomic results, NAKs) to their work requests, and completing those in
+//! posting order.
+use super::*;
+
+#[derive(Debug)]
+pub(crate) struct SendWqe {
+    pub(crate) wr_id: u64,
+    pub(crate) op: Op,
+    pub(crate) segs: Vec<Seg>,
+    pub(crate) len: u32,
+    pub(crate) remote: RemoteAddr,
+    pub(crate) imm: u32,
+    pub(crate) operands: (u64, u64),
+    pub(crate) signaled: bool,
+    pub(crate) msn: u32,
+    pub(crate) ssn: u32,
+    pub(crate) next_offset: u32,
+    pub(crate) packetized: bool,
+    pub(crate) unacked_pkts: u32,
+    /// Bytes of a READ's response placed so far (their union: see [`Coverage`]).
+    pub(crate) read_placed: Coverage,
+    pub(crate) got_resp: bool,
+    pub(crate) atomic_result: Option<u64>,
+    pub(crate) rnr_retries: u32,
+    pub(crate) rnr_until: Timestamp,
+    pub(crate) status: Option<WcStatus>,
+}
+
+/// The requester's state: the send queue and its sequence numbers.
+pub(crate) struct Requester {
+    pub(crate) sq: VecDeque<SendWqe>,
+    pub(crate) sq_base_msn: Msn,
+    pub(crate) next_msn: Msn,
+    pub(crate) next_ssn: Msn,
+    /// Index in `sq` of the first work request with packets still to emit.
+    pub(crate) pack_idx: usize,
+    /// READs and atomics sent and still awaiting their responses.
+    pub(crate) awaited: AwaitedResponses,
+    /// A work request was refused: send nothing new, fail once the earlier ones finish.
+    pub(crate) failing: bool,
+}
+
+impl SendWqe {
+    /// A work request not yet sent, without buffers (`segs`, `len` are set by the caller).
+    pub(crate) fn new(
+        wr_id: u64,
+        signaled: bool,
+        (op, remote, imm, operands): (Op, RemoteAddr, u32, (u64, u64)),
+        msn: u32,
+        ssn: u32,
+    ) -> SendWqe {
+        SendWqe {
+            wr_id,
+            op,
+            segs: Vec::new(),
+            len: 0,
+            remote,
+            imm,
+            operands,
+            signaled,
+            msn,
+            ssn,
+            next_offset: 0,
+            packetized: false,
+            unacked_pkts: 0,
+            read_placed: Coverage::default(),
+            got_resp: false,
+            atomic_result: None,
+            rnr_retries: 0,
+            rnr_until: Timestamp::ZERO,
+            status: None,
+        }
+    }
+
+    pub(crate) fn is_done(&self) -> bool {
+        match self.op {
+            Op::Read => self.got_resp && self.read_placed.covered() == u64::from(self.len),
+            Op::FetchAdd | Op::CompareSwap => self.atomic_result.is_some(),
+            _ => self.packetized && self.unacked_pkts == 0,
+        }
+    }
+
+    pub(crate) fn awaits_response(&self) -> bool {
+        self.packetized
+            && matches!(self.op, Op::Read | Op::FetchAdd | Op::CompareSwap)
+            && !self.is_done()
+    }
+
+    pub(crate) fn opcode(&self) -> WcOpcode {
+        wc_opcode(self.op)
+    }
+}
+
+/// A send operation as the wire has it: op, remote address, immediate, atomic operands.
+pub(crate) fn decode(op: SendOp) -> (Op, RemoteAddr, u32, (u64, u64)) {
+    let none = RemoteAddr { rkey: 0, offset: 0 };
+    match op {
+        SendOp::Send => (Op::Send, none, 0, (0, 0)),
+        SendOp::SendImm(i) => (Op::SendImm, none, i, (0, 0)),
+        SendOp::Write(r) => (Op::Write, r, 0, (0, 0)),
+        SendOp::WriteImm(r, i) => (Op::WriteImm, r, i, (0, 0)),
+        SendOp::Read(r) => (Op::Read, r, 0, (0, 0)),
+        SendOp::FetchAdd(r, add) => (Op::FetchAdd, r, 0, (add, 0)),
+        SendOp::CompareSwap {
+            remote,
+            compare,
+            swap,
+        } => (Op::CompareSwap, remote, 0, (swap, compare)),
+    }
+}
+
+pub(crate) fn wc_opcode(op: Op) -> WcOpcode {
+    match op {
+        Op::Send | Op::SendImm => WcOpcode::Send,
+        Op::Write | Op::WriteImm => WcOpcode::Write,
+        Op::Read => WcOpcode::Read,
+        Op::FetchAdd => WcOpcode::FetchAdd,
+        Op::CompareSwap => WcOpcode::CompareSwap,
+    }
+}
+
+/// The completion status verbs gives a work request refused for its buffers or shape; other
+/// refusals (no such QP, not connected, full queue) mean it never ran: flushed.
+pub(crate) fn refused_status(e: PostError) -> WcStatus {
+    match e {
+        PostError::InvalidLkey
+        | PostError::WrongPd
+        | PostError::OutOfBounds
+        | PostError::NoLocalWrite
+        | PostError::BadAtomic => WcStatus::LocalProtectionError,
+        PostError::TooManySges => WcStatus::LocalLengthError,
+        _ => WcStatus::Flushed,
+    }
+}
+
+impl Requester {
+    pub(crate) fn new() -> Requester {
+        Requester {
+            sq: VecDeque::new(),
+            sq_base_msn: Msn(0),
+            next_msn: Msn(0),
+            next_ssn: Msn(0),
+            pack_idx: 0,
+            awaited: AwaitedResponses::default(),
+            failing: false,
+        }
+    }
+}
+
+impl Qp {
+    /// Whether responses or requests still have packets to emit for the first time.
+    pub(crate) fn has_new_work(&self) -> bool {
+        !self.rsp.resp.is_empty() || self.req.pack_idx < self.req.sq.len()
+    }
+    /// Takes the next packet's worth of new work: a response or a request, as the deficit
+    /// round robin of [`crate::share`] picks.
+    pub(crate) fn next_new_packet(&mut self, sh: &Shared) -> Option<SentWhat> {
+        let resp_len = self.rsp.resp.front().map(|job| match job {
+            RespJob::Read {
+                msg_len,
+                next_offset,
+                ..
+            } => (*msg_len - *next_offset).min(sh.resp_chunk - self.seal.overhead()),
+            RespJob::Atomic { .. } => 0,
+        });
+        let req_len = match self.req.sq.get(self.req.pack_idx) {
+            // Queued already failed (`post_send_or_fail`): never sent; it fails the QP when
+            // it reaches the front.
+            Some(w) if !self.req.failing && w.status.is_none() => Some(if w.op.carries_data() {
+                (w.len - w.next_offset).min(sh.req_chunk - self.seal.overhead())
+            } else {
+                0
+            }),
+            _ => None,
+        };
+        if self.share.pick(resp_len, req_len)? == Turn::Response
+            && let Some(job) = self.rsp.resp.front_mut()
+        {
+            match job {
+                RespJob::Read {
+                    msn,
+                    region,
+                    base,
+                    msg_len,
+                    next_offset,
+                } => {
+                    let offset = *next_offset;
+                    let len = (*msg_len - offset).min(sh.resp_chunk - self.seal.overhead());
+                    let what = SentWhat::ReadResp {
+                        msn: *msn,
+                        region: region.clone(),
+                        base: *base,
+                        offset,
+                        len,
+                        msg_len: *msg_len,
+                    };
+                    *next_offset = offset + len;
+                    if *next_offset >= *msg_len {
+                        self.rsp.resp.pop_front();
+                    }
+                    return Some(what);
+                }
+                RespJob::Atomic { msn, original } => {
+                    let what = SentWhat::AtomicResp {
+                        msn: *msn,
+                        original: *original,
+                    };
+                    self.rsp.resp.pop_front();
+                    return Some(what);
+                }
+            }
+        }
+        if self.req.failing {
+            return None;
+        }
+        let w = self.req.sq.get_mut(self.req.pack_idx)?;
+        if w.status.is_some() {
+            // Queued already failed (`post_send_or_fail`): never sent; it fails the QP when
+            // it reaches the front.
+            return None;
+        }
+        let offset = w.next_offset;
+        let len = if w.op.carries_data() {
+            (w.len - offset).min(sh.req_chunk - self.seal.overhead())
+        } else {
+            0
+        };
+        w.next_offset = offset + len;
+        w.unacked_pkts += 1;
+        if w.next_offset >= w.len || !w.op.carries_data() {
+            w.packetized = true;
+            if w.awaits_response() {
+                self.req.awaited.started();
+            }
+            self.req.pack_idx += 1;
+        }
+        Some(SentWhat::Req {
+            msn: w.msn,
+            offset,
+            len,
+        })
+    }
+    /// Completes send work requests from the front of the queue, in posting order.
+    /// Once a refused work request (see `on_nak`) reaches the front, the QP fails.
+    pub(crate) fn complete_sq(&mut self, sh: &mut Shared) {
+        while self
+            .req
+            .sq
+            .front()
+            .is_some_and(|w| w.status.is_none() && w.is_done())
+        {
+            let Some(w) = self.req.sq.pop_front() else {
+                break;
+            };
+            self.ranges.release(&w.read_placed);
+            self.req.sq_base_msn += 1;
+            self.req.pack_idx = self.req.pack_idx.saturating_sub(1);
+            if w.signaled {
+                sh.complete(
+                    self.send_cq,
+                    Completion {
+                        wr_id: w.wr_id,
+                        status: WcStatus::Success,
+                        opcode: w.opcode(),
+                        byte_len: w.len,
+                        imm: None,
+                        qpn: self.qpn,
+                    },
+                );
+            }
+        }
+        if self.req.sq.front().is_some_and(|w| w.status.is_some()) && self.refusal_settled() {
+            self.enter_error(sh);
+        }
+    }
+    pub(crate) fn on_read_response(
+        &mut self,
+        now: Timestamp,
+        h: &Header,
+        r: &wire::ReadResponse,
+        payload: &[u8],
+        ecn: Ecn,
+        sh: &mut Shared,
+    ) {
+        if self.state != QpState::Connected {
+            self.nak(h, r.msn, Syndrome::RemoteOperation);
+            return;
+        }
+        if !self.admit(h, sh) {
+            return;
+        }
+        let ok = self.wqe_index(r.msn).is_some_and(|i| {
+            let w = &mut self.req.sq[i];
+            if w.op != Op::Read || w.len != r.msg_len || !w.packetized || w.is_done() {
+                return false;
+            }
+            // Parsing bounded offset + length by the message length, which matches ours.
+            let (off, len) = (u64::from(r.offset), payload.len() as u64);
+            if !self.ranges.admits(&w.read_placed, off, len) || !scatter(&w.segs, off, payload) {
+                return false;
+            }
+            let _ = self.ranges.insert(&mut w.read_placed, off, len);
+            w.got_resp = true;
+            if w.is_done() {
+                self.req.awaited.answered();
+            }
+            true
+        });
+        if !ok {
+            sh.stats.rx_bad_response += 1;
+            return;
+        }
+        self.accepted(now, h, ecn);
+        self.after_accept(sh);
+        self.complete_sq(sh);
+        self.rearm_rto(now, sh);
+    }
+    pub(crate) fn on_atomic_response(
+        &mut self,
+        now: Timestamp,
+        h: &Header,
+        r: &wire::AtomicResponse,
+        ecn: Ecn,
+        sh: &mut Shared,
+    ) {
+        if self.state != QpState::Connected {
+            self.nak(h, r.msn, Syndrome::RemoteOperation);
+            return;
+        }
+        if !self.admit(h, sh) {
+            return;
+        }
+        let ok = self.wqe_index(r.msn).is_some_and(|i| {
+            let w = &mut self.req.sq[i];
+            if !w.op.is_atomic() || !w.packetized || w.atomic_result.is_some() {
+                return false;
+            }
+            w.atomic_result = Some(r.original);
+            self.req.awaited.answered();
+            scatter(&w.segs, 0, &r.original.to_ne_bytes())
+        });
+        if !ok {
+            sh.stats.rx_bad_response += 1;
+            return;
+        }
+        self.accepted(now, h, ecn);
+        self.after_accept(sh);
+        self.complete_sq(sh);
+        self.rearm_rto(now, sh);
+    }
+    /// Whether a READ or atomic still awaits its response: O(1) from the count kept as they
+    /// are sent and answered; debug builds check it against a scan of the send queue.
+    pub(crate) fn awaits_response(&self) -> bool {
+        debug_assert_eq!(
+            self.req.awaited.count(),
+            self.req.sq.iter().filter(|w| w.awaits_response()).count(),
+            "awaited-response count out of step with the send queue"
+        );
+        self.req.awaited.any()
+    }
+    pub(crate) fn on_nak(&mut self, now: Timestamp, n: &wire::Nak, sh: &mut Shared) {
+        sh.stats.naks_received += 1;
+        if self.state != QpState::Connected || self.refused_after_acceptance(n, sh) {
+            return;
+        }
+        let Some(i) = self.sent_index(n.psn) else {
+            return;
+        };
+        if self.rec.sent[i].acked {
+            return;
+        }
+        let msn = match self.rec.sent[i].what {
+            SentWhat::Req { msn, .. } if msn == n.msn => msn,
+            SentWhat::ReadResp { .. } | SentWhat::AtomicResp { .. } => {
+                // The requester gave up on this response: stop sending it.
+                let mut none = AckFeedback::NONE;
+                self.packet_acked(i, now, &mut none);
+                self.settle_fence(sh);
+                return;
+            }
+            _ => {
+                sh.stats.rx_bad_response += 1;
+                return;
+            }
+        };
+        let Some(wi) = self.wqe_index(msn) else {
+            return;
+        };
+        let status = match n.syndrome {
+            Syndrome::ReceiverNotReady => {
+                // The peer is alive and will take the message later: that is progress. A
+                // fatal NAK is not (counting it would let a failed responder, which NAKs every
+                // probe, keep this QP retrying forever).
+                self.made_progress();
+                let w = &mut self.req.sq[wi];
+                if now >= w.rnr_until {
+                    w.rnr_retries += 1;
+                    w.rnr_until = now.add_nanos(sh.cfg.rnr_timer_ns);
+                }
+                if w.rnr_retries <= sh.cfg.rnr_retry_limit {
+                    let until = w.rnr_until;
+                    let p = &mut self.rec.sent[i];
+                    if !p.lost {
+                        p.lost = true;
+                        self.rec.in_flight_bytes = self
+                            .rec
+                            .in_flight_bytes
+                            .saturating_sub(u64::from(p.wire_len));
+                        self.rec.in_flight_pkts = self.rec.in_flight_pkts.saturating_sub(1);
+                    }
+                    p.hold_until = until;
+                    let psn = p.psn;
+                    self.rec.rtx.retain(|&q| q != psn);
+                    if !self.rec.held.contains(&psn) {
+                        self.rec.held.push(psn);
+                    }
+                    self.rearm_rto(now, sh);
+                    return;
+                }
+                WcStatus::RnrRetryExceeded
+            }
+            Syndrome::RemoteAccess => WcStatus::RemoteAccessError,
+            Syndrome::InvalidRequest => WcStatus::RemoteInvalidRequest,
+            Syndrome::RemoteOperation => WcStatus::RemoteOperationError,
+        };
+        // A fatal refusal: the packet was not executed and is never sent again.
+        let mut none = AckFeedback::NONE;
+        self.packet_acked(i, now, &mut none);
+        self.rsp.order.refused(n.psn);
+        // Work requests posted before the refused one may still be in flight (their packets
+        // took other paths): let them finish, then fail this one and flush the rest, so the
+        // statuses read in posting order. Nothing new is sent meanwhile. The responder stops
+        // at its first refusal and refuses everything after it the same way, so the earliest
+        // refused request in posting order carries the status (the later ones flush, see
+        // `enter_error`); later NAKs for a request do not overwrite its status.
+        if self.req.sq[wi].status.is_none()
+            && !self.req.sq.iter().take(wi).any(|w| w.status.is_some())
+        {
+            self.req.sq[wi].status = Some(status);
+        }
+        self.req.failing = true;
+        if n.syndrome == Syndrome::RemoteOperation {
+            // The responder's QP is in error: nothing earlier will complete either.
+            self.enter_error(sh);
+            return;
+        }
+        self.complete_sq(sh);
+    }
+}

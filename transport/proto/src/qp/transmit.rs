@@ -1,0 +1,347 @@
+//! Building headers and emitting a QP's datagrams, and the order in which they go: NAKs, then
+//! ACKs, then (by turns between response traffic and the QP's own requests) responses,
+//! retransmissions and new packets.
+use std::net::SocketAddr;
+
+use super::*;
+
+/// A datagram the endpoint wrote into the caller's buffer, to be sent.
+#[must_use]
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+pub struct Transmit {
+    /// Destination device address.
+    pub dest: SocketAddr,
+    /// Path (source port index) to send it on.
+    pub path: u16,
+    /// ECN codepoint to set in the IP header.
+    pub ecn: u8,
+    /// Bytes written at the start of the buffer.
+    pub len: usize,
+}
+
+impl Qp {
+    pub(crate) fn header(
+        &self,
+        kind: wire::Kind,
+        psn: u32,
+        path: u8,
+        now: Timestamp,
+        flags: u8,
+    ) -> Option<Header> {
+        let peer = self.peer?;
+        Some(Header {
+            kind,
+            path,
+            flags,
+            dst_qpn: peer.qpn,
+            src_qpn: self.qpn,
+            psn,
+            send_ts_ns: now.as_nanos(),
+        })
+    }
+    /// The datagram description for `len` bytes on logical path `path`.
+    pub(crate) fn transmit(&self, peer: &QpInfo, len: usize, path: u8, ecn: Ecn) -> Transmit {
+        let port = self
+            .route
+            .port_map
+            .get(usize::from(path))
+            .copied()
+            .unwrap_or(0);
+        Transmit {
+            dest: peer.addr,
+            path: port,
+            ecn: ecn.to_bits(),
+            len,
+        }
+    }
+    /// Emits the packet described by `what` with sequence number `psn`.
+    pub(crate) fn emit(
+        &self,
+        what: &SentWhat,
+        psn: u32,
+        path: u8,
+        flags: u8,
+        now: Timestamp,
+        buf: &mut [u8],
+    ) -> Option<usize> {
+        match what {
+            SentWhat::Req { msn, offset, len } => {
+                let w = &self.req.sq[self.wqe_index(*msn)?];
+                let body = Body::Request(wire::Request {
+                    op: w.op,
+                    msn: w.msn,
+                    ssn: w.ssn,
+                    imm: w.imm,
+                    rkey: w.remote.rkey,
+                    msg_len: w.len,
+                    offset: *offset,
+                    remote_offset: w.remote.offset,
+                });
+                let h = self.header(wire::Kind::Request, psn, path, now, flags)?;
+                let (plen, ops) = if w.op.is_atomic() {
+                    (wire::ATOMIC_OPERANDS_LEN, Some(w.operands))
+                } else if w.op.carries_data() {
+                    (*len as usize, None)
+                } else {
+                    (0, None)
+                };
+                self.seal
+                    .emit(buf, &h, &body, plen, |p| match ops {
+                        Some((a, b)) => {
+                            p[..8].copy_from_slice(&a.to_be_bytes());
+                            p[8..16].copy_from_slice(&b.to_be_bytes());
+                        }
+                        None => gather(&w.segs, u64::from(*offset), p),
+                    })
+                    .ok()
+            }
+            SentWhat::ReadResp {
+                msn,
+                region,
+                base,
+                offset,
+                len,
+                msg_len,
+            } => {
+                let h = self.header(wire::Kind::ReadResponse, psn, path, now, flags)?;
+                let body = Body::ReadResponse(wire::ReadResponse {
+                    msn: *msn,
+                    offset: *offset,
+                    msg_len: *msg_len,
+                });
+                self.seal
+                    .emit(buf, &h, &body, *len as usize, |p| {
+                        // Bounds were checked when the READ was accepted.
+                        let _ = region.read(base + u64::from(*offset), p);
+                    })
+                    .ok()
+            }
+            SentWhat::AtomicResp { msn, original } => {
+                let h = self.header(wire::Kind::AtomicResponse, psn, path, now, flags)?;
+                let body = Body::AtomicResponse(wire::AtomicResponse {
+                    msn: *msn,
+                    original: *original,
+                });
+                self.seal.emit(buf, &h, &body, 0, |_| {}).ok()
+            }
+        }
+    }
+    /// The next datagram of this QP, in this order: a NAK (new, or a repeat that is due), an
+    /// ACK, a retransmission, then a new packet (within the SACK span, window and pacing).
+    pub(crate) fn poll_transmit(
+        &mut self,
+        now: Timestamp,
+        buf: &mut [u8],
+        sh: &mut Shared,
+    ) -> Option<Transmit> {
+        let peer = self.peer?;
+        if let Some(nak) = self.due_nak(now) {
+            return self.send_nak(nak, &peer, now, buf, sh);
+        }
+        // In the error state only a responder stopped by a fatal refusal acknowledges (the
+        // packets before the refusal, see `after_accept`).
+        if self.state != QpState::Connected && !self.rsp.ack_pending {
+            return None;
+        }
+        if self.rsp.ack_pending {
+            return self.send_ack(&peer, now, buf, sh);
+        }
+        // Retransmissions first: they are not limited by the window.
+        if let Some(t) = self.send_retransmission(&peer, now, buf, sh) {
+            return Some(t);
+        }
+        self.send_new(&peer, now, buf, sh)
+    }
+
+    /// The NAK to send now: the oldest queued one (arming its repeat), else a repeat that is
+    /// due.
+    fn due_nak(&mut self, now: Timestamp) -> Option<wire::Nak> {
+        if let Some((nak, until)) = self.rsp.naks.pop_front() {
+            let wait = NakRepeat::interval_ns(
+                self.rec.rtt.srtt_ns,
+                self.rec.rtt.rttvar_ns,
+                self.rec.rtt.samples,
+            );
+            self.rsp.nak_repeat.sent(nak, until, now, wait);
+            return Some(nak);
+        }
+        let rx = &self.rsp.rx;
+        self.rsp
+            .nak_repeat
+            .take_due(now, |psn| rx.classify(psn) != Class::Duplicate)
+    }
+
+    fn send_nak(
+        &mut self,
+        nak: wire::Nak,
+        peer: &QpInfo,
+        now: Timestamp,
+        buf: &mut [u8],
+        sh: &mut Shared,
+    ) -> Option<Transmit> {
+        let path = self.next_path(sh);
+        let h = self.header(wire::Kind::Nak, 0, path, now, 0)?;
+        let len = self.seal.emit(buf, &h, &Body::Nak(nak), 0, |_| {}).ok()?;
+        sh.stats.naks_sent += 1;
+        Some(self.transmit(peer, len, path, Ecn::NotEct))
+    }
+
+    fn send_ack(
+        &mut self,
+        peer: &QpInfo,
+        now: Timestamp,
+        buf: &mut [u8],
+        sh: &mut Shared,
+    ) -> Option<Transmit> {
+        self.rsp.ack_pending = false;
+        let (echo_psn, echo_ts, at) = self.rsp.echo.unwrap_or((0, 0, now));
+        let ack = wire::Ack {
+            cum_psn: self.rsp.rx.cum(),
+            echo_psn,
+            echo_ts_ns: echo_ts,
+            hold_ns: u32::try_from(now.nanos_since(at)).unwrap_or(u32::MAX),
+            ce_count: self.rsp.ce_count.get(),
+            sack: self.rsp.rx.sack(),
+        };
+        let path = self.next_path(sh);
+        let flags = if self.rsp.dup_since_ack {
+            wire::FLAG_DUPLICATE
+        } else {
+            0
+        };
+        self.rsp.dup_since_ack = false;
+        let h = self.header(wire::Kind::Ack, 0, path, now, flags)?;
+        let len = self.seal.emit(buf, &h, &Body::Ack(ack), 0, |_| {}).ok()?;
+        Some(self.transmit(peer, len, path, Ecn::NotEct))
+    }
+
+    /// The first packet queued for retransmission that still needs it, sent on another path.
+    fn send_retransmission(
+        &mut self,
+        peer: &QpInfo,
+        now: Timestamp,
+        buf: &mut [u8],
+        sh: &mut Shared,
+    ) -> Option<Transmit> {
+        while let Some(psn) = self.rec.rtx.pop_front() {
+            let Some(i) = self.sent_index(psn) else {
+                continue;
+            };
+            if self.rec.sent[i].acked || !self.rec.sent[i].lost {
+                continue;
+            }
+            if let SentWhat::Req { msn, .. } = self.rec.sent[i].what
+                && self.wqe_index(msn).is_none()
+            {
+                // Its work request completed (a READ or atomic answered): nothing to resend.
+                self.rec.sent[i].acked = true;
+                self.rec.sent[i].lost = false;
+                continue;
+            }
+            let path = self
+                .route
+                .paths
+                .pick_other(u16::from(self.rec.sent[i].path), sh.rng.next_u32())
+                as u8;
+            let Some(len) = self.emit(
+                &self.rec.sent[i].what,
+                psn,
+                path,
+                wire::FLAG_RETRANSMIT,
+                now,
+                buf,
+            ) else {
+                continue;
+            };
+            let p = &mut self.rec.sent[i];
+            p.lost = false;
+            p.retransmitted = true;
+            p.send_ts = now;
+            p.path = path;
+            p.wire_len = len as u32;
+            self.rec.in_flight_bytes += len as u64;
+            self.rec.in_flight_pkts += 1;
+            self.counters.retransmits += 1;
+            sh.stats.retransmits += 1;
+            for ps in [
+                &mut sh.paths[usize::from(path)],
+                &mut self.counters.path_stats[usize::from(path)],
+            ] {
+                ps.packets += 1;
+                ps.retransmits += 1;
+            }
+            self.route.paths.on_sent(u16::from(path), now);
+            self.cc.on_sent(now, len as u32, psn);
+            if self.rec.rto_deadline.is_none() {
+                self.rec.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));
+            }
+            return Some(self.transmit(peer, len, path, Ecn::Ect0));
+        }
+        None
+    }
+
+    /// A new packet, within the SACK span, the window and the pacing rate.
+    fn send_new(
+        &mut self,
+        peer: &QpInfo,
+        now: Timestamp,
+        buf: &mut [u8],
+        sh: &mut Shared,
+    ) -> Option<Transmit> {
+        self.route.paced_out = false;
+        let span = self.rec.next_psn.since(self.rec.snd_una);
+        if span >= wire::SACK_BITS {
+            return None;
+        }
+        if self.rec.in_flight_bytes > 0
+            && self.rec.in_flight_bytes + sh.cfg.max_datagram as u64 > self.cc.window()
+        {
+            return None;
+        }
+        if !self.has_new_work() {
+            return None;
+        }
+        if now < self.pace_at() {
+            self.route.paced_out = true;
+            return None;
+        }
+        let what = self.next_new_packet(sh)?;
+        let psn = self.rec.next_psn.get();
+        let path = self.next_path(sh);
+        let len = self.emit(&what, psn, path, 0, now, buf)?;
+        self.rec.next_psn += 1;
+        self.rec.sent.push_back(SentPkt {
+            psn,
+            what,
+            send_ts: now,
+            path,
+            wire_len: len as u32,
+            acked: false,
+            lost: false,
+            retransmitted: false,
+            first_path: path,
+            first_ts: now,
+            hold_until: Timestamp::ZERO,
+            cc_loss_ts: None,
+        });
+        self.rec.in_flight_bytes += len as u64;
+        self.rec.in_flight_pkts += 1;
+        self.counters.packets_sent += 1;
+        sh.paths[usize::from(path)].packets += 1;
+        self.counters.path_stats[usize::from(path)].packets += 1;
+        self.route.paths.on_sent(u16::from(path), now);
+        self.cc.on_sent(now, len as u32, psn);
+        if !self.route.pacer.can_send(now) {
+            // Sent ahead of a gap set by a lower rate (see `pace_at`): that schedule is stale.
+            self.route.pacer = Pacer::new();
+        }
+        self.route
+            .pacer
+            .on_sent(now, len as u32, self.cc.pacing_rate());
+        self.route.last_paced = (now, len as u32);
+        if self.rec.rto_deadline.is_none() {
+            self.rec.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));
+        }
+        Some(self.transmit(peer, len, path, Ecn::Ect0))
+    }
+}

@@ -1,0 +1,74 @@
+//! What an endpoint's QPs share: the configuration, the seeded RNG, the memory regions and
+//! their keys, the completion queue of completions and the device-wide counters. QP methods
+//! borrow it beside the QP itself.
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use rand_chacha::ChaCha8Rng;
+use rand_core::RngCore;
+
+use crate::hist::RttHistogram;
+use crate::mem::{Access, Region};
+use crate::types::*;
+use crate::wire::Syndrome;
+
+/// A registered memory region as the endpoint keeps it.
+pub(crate) struct Mr {
+    pub(crate) region: Arc<Region>,
+    pub(crate) pd: u32,
+    pub(crate) access: Access,
+    pub(crate) rkey: u32,
+}
+
+/// Everything outside the QPs, borrowed by QP methods alongside the QP itself.
+pub(crate) struct Shared {
+    pub(crate) cfg: EndpointConfig,
+    pub(crate) rng: ChaCha8Rng,
+    pub(crate) mrs: HashMap<u32, Mr>,
+    pub(crate) rkeys: HashMap<u32, u32>,
+    pub(crate) completions: VecDeque<(CqId, Completion)>,
+    pub(crate) stats: EndpointStats,
+    pub(crate) paths: Vec<PathStats>,
+    /// Every QP's RTT samples together (the device-level distribution).
+    pub(crate) rtt_hist: RttHistogram,
+    pub(crate) req_chunk: u32,
+    pub(crate) resp_chunk: u32,
+}
+
+impl Shared {
+    pub(crate) fn complete(&mut self, cq: u32, c: Completion) {
+        self.completions.push_back((CqId(cq), c));
+    }
+
+    /// Finds the region behind `rkey` for a remote access, checking PD, rights and bounds.
+    pub(crate) fn remote_region(
+        &self,
+        pd: u32,
+        rkey: u32,
+        need: Access,
+        offset: u64,
+        len: u64,
+    ) -> Result<Arc<Region>, Syndrome> {
+        let mr = self
+            .rkeys
+            .get(&rkey)
+            .and_then(|l| self.mrs.get(l))
+            .ok_or(Syndrome::RemoteAccess)?;
+        if mr.pd != pd || !mr.access.contains(need) {
+            return Err(Syndrome::RemoteAccess);
+        }
+        mr.region
+            .check(offset, len)
+            .map_err(|_| Syndrome::RemoteAccess)?;
+        Ok(mr.region.clone())
+    }
+
+    pub(crate) fn random_nonzero(&mut self) -> u32 {
+        loop {
+            let v = self.rng.next_u32();
+            if v != 0 {
+                return v;
+            }
+        }
+    }
+}
