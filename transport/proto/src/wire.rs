@@ -120,6 +120,8 @@ mod packet;
 mod repr;
 mod request;
 mod response;
+#[cfg(any(test, feature = "testing"))]
+pub mod samples;
 mod sealed;
 pub mod view;
 
