@@ -1,8 +1,8 @@
 //! Byte ranges of every header field, one table per header, as smoltcp's `wire` modules
 //! keep them. Common-header and sealing fields count from the start of the datagram;
-//! per-kind fields count from the start of their header (byte [`HEADER_LEN`](super::HEADER_LEN) of a
-//! plain packet, [`HEADER_LEN`](super::HEADER_LEN)` + `[`SEAL_SEQ_LEN`](super::SEAL_SEQ_LEN)
-//! of a sealed one).
+//! per-kind fields count from the start of their header (byte
+//! [`HEADER_LEN`](super::HEADER_LEN) of a plain packet,
+//! [`HEADER_LEN`](super::HEADER_LEN)` + `[`SEAL_SEQ_LEN`](super::SEAL_SEQ_LEN) of a sealed one).
 
 /// A range of bytes.
 pub type Field = core::ops::Range<usize>;
