@@ -101,9 +101,9 @@ impl Repr {
 
     /// Writes the plaintext of a sealed packet into `buf`: the header with
     /// [`Flags::SEALED`] set, the sealing sequence number `seq`, the per-kind header and
-    /// `payload_len` bytes filled by `fill_payload`, and leaves [`SEAL_TAG_LEN`] bytes for
-    /// the tag. Returns the sealed datagram's length. The caller encrypts it in place
-    /// ([`crate::seal::Sealer::emit`] does both).
+    /// `payload_len` bytes filled by `fill_payload`, and leaves
+    /// [`SEAL_TAG_LEN`](super::SEAL_TAG_LEN) bytes for the tag. Returns the sealed datagram's
+    /// length. The caller encrypts it in place ([`crate::seal::Sealer::emit`] does both).
     pub fn emit_for_seal(
         &self,
         buf: &mut [u8],

@@ -20,7 +20,7 @@ pub struct SealedPeek {
 }
 
 /// Reads the clear fields of a sealed datagram: checks its length (header, sequence number
-/// and tag at least), version and [`Flags::SEALED`]. Authenticates nothing.
+/// and tag at least), version and [`Flags::SEALED`](super::Flags::SEALED). Authenticates nothing.
 pub fn peek_sealed(datagram: &[u8]) -> Result<SealedPeek, Error> {
     if datagram.len() < HEADER_LEN + SEAL_SEQ_LEN + SEAL_TAG_LEN {
         return Err(Error::Truncated);
