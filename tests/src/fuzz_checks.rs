@@ -11,6 +11,13 @@
 //! - [`ack_sack`]: a sender driven by crafted ACKs and NAKs, and [`RecvTracker`] against a
 //!   naive model.
 //!
+//! `engine_datagrams` and `ack_sack` run their one engine under `braid::testing::sim::Driver`,
+//! the driver the simulated cluster uses, on a network of their own
+//! (`fuzz_checks/peer_wire.rs`) whose other end is the fuzz input: it delivers the input's
+//! datagrams at the instant they are injected, keeps what the engine sends for the checks, and
+//! lets the engine transmit only as many datagrams as the input polls. The driver runs an
+//! engine's timers whenever they are due at a step, not only when the input asks for them.
+//!
 //! Stable builds verify the CRC32C of every datagram, while `cfg(fuzzing)` builds do not (see
 //! `wire::verify_crc`). Wherever a check feeds bytes meant to be parsed, it recomputes the
 //! trailer first, so one corpus exercises the same paths under both.
@@ -20,8 +27,9 @@
 //! [`seeds`] builds the checked-in seed corpora.
 //!
 //! Each target lives in its own file (`fuzz_checks/{packet,engine,sim_ops,ack_sack}.rs`,
-//! the seeds in `fuzz_checks/seeds.rs`); this file holds what they share: the input reader
-//! and writer, CRC fixing, packet building, the peer identities and the dispatch by name.
+//! the seeds in `fuzz_checks/seeds.rs`, the peer's network in `fuzz_checks/peer_wire.rs`);
+//! this file holds what they share: the input reader and writer, CRC fixing, packet building,
+//! the peer identities and the dispatch by name.
 use std::cell::Cell;
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
@@ -187,6 +195,7 @@ fn tolerate_known_bugs() -> bool {
 mod ack_sack;
 mod engine;
 mod packet;
+mod peer_wire;
 pub mod seeds;
 mod sim_ops;
 

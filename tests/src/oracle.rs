@@ -9,7 +9,11 @@
 //! else; a fetch-and-add executes at most once, and the originals the executed ones return
 //! are distinct multiples of the addend below the final counter (exactly `0, add, 2 add, ...`
 //! when all succeeded). Every check panics with `tag` and the first place that breaks a rule.
-use braid::proto::{Completion, WcOpcode, WcStatus};
+//!
+//! [`Memory`] is the expected-memory model of one region the tests share: what every byte
+//! must hold, updated as work requests land (or are left unfinished), and compared with the
+//! region in one call.
+use braid::proto::{Completion, Sge, WcOpcode, WcStatus};
 
 /// How a workload's QP must end.
 #[derive(Copy, Clone, Debug, PartialEq, Eq)]
@@ -170,6 +174,93 @@ pub fn fetch_adds(
     originals
 }
 
+/// What one region must hold: its bytes before a workload, updated with every work request
+/// that lands in it. The model the simulator and testbed tests compare a region against.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Memory {
+    want: Vec<u8>,
+}
+
+impl Memory {
+    /// A region that must hold `init`.
+    pub fn new(init: Vec<u8>) -> Memory {
+        Memory { want: init }
+    }
+
+    /// The bytes it must hold.
+    pub fn bytes(&self) -> &[u8] {
+        &self.want
+    }
+
+    /// Bytes in the region.
+    pub fn len(&self) -> usize {
+        self.want.len()
+    }
+
+    /// Whether the region has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.want.is_empty()
+    }
+
+    /// The bytes a gather list over this region reads (its offsets count from its start).
+    pub fn gather(&self, sges: &[Sge]) -> Vec<u8> {
+        sges.iter()
+            .flat_map(|s| {
+                let at = s.offset as usize;
+                self.want[at..at + s.len as usize].iter().copied()
+            })
+            .collect()
+    }
+
+    /// Records `data` landed over the scatter list `sges` (filled in order; the last entries
+    /// may be left short or untouched when `data` is shorter than the list). Returns where
+    /// each piece went, as (offset, length).
+    pub fn scatter(&mut self, sges: &[Sge], data: &[u8]) -> Vec<(usize, usize)> {
+        let mut at = 0;
+        let mut pieces = Vec::new();
+        for s in sges {
+            let n = (s.len as usize).min(data.len() - at);
+            self.write(s.offset as usize, &data[at..at + n]);
+            pieces.push((s.offset as usize, n));
+            at += n;
+        }
+        assert_eq!(at, data.len(), "test bug: scatter list too short");
+        pieces
+    }
+
+    /// Records `data` landed at `off`.
+    pub fn write(&mut self, off: usize, data: &[u8]) {
+        self.want[off..off + data.len()].copy_from_slice(data);
+    }
+
+    /// Records a work request that did not finish where it writes `new` at `off`: checks
+    /// that the region's bytes there (`got`, the whole region) are each the model's old
+    /// byte or the new one ([`unfinished`]), then takes what is there as expected.
+    pub fn unfinished(&mut self, tag: &str, what: &str, got: &[u8], off: usize, new: &[u8]) {
+        let end = off + new.len();
+        unfinished(tag, what, &got[off..end], &self.want[off..end], new);
+        self.want[off..end].copy_from_slice(&got[off..end]);
+    }
+
+    /// Checks that the region holds `got` byte for byte; panics naming `tag`, `name`, how
+    /// many bytes differ and the first and last of them.
+    pub fn check(&self, tag: &str, name: &str, got: &[u8]) {
+        assert_eq!(got.len(), self.want.len(), "{tag}: region {name}: length");
+        if got == self.want.as_slice() {
+            return;
+        }
+        let differs = |(a, b): (&u8, &u8)| a != b;
+        let pairs = || got.iter().zip(&self.want);
+        let first = pairs().position(differs).unwrap_or(0);
+        let last = pairs().rposition(differs).unwrap_or(0);
+        let diff = pairs().filter(|&p| differs(p)).count();
+        panic!(
+            "{tag}: region {name}: {diff} bytes differ from the model, first at {first}, last \
+             at {last}"
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,5 +329,48 @@ mod tests {
     fn fetch_adds_that_all_succeeded_return_every_multiple_once() {
         let o = fetch_adds("t", 24, 8, 3, vec![16, 0, 8], Expect::AllSucceed);
         assert_eq!(o, vec![0, 8, 16]);
+    }
+
+    fn sge_at(offset: u64, len: u32) -> Sge {
+        Sge {
+            lkey: 1,
+            offset,
+            len,
+        }
+    }
+
+    #[test]
+    fn the_memory_model_scatters_gathers_and_checks() {
+        let mut m = Memory::new(vec![0; 16]);
+        let pieces = m.scatter(&[sge_at(2, 3), sge_at(10, 4)], &[1, 2, 3, 4, 5]);
+        assert_eq!(pieces, vec![(2, 3), (10, 2)]);
+        let region = [0, 0, 1, 2, 3, 0, 0, 0, 0, 0, 4, 5, 0, 0, 0, 0];
+        assert_eq!(m.bytes(), &region);
+        assert_eq!(m.gather(&[sge_at(10, 2), sge_at(2, 1)]), vec![4, 5, 1]);
+        m.check("t", "r", &region);
+    }
+
+    #[test]
+    #[should_panic(expected = "2 bytes differ from the model, first at 3, last at 9")]
+    fn a_region_that_differs_from_the_model_is_refused() {
+        let m = Memory::new(vec![0; 12]);
+        let mut got = vec![0; 12];
+        (got[3], got[9]) = (1, 1);
+        m.check("t", "r", &got);
+    }
+
+    #[test]
+    fn an_unfinished_write_is_taken_as_it_was_left() {
+        let mut m = Memory::new(vec![1; 4]);
+        let got = [1, 2, 1, 1];
+        m.unfinished("t", "w", &got, 1, &[2, 2]);
+        assert_eq!(m.bytes(), &got);
+    }
+
+    #[test]
+    #[should_panic(expected = "neither old nor new")]
+    fn an_unfinished_write_leaving_a_third_value_is_refused_by_the_model() {
+        let mut m = Memory::new(vec![1; 4]);
+        m.unfinished("t", "w", &[1, 7, 1, 1], 1, &[2, 2]);
     }
 }

@@ -1,6 +1,10 @@
 //! The `ack_sack` target: a sender driven by crafted ACKs and NAKs, and `RecvTracker`
-//! against a naive model.
+//! against a naive model. The sender runs under the simulator's driver
+//! ([`peer_wire`](super::peer_wire)), which hands it the crafted datagrams, runs its timers and
+//! takes as many datagrams as the input polls.
+use super::peer_wire::{self, Completions, ENGINE, PeerWire, settle};
 use super::*;
+use braid::testing::sim::Driver;
 
 /// Most operations one [`ack_sack`] input runs.
 const MAX_ACK_OPS: usize = 512;
@@ -38,10 +42,12 @@ struct AckPkt {
 /// A QP whose peer is the fuzz input: it sends WRITEs, SENDs and READs, and hears only the
 /// crafted ACKs and NAKs.
 struct Sender {
-    ep: Endpoint,
+    /// The sender, on the driver's host [`ENGINE`], and the driver's clock.
+    d: Driver<PeerWire>,
+    /// Its completions, as the driver handed them over, not yet checked.
+    done: Completions,
     qp: QpInfo,
     cq: CqId,
-    now: Timestamp,
     start: Timestamp,
     src_lkey: u32,
     land_lkey: u32,
@@ -62,7 +68,6 @@ struct Sender {
     new_pkts: u64,
     rtx_pkts: u64,
     ce: u32,
-    buf: Vec<u8>,
 }
 
 impl Sender {
@@ -103,11 +108,12 @@ impl Sender {
         let c = ep.config();
         let (max_datagram, rto_bounds) = (c.max_datagram, (c.rto_min_ns, c.rto_max_ns));
         let start = Timestamp::from_nanos(1_000_000);
+        let d = peer_wire::driver(ep, addr(VICTIM_ADDR), addr(PEER_ADDR), max_datagram, start);
         Sender {
-            ep,
+            d,
+            done: Completions::default(),
             qp,
             cq,
-            now: start,
             start,
             src_lkey,
             land_lkey,
@@ -125,7 +131,6 @@ impl Sender {
             new_pkts: 0,
             rtx_pkts: 0,
             ce: 0,
-            buf: vec![0u8; max_datagram],
         }
     }
 
@@ -169,8 +174,9 @@ impl Sender {
             sges: vec![sge],
             signaled,
         };
-        let depth = self.ep.qp_stats(self.qp.qpn).expect("QP").outstanding_sends;
-        match self.ep.post_send(self.qp.qpn, wr) {
+        let ep = self.d.ep_mut(ENGINE);
+        let depth = ep.qp_stats(self.qp.qpn).expect("QP").outstanding_sends;
+        match ep.post_send(self.qp.qpn, wr) {
             Ok(()) => {}
             Err(PostError::QueueFull) if depth >= 64 => return,
             Err(e) => panic!("post_send refused a valid work request: {e:?}"),
@@ -190,13 +196,13 @@ impl Sender {
     /// Polls up to `n` datagrams: each is a request of a posted message carrying its bytes;
     /// new ones take consecutive PSNs, retransmissions repeat an earlier PSN's content.
     fn transmit(&mut self, n: usize) {
-        for _ in 0..n {
-            let Some(t) = self.ep.poll_transmit(self.now, &mut self.buf) else {
-                return;
-            };
-            assert!(t.len <= self.max_datagram);
-            assert_eq!(t.dest, addr(PEER_ADDR));
-            let p = Packet::parse(&self.buf[..t.len]).expect("the engine emits packets that parse");
+        self.d.net.allow(n);
+        settle(&mut self.d, &mut self.done);
+        self.d.net.allow(0);
+        while let Some((dest, d)) = self.d.net.sent.pop_front() {
+            assert!(d.len() <= self.max_datagram);
+            assert_eq!(dest, addr(PEER_ADDR));
+            let p = Packet::parse(&d).expect("the engine emits packets that parse");
             assert_eq!(
                 (p.header.src_qpn, p.header.dst_qpn),
                 (self.qp.qpn, PEER_QPN)
@@ -233,7 +239,7 @@ impl Sender {
                 msn: r.msn,
                 offset: r.offset,
                 len: plen,
-                wire_len: t.len as u32,
+                wire_len: d.len() as u32,
                 send_ts: p.header.send_ts_ns,
             };
             if p.header.flags & wire::FLAG_RETRANSMIT != 0 {
@@ -262,7 +268,15 @@ impl Sender {
 
     fn feed(&mut self, h: &Header, body: &Body) {
         let d = build(h, body, &[]);
-        self.ep.handle_datagram(self.now, addr(PEER_ADDR), 0, &d);
+        let now = self.d.now;
+        self.d.net.inject(now, addr(PEER_ADDR), 0, d);
+        settle(&mut self.d, &mut self.done);
+    }
+
+    /// Moves the clock `ns` on and runs the timers that are due.
+    fn advance(&mut self, ns: u64) {
+        self.d.now = self.d.now.add_nanos(ns);
+        settle(&mut self.d, &mut self.done);
     }
 
     fn ack(&mut self, cum: u32, sack: [u8; 32], echo: (u32, u64), hold: u32, dup: bool) {
@@ -285,14 +299,14 @@ impl Sender {
             ce_count: self.ce,
             sack,
         });
-        let before = self.ep.qp_stats(self.qp.qpn).expect("QP");
-        let bad_before = self.ep.stats().rx_bad_response;
+        let before = self.d.ep(ENGINE).qp_stats(self.qp.qpn).expect("QP");
+        let bad_before = self.d.ep(ENGINE).stats().rx_bad_response;
         self.feed(&h, &body);
         // An ACK for packets never sent (and not an old one) changes nothing but a counter.
         if before.state == QpState::Connected && cum_rel > self.next_rel && cum_rel < 1 << 30 {
-            let after = self.ep.qp_stats(self.qp.qpn).expect("QP");
+            let after = self.d.ep(ENGINE).qp_stats(self.qp.qpn).expect("QP");
             assert_eq!(
-                self.ep.stats().rx_bad_response,
+                self.d.ep(ENGINE).stats().rx_bad_response,
                 bad_before + 1,
                 "an ACK for packets never sent was not counted"
             );
@@ -308,7 +322,7 @@ impl Sender {
     /// every packet of it was sent and acknowledged and together they cover the message; a
     /// READ never succeeds (no response ever comes); an error status names a NAK fed for it.
     fn check_completions(&mut self) {
-        while let Some((cq, c)) = self.ep.poll_completion() {
+        while let Some((cq, c)) = self.done.0.pop_front() {
             assert_eq!((cq, c.qpn), (self.cq, self.qp.qpn));
             let idx = c
                 .wr_id
@@ -392,7 +406,7 @@ impl Sender {
 
     /// Counters and accounting stay sane.
     fn check_stats(&self) {
-        let st = self.ep.qp_stats(self.qp.qpn).expect("QP");
+        let st = self.d.ep(ENGINE).qp_stats(self.qp.qpn).expect("QP");
         assert_eq!(
             (st.packets_sent, st.retransmits),
             (self.new_pkts, self.rtx_pkts),
@@ -413,7 +427,7 @@ impl Sender {
         let (lo, hi) = self.rto_bounds;
         assert!((lo..=hi).contains(&st.rto_ns), "{st:?}");
         assert!(
-            st.srtt_ns <= self.now.nanos_since(Timestamp::ZERO),
+            st.srtt_ns <= self.d.now.nanos_since(Timestamp::ZERO),
             "{st:?}"
         );
         assert!(st.cwnd_bytes > 0, "{st:?}");
@@ -425,14 +439,13 @@ impl Sender {
             self.transmit(512);
             self.check_completions();
             self.check_stats();
-            let Some(t) = self.ep.poll_timeout() else {
+            let Some(t) = self.d.ep(ENGINE).poll_timeout() else {
                 break;
             };
-            self.now = self.now.max(t);
-            self.ep.handle_timeout(self.now);
+            self.advance(t.nanos_since(self.d.now));
         }
         self.check_completions();
-        let st = self.ep.qp_stats(self.qp.qpn).expect("QP");
+        let st = self.d.ep(ENGINE).qp_stats(self.qp.qpn).expect("QP");
         assert_eq!(
             st.outstanding_sends, 0,
             "work requests outstanding once every timer ran: {st:?}"
@@ -766,12 +779,11 @@ pub fn ack_sack(data: &[u8]) {
                 s.feed(&header(Kind::Nak, s.qp.qpn, PEER_QPN, 0), &body);
             }
             AckOp::Advance(e) => {
-                s.now = s.now.add_nanos(ADVANCE_NS[usize::from(e % 8)]);
-                s.ep.handle_timeout(s.now);
+                s.advance(ADVANCE_NS[usize::from(e % 8)]);
             }
             AckOp::AckAll => {
                 let cum = s.qp.psn.wrapping_add(s.next_rel);
-                let now = s.now.as_nanos();
+                let now = s.d.now.as_nanos();
                 s.ack(cum, [0; 32], (cum.wrapping_sub(1), now), 0, false);
             }
             AckOp::Tracker { accept, rel } => {

@@ -1,6 +1,10 @@
 //! The `engine_datagrams` target: one endpoint fed arbitrary datagrams (optionally patched
-//! so they reach deep into the engine), checked against a shadow copy of every region.
+//! so they reach deep into the engine), checked against a shadow copy of every region. The
+//! endpoint runs under the simulator's driver ([`peer_wire`](super::peer_wire)), which hands it
+//! the datagrams, runs its timers and takes what it sends when the input lets it.
+use super::peer_wire::{self, Completions, ENGINE, PeerWire, settle};
 use super::*;
+use braid::testing::sim::Driver;
 
 /// The address of the endpoint [`engine_datagrams`] attacks.
 pub const VICTIM_ADDR: &str = "10.0.0.1:4791";
@@ -116,11 +120,13 @@ struct OwnWr {
 /// One endpoint with a connected QP, regions with every kind of rights, its own work posted,
 /// and the bookkeeping to check it.
 pub(super) struct EngineTarget {
-    ep: Endpoint,
+    /// The endpoint under attack, on the driver's host [`ENGINE`], and the driver's clock.
+    d: Driver<PeerWire>,
+    /// Its completions, as the driver handed them over, not yet checked.
+    done: Completions,
     pub(super) qp: QpInfo,
     cq: CqId,
     pub(super) regions: Vec<TargetRegion>,
-    now: Timestamp,
     sends: Vec<OwnWr>,
     next_send: usize,
     recvs: Vec<OwnWr>,
@@ -128,7 +134,6 @@ pub(super) struct EngineTarget {
     /// READ requests fed from the peer: (msn, rkey, remote offset, length).
     reads: Vec<(u32, u32, u64, u32)>,
     max_datagram: usize,
-    buf: Vec<u8>,
     /// The peer's end of the encryption, when the QP is encrypted.
     seal: Option<Sealer>,
     /// Where the victim's sealed datagrams are opened (reused).
@@ -234,19 +239,20 @@ impl EngineTarget {
                 }
             })
             .collect::<Vec<_>>();
+        let start = Timestamp::from_nanos(1_000_000);
+        let d = peer_wire::driver(ep, addr(VICTIM_ADDR), addr(PEER_ADDR), max_datagram, start);
         let mut t = EngineTarget {
-            ep,
+            d,
+            done: Completions::default(),
             qp,
             cq,
             regions,
-            now: Timestamp::from_nanos(1_000_000),
             sends: Vec::new(),
             next_send: 0,
             recvs: Vec::new(),
             next_recv: 0,
             reads: Vec::new(),
             max_datagram,
-            buf: vec![0u8; max_datagram],
             seal,
             open_buf: Vec::new(),
             emitted: None,
@@ -278,7 +284,8 @@ impl EngineTarget {
         ];
         for (wr_id, ranges) in recvs {
             let sges = ranges.iter().map(|r| self.local_sge(r.clone())).collect();
-            self.ep
+            self.d
+                .ep_mut(ENGINE)
                 .post_recv(self.qp.qpn, RecvWr { wr_id, sges })
                 .expect("valid receive");
             self.recvs.push(OwnWr {
@@ -341,7 +348,10 @@ impl EngineTarget {
                 sges: vec![self.local_sge(range.clone())],
                 signaled: true,
             };
-            self.ep.post_send(self.qp.qpn, wr).expect("valid send");
+            self.d
+                .ep_mut(ENGINE)
+                .post_send(self.qp.qpn, wr)
+                .expect("valid send");
             self.sends.push(OwnWr {
                 wr_id,
                 opcode,
@@ -432,7 +442,7 @@ impl EngineTarget {
                 put(d, h + 4, mine.wrapping_add(get(d, h + 4) % 64));
                 let mut ts = [0u8; 8];
                 ts.copy_from_slice(&d[h + 8..h + 16]);
-                let ts = u64::from_be_bytes(ts) % (self.now.as_nanos() + 1);
+                let ts = u64::from_be_bytes(ts) % (self.d.now.as_nanos() + 1);
                 d[h + 8..h + 16].copy_from_slice(&ts.to_be_bytes());
             }
             _ => {
@@ -498,7 +508,7 @@ impl EngineTarget {
     /// Takes every completion: each work request completes once, in posting order per queue,
     /// with the right opcode; a filled receive holds at most its capacity.
     fn check_completions(&mut self) {
-        while let Some((cq, c)) = self.ep.poll_completion() {
+        while let Some((cq, c)) = self.done.0.pop_front() {
             assert_eq!((cq, c.qpn), (self.cq, self.qp.qpn), "{c:?}");
             if let Some(w) = self.sends.get(self.next_send)
                 && w.wr_id == c.wr_id
@@ -607,18 +617,23 @@ impl EngineTarget {
         }
     }
 
+    /// Lets the victim send (up to 1024 datagrams) and checks every datagram it sends.
     pub(super) fn transmit_all(&mut self) {
-        for _ in 0..1024 {
-            let Some(t) = self.ep.poll_transmit(self.now, &mut self.buf) else {
-                return;
-            };
-            assert_eq!(t.dest, addr(PEER_ADDR));
-            let d = self.buf[..t.len].to_vec();
+        self.d.net.allow(1024);
+        settle(&mut self.d, &mut self.done);
+        self.d.net.allow(0);
+        while let Some((dest, d)) = self.d.net.sent.pop_front() {
+            assert_eq!(dest, addr(PEER_ADDR));
             self.check_transmit(&d);
             if let Some(e) = &mut self.emitted {
                 e.push(d);
             }
         }
+    }
+
+    /// Runs what is due now: the datagrams handed over, the timers that are due.
+    fn settle(&mut self) {
+        settle(&mut self.d, &mut self.done);
     }
 
     /// Lets every timer run out; then every send has completed, and if the QP failed, every
@@ -627,15 +642,19 @@ impl EngineTarget {
         for _ in 0..64 {
             self.transmit_all();
             self.check_completions();
-            let Some(t) = self.ep.poll_timeout() else {
+            let Some(t) = self.d.ep(ENGINE).poll_timeout() else {
                 break;
             };
-            self.now = self.now.max(t);
-            self.ep.handle_timeout(self.now);
+            self.d.now = self.d.now.max(t);
+            self.settle();
             self.check_memory("at a final timeout", &[]);
         }
         self.check_completions();
-        let st = self.ep.qp_stats(self.qp.qpn).expect("the QP exists");
+        let st = self
+            .d
+            .ep(ENGINE)
+            .qp_stats(self.qp.qpn)
+            .expect("the QP exists");
         assert_eq!(
             self.next_send,
             self.sends.len(),
@@ -679,9 +698,9 @@ pub fn engine_datagrams(data: &[u8]) {
         let c = inp.u8();
         let len = usize::from(inp.u16()) % 2048;
         let mut d = inp.bytes(len).to_vec();
-        t.now = t
-            .now
-            .add_nanos(ADVANCE_NS[usize::from(c >> ctrl::ADVANCE_SHIFT)]);
+        t.d.now =
+            t.d.now
+                .add_nanos(ADVANCE_NS[usize::from(c >> ctrl::ADVANCE_SHIFT)]);
         if c & ctrl::PATCH != 0 {
             t.patch(&mut d);
         }
@@ -698,7 +717,8 @@ pub fn engine_datagrams(data: &[u8]) {
         };
         t.note_read(&d, from);
         let connected =
-            t.ep.qp_stats(t.qp.qpn)
+            t.d.ep(ENGINE)
+                .qp_stats(t.qp.qpn)
                 .is_some_and(|s| s.state == QpState::Connected);
         let allowed: Vec<(usize, Range<usize>)> = match Packet::parse(&d) {
             Ok(p)
@@ -715,11 +735,13 @@ pub fn engine_datagrams(data: &[u8]) {
         };
         let (d, sealed) = t.as_peer_sends(d);
         let refused = |t: &EngineTarget| {
-            let st = t.ep.stats();
+            let st = t.d.ep(ENGINE).stats();
             st.rx_auth_failed + st.rx_replayed
         };
         let refused_before = refused(&t);
-        t.ep.handle_datagram(t.now, from, ecn, &d);
+        let now = t.d.now;
+        t.d.net.inject(now, from, ecn, d);
+        t.settle();
         if sealed {
             assert_eq!(
                 refused(&t),
@@ -733,7 +755,7 @@ pub fn engine_datagrams(data: &[u8]) {
             t.transmit_all();
         }
         if c & ctrl::TIMEOUT != 0 {
-            t.ep.handle_timeout(t.now);
+            t.settle();
             t.check_memory(&format!("after the timers following datagram {n}"), &[]);
             t.check_completions();
         }

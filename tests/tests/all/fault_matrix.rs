@@ -34,7 +34,7 @@ use braid::testing::{Cluster, Mr, Side};
 use rand_chacha::ChaCha8Rng;
 use rand_core::RngCore;
 
-use braid_tests::oracle::{self, Expect, Want};
+use braid_tests::oracle::{self, Expect, Memory, Want};
 
 use crate::support::{below, rng, seed, sge, snapshot, split};
 
@@ -1398,7 +1398,8 @@ const B_ATOMIC: usize = 5;
 /// A region under test: its bytes at the start, and a bump allocator over it.
 struct Reg {
     mr: Mr,
-    init: Vec<u8>,
+    /// What it held before the workload.
+    init: Memory,
     next: u64,
 }
 
@@ -1408,7 +1409,11 @@ impl Reg {
         let mut init = vec![0u8; len];
         rng.fill_bytes(&mut init);
         mr.region.write(0, &init).expect("in bounds");
-        Reg { mr, init, next: 0 }
+        Reg {
+            mr,
+            init: Memory::new(init),
+            next: 0,
+        }
     }
 
     /// `len` fresh bytes after a random gap (so a misplaced packet cannot hide), 8-aligned.
@@ -1523,7 +1528,7 @@ impl Workload {
             Reg::new(c, &b, 64 * n_atomic + 64, Access::REMOTE_ATOMIC, &mut rng),
         ];
         // Word 0 of the atomic region is the fetch-and-add counter, from 0.
-        regs[B_ATOMIC].init[..8].copy_from_slice(&0u64.to_ne_bytes());
+        regs[B_ATOMIC].init.write(0, &0u64.to_ne_bytes());
         regs[B_ATOMIC]
             .mr
             .region
@@ -1557,7 +1562,7 @@ impl Workload {
             Kind::Write | Kind::WriteImm | Kind::Send | Kind::SendImm => {
                 let lens = split(rng, len, 3);
                 let sges = regs[A_SRC].pieces(rng, &lens);
-                let data = gather(&regs[A_SRC].init, &sges);
+                let data = regs[A_SRC].init.gather(&sges);
                 let op = match kind {
                     Kind::Write | Kind::WriteImm => {
                         let off = regs[B_WRITE].take(rng, u64::from(len));
@@ -1626,8 +1631,9 @@ impl Workload {
             Kind::Read => {
                 let max = regs[B_READ].init.len() as u64 - u64::from(len);
                 let from = below(rng, max + 1);
-                let data =
-                    regs[B_READ].init[from as usize..(from + u64::from(len)) as usize].to_vec();
+                let data = regs[B_READ].init.bytes()
+                    [from as usize..(from + u64::from(len)) as usize]
+                    .to_vec();
                 let lens = split(rng, len, 3);
                 let sges = regs[A_DST].pieces(rng, &lens);
                 spans.extend(scatter(A_DST, &sges, &data));
@@ -1651,7 +1657,7 @@ impl Workload {
                 let slot = regs[A_DST].take(rng, 8);
                 let word = regs[B_ATOMIC].take(rng, 8);
                 let initial = u64::from_ne_bytes(
-                    regs[B_ATOMIC].init[word as usize..word as usize + 8]
+                    regs[B_ATOMIC].init.bytes()[word as usize..word as usize + 8]
                         .try_into()
                         .expect("8 bytes"),
                 );
@@ -1780,19 +1786,14 @@ impl Workload {
             .map(|(w, g)| g.status == WcStatus::Success || w.recv.is_some_and(|r| recv_ok[r]))
             .collect();
         let mut bytes = 0u64;
-        let mut covered: Vec<Vec<bool>> = self
-            .regs
-            .iter()
-            .map(|r| vec![false; r.init.len()])
-            .collect();
+        // What every region must hold: its initial bytes, then what each work request left.
+        let mut model: Vec<Memory> = self.regs.iter().map(|r| r.init.clone()).collect();
         let mem: Vec<Vec<u8>> = self.regs.iter().map(|r| snapshot(&r.mr.region)).collect();
         for (i, w) in self.wrs.iter().enumerate() {
             for s in &w.spans {
                 let (o, n) = (s.off as usize, s.new.len());
-                let got = &mem[s.reg][o..o + n];
-                let old = &self.regs[s.reg].init[o..o + n];
-                covered[s.reg][o..o + n].fill(true);
                 if landed[i] {
+                    let got = &mem[s.reg][o..o + n];
                     if let Some(k) = got.iter().zip(&s.new).position(|(g, n)| g != n) {
                         panic!(
                             "{tag}: work request #{i} ({:?}): byte {k} of {n} at {o} of region {} \
@@ -1800,13 +1801,14 @@ impl Workload {
                             w.opcode, s.reg
                         );
                     }
+                    model[s.reg].write(o, &s.new);
                     bytes += n as u64;
                 } else {
                     let what = format!(
                         "unfinished work request #{i} ({:?}) at {o} of region {}",
                         w.opcode, s.reg
                     );
-                    oracle::unfinished(tag, &what, got, old, &s.new);
+                    model[s.reg].unfinished(tag, &what, &mem[s.reg], o, &s.new);
                 }
             }
         }
@@ -1821,7 +1823,7 @@ impl Workload {
             )
         };
         let counter = word(B_ATOMIC, 0);
-        covered[B_ATOMIC][..8].fill(true);
+        model[B_ATOMIC].write(0, &counter.to_ne_bytes());
         let fa: Vec<(u64, bool)> = self
             .wrs
             .iter()
@@ -1830,10 +1832,9 @@ impl Workload {
             .collect();
         let mut originals = Vec::new();
         for &(slot, l) in &fa {
-            covered[A_DST][slot as usize..slot as usize + 8].fill(true);
             let v = word(A_DST, slot);
             let old = u64::from_ne_bytes(
-                self.regs[A_DST].init[slot as usize..slot as usize + 8]
+                self.regs[A_DST].init.bytes()[slot as usize..slot as usize + 8]
                     .try_into()
                     .expect("8 bytes"),
             );
@@ -1845,33 +1846,19 @@ impl Workload {
                     "{tag}: an unfinished fetch-add left {v} in its slot"
                 );
             }
+            model[A_DST].write(slot as usize, &v.to_ne_bytes());
         }
         let n = oracle::fetch_adds(tag, counter, ADD, fa.len(), originals, expect).len();
         bytes += 8 * (n as u64 + 1);
         // Everything else is untouched.
-        for (r, reg) in self.regs.iter().enumerate() {
-            if let Some(k) =
-                (0..reg.init.len()).find(|&k| !covered[r][k] && mem[r][k] != reg.init[k])
-            {
-                panic!("{tag}: region {r} changed at {k}, where no work request wrote");
-            }
+        for (r, m) in model.iter().enumerate() {
+            m.check(tag, &r.to_string(), &mem[r]);
         }
         Verified {
             messages: self.wrs.len(),
             bytes,
         }
     }
-}
-
-/// The bytes a gather list reads from `init`.
-fn gather(init: &[u8], sges: &[Sge]) -> Vec<u8> {
-    sges.iter()
-        .flat_map(|s| {
-            init[s.offset as usize..(s.offset + u64::from(s.len)) as usize]
-                .iter()
-                .copied()
-        })
-        .collect()
 }
 
 /// `data` scattered over `sges` of region `reg`, as spans.

@@ -9,6 +9,8 @@ use braid::{
 };
 use braid_tests::{PEER_RECV_LEN, PEER_REGION_LEN, fnv1a, format_info, parse_info, pattern_byte};
 
+use braid_tests::oracle::Memory;
+
 use crate::support::{Peer, below, random_mr, rng};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -70,10 +72,10 @@ fn write_lands_byte_exact_over_udp() {
         (wc.wr_id, wc.status, wc.opcode, wc.byte_len),
         (1, WcStatus::Success, WcOpcode::Write, 700_001)
     );
-    let mut want = before;
-    want[777..777 + 300_000].copy_from_slice(&data[..300_000]);
-    want[777 + 300_000..777 + 700_001].copy_from_slice(&data[500_000..900_001]);
-    assert!(contents(&dst) == want, "target region differs");
+    let mut want = Memory::new(before);
+    want.write(777, &data[..300_000]);
+    want.write(777 + 300_000, &data[500_000..900_001]);
+    want.check("write", "target", &contents(&dst));
 }
 
 #[test]
@@ -93,11 +95,11 @@ fn read_returns_byte_exact_over_udp() {
         (wc.wr_id, wc.status, wc.opcode, wc.byte_len),
         (2, WcStatus::Success, WcOpcode::Read, 350_001)
     );
-    let mut want = before;
-    want[10..100_010].copy_from_slice(&data[5..100_005]);
-    want[200_000] = data[100_005];
-    want[300_000..550_000].copy_from_slice(&data[100_006..350_006]);
-    assert!(contents(&dst) == want, "read destination differs");
+    let mut want = Memory::new(before);
+    want.write(10, &data[5..100_005]);
+    want.write(200_000, &data[100_005..100_006]);
+    want.write(300_000, &data[100_006..350_006]);
+    want.check("read", "destination", &contents(&dst));
 }
 
 #[test]
@@ -137,10 +139,10 @@ fn send_fills_the_posted_recv_over_udp() {
             (11, WcStatus::Success, WcOpcode::Recv, 0, None)
         ]
     );
-    let mut want = before;
-    want[..5000].copy_from_slice(&data[..5000]);
-    want[50_000..65_000].copy_from_slice(&data[5000..20_000]);
-    assert!(contents(&rbuf) == want, "receive buffer differs");
+    let mut want = Memory::new(before);
+    want.write(0, &data[..5000]);
+    want.write(50_000, &data[5000..20_000]);
+    want.check("send", "receive buffer", &contents(&rbuf));
 }
 
 #[test]
@@ -195,7 +197,8 @@ fn many_messages_spread_over_16_paths() {
     let (src, data) = random_mr(&a.pd, len, Access::NONE, 8);
     // Each message gets its own slice of the target, with gaps, so the final content does
     // not depend on placement order.
-    let (dst, mut want) = random_mr(&b.pd, (n * (max + 64)) as usize, Access::REMOTE_WRITE, 9);
+    let (dst, before) = random_mr(&b.pd, (n * (max + 64)) as usize, Access::REMOTE_WRITE, 9);
+    let mut want = Memory::new(before);
     let (mut posted, mut done, mut next_to) = (0u64, 0u64, 0usize);
     while done < n {
         while posted < n && posted - done < 256 {
@@ -203,7 +206,7 @@ fn many_messages_spread_over_16_paths() {
             let off = below(&mut r, (len - size) as u64) as usize;
             let to = next_to + below(&mut r, 64) as usize;
             next_to = to + size;
-            want[to..to + size].copy_from_slice(&data[off..off + size]);
+            want.write(to, &data[off..off + size]);
             let op = SendOp::Write(dst.remote(to as u64));
             a.qp.post_send(wr(posted, op, vec![src.sge(off as u64, size as u32)]))
                 .expect("post");
@@ -217,7 +220,7 @@ fn many_messages_spread_over_16_paths() {
         );
         done += 1;
     }
-    assert!(contents(&dst) == want, "target region differs");
+    want.check("write", "target", &contents(&dst));
     let used = a.dev.path_stats().iter().filter(|p| p.packets > 0).count();
     assert_eq!(
         used,

@@ -20,6 +20,8 @@ use braid_netns::{
     setup,
 };
 
+use braid_tests::oracle::Memory;
+
 use crate::support::random_mr;
 
 /// The UDP port every device binds (each namespace has its own port space).
@@ -306,26 +308,26 @@ fn every_operation_is_byte_exact_over_veth(test: &str, kind_a: DatapathKind, kin
     );
 
     // The responder's memory: three WRITEs.
-    let mut want_mem = mem_before.clone();
-    want_mem[10..5010].copy_from_slice(&src_data[100..5100]);
+    let mut want_mem = Memory::new(mem_before.clone());
+    want_mem.write(10, &src_data[100..5100]);
     let at = (64 << 10) + 3;
-    want_mem[at..at + MIB].copy_from_slice(&src_data[MIB..2 * MIB]);
-    want_mem[at + MIB..at + big_write].copy_from_slice(&src_data[3 * MIB..5 * MIB + 7]);
+    want_mem.write(at, &src_data[MIB..2 * MIB]);
+    want_mem.write(at + MIB, &src_data[3 * MIB..5 * MIB + 7]);
     let at = 3 * MIB + 512;
-    want_mem[at..at + (64 << 10)].copy_from_slice(&src_data[5 * MIB..5 * MIB + (64 << 10)]);
-    assert!(contents(&mem) == want_mem, "WRITE targets differ");
+    want_mem.write(at, &src_data[5 * MIB..5 * MIB + (64 << 10)]);
+    want_mem.check("writes", "WRITE targets", &contents(&mem));
     // Its receive buffers: the SEND, then the SEND_IMM scattered over two entries.
-    let mut want_rbuf = rbuf_before;
-    want_rbuf[..7000].copy_from_slice(&src_data[7 * MIB..7 * MIB + 7000]);
+    let mut want_rbuf = Memory::new(rbuf_before);
+    want_rbuf.write(0, &src_data[7 * MIB..7 * MIB + 7000]);
     let imm_src = &src_data[6 * MIB..6 * MIB + imm_len];
-    want_rbuf[16 << 10..(16 << 10) + (512 << 10)].copy_from_slice(&imm_src[..512 << 10]);
-    want_rbuf[MIB..MIB + imm_len - (512 << 10)].copy_from_slice(&imm_src[512 << 10..]);
-    assert!(contents(&rbuf) == want_rbuf, "receive buffers differ");
+    want_rbuf.write(16 << 10, &imm_src[..512 << 10]);
+    want_rbuf.write(MIB, &imm_src[512 << 10..]);
+    want_rbuf.check("sends", "receive buffers", &contents(&rbuf));
     // The requester's READ destinations.
-    let mut want_rdst = rdst_before;
-    want_rdst[..4096].copy_from_slice(&mem_before[4 * MIB + 11..4 * MIB + 11 + 4096]);
-    want_rdst[8192..8192 + big_read].copy_from_slice(&mem_before[5 * MIB..5 * MIB + big_read]);
-    assert!(contents(&rdst) == want_rdst, "READ destinations differ");
+    let mut want_rdst = Memory::new(rdst_before);
+    want_rdst.write(0, &mem_before[4 * MIB + 11..4 * MIB + 11 + 4096]);
+    want_rdst.write(8192, &mem_before[5 * MIB..5 * MIB + big_read]);
+    want_rdst.check("reads", "READ destinations", &contents(&rdst));
     // Atomics: originals returned, targets updated only where they matched.
     assert_eq!(
         (word(&res, 0), word(&res, 8), word(&res, 16)),
@@ -419,13 +421,12 @@ impl Writes {
             progress.store(done as u64, Ordering::Release);
         }
         let elapsed = started.elapsed();
-        let mut want = self.dst_before.clone();
+        let mut want = Memory::new(self.dst_before.clone());
         for i in 0..self.count {
             let to = (self.size + 13) * i + 13;
-            want[to..to + self.size]
-                .copy_from_slice(&self.src_data[self.size * i..self.size * (i + 1)]);
+            want.write(to, &self.src_data[self.size * i..self.size * (i + 1)]);
         }
-        assert!(contents(&self.dst) == want, "WRITE targets differ");
+        want.check("writes", "WRITE targets", &contents(&self.dst));
         elapsed
     }
 }

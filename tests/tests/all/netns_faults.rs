@@ -27,7 +27,7 @@ use braid::{
     WcOpcode, WcStatus,
 };
 use braid_netns::{NetemConfig, Netns, TESTBED_PATHS, Testbed4, path_delta, require_root, setup};
-use braid_tests::oracle::{self, Expect, Want};
+use braid_tests::oracle::{self, Expect, Memory, Want};
 use braid_tests::{PEER_REGION_LEN, fnv1a, format_info, parse_info, pattern_byte};
 
 use crate::support::{Peer, random_mr};
@@ -590,9 +590,9 @@ impl Work {
         );
         let mut bytes = 0u64;
         // Per region: the bytes each operation must leave, everything else untouched.
-        let mut want_a = self.a_dst_before.clone();
-        let mut want_w = self.b_wr_before.clone();
-        let mut want_r = self.b_recv_before.clone();
+        let mut want_a = Memory::new(self.a_dst_before.clone());
+        let mut want_w = Memory::new(self.b_wr_before.clone());
+        let mut want_r = Memory::new(self.b_recv_before.clone());
         let mut fa = Vec::new();
         for i in 0..self.n {
             let (at, s) = (self.at(i), self.size);
@@ -604,22 +604,19 @@ impl Work {
                     let v = u64::from_ne_bytes(a_dst[at..at + 8].try_into().expect("8 bytes"));
                     if landed(i) {
                         fa.push(v);
-                        want_a[at..at + 8].copy_from_slice(&v.to_ne_bytes());
-                    } else {
-                        // Unfinished: the old bytes or some original value.
-                        want_a[at..at + 8].copy_from_slice(&a_dst[at..at + 8]);
                     }
+                    // Succeeded: the original it returned (fetch_adds below checks those);
+                    // unfinished: the old bytes or some original value, as it left them.
+                    want_a.write(at, &a_dst[at..at + 8]);
                     continue;
                 }
             };
             if landed(i) {
-                want[at..at + s].copy_from_slice(new);
+                want.write(at, new);
                 bytes += s as u64;
             } else {
                 // Unfinished: each byte old or new, nothing else.
-                let what = format!("unfinished #{i}");
-                oracle::unfinished(tag, &what, &got_r[at..at + s], &want[at..at + s], new);
-                want[at..at + s].copy_from_slice(&got_r[at..at + s]);
+                want.unfinished(tag, &format!("unfinished #{i}"), got_r, at, new);
             }
         }
         for (name, got_r, want) in [
@@ -627,9 +624,7 @@ impl Work {
             ("b_wr", &b_wr, &want_w),
             ("b_recv", &b_recv, &want_r),
         ] {
-            if let Some(k) = got_r.iter().zip(want.iter()).position(|(g, w)| g != w) {
-                panic!("{tag}: region {name} differs at byte {k}");
-            }
+            want.check(tag, name, got_r);
         }
         // Fetch-and-add: exactly once each.
         let mut counter = [0u8; 8];

@@ -29,6 +29,8 @@ use braid::{
 };
 use braid_netns::{NetemConfig, Netns, TESTBED_PATHS, Testbed4, path_delta, require_root, setup};
 
+use braid_tests::oracle::Memory;
+
 use crate::support::random_mr;
 
 /// The port both devices bind.
@@ -183,16 +185,14 @@ impl Writes {
             done += 1;
         }
         let elapsed = started.elapsed();
-        let mut want = self.dst_before;
+        let mut want = Memory::new(self.dst_before);
         for i in 0..MSGS {
             let to = (MSG + 13) * i + 13;
-            want[to..to + MSG].copy_from_slice(&self.src_data[MSG * i..MSG * (i + 1)]);
+            want.write(to, &self.src_data[MSG * i..MSG * (i + 1)]);
         }
         let mut got = vec![0u8; self.dst.len()];
         self.dst.read(0, &mut got).expect("whole region");
-        if let Some(k) = got.iter().zip(&want).position(|(g, w)| g != w) {
-            panic!("WRITE target differs at byte {k}");
-        }
+        want.check("writes", "WRITE target", &got);
         elapsed
     }
 }

@@ -5,7 +5,7 @@
 use braid::datapath::sim::LinkConfig;
 use braid::proto::{Access, RecvWr, RemoteAddr, SendOp, SendWr, Sge, WcOpcode, WcStatus};
 use braid::testing::Mr;
-use braid_tests::oracle::{self, Expect, Want};
+use braid_tests::oracle::{self, Expect, Memory, Want};
 use rand_chacha::ChaCha8Rng;
 use rand_core::RngCore;
 
@@ -36,10 +36,11 @@ const DATA_KINDS: [Kind; 5] = [
     Kind::Read,
 ];
 
-/// A region plus the model of what it must hold, and a bump allocator over it.
+/// A region plus the model of what it must hold ([`oracle::Memory`]), and a bump allocator
+/// over it.
 struct Tracked {
     mr: Mr,
-    model: Vec<u8>,
+    model: Memory,
     next: u64,
 }
 
@@ -52,7 +53,7 @@ impl Tracked {
         rng: &mut ChaCha8Rng,
     ) -> Tracked {
         let mr = sim.random_mr(side, len, access, rng);
-        let model = snapshot(&mr.region);
+        let model = Memory::new(snapshot(&mr.region));
         Tracked { mr, model, next: 0 }
     }
 
@@ -73,44 +74,17 @@ impl Tracked {
 
     /// The bytes a gather list reads.
     fn gather(&self, sges: &[Sge]) -> Vec<u8> {
-        sges.iter()
-            .flat_map(|s| {
-                self.model[s.offset as usize..(s.offset + u64::from(s.len)) as usize]
-                    .iter()
-                    .copied()
-            })
-            .collect()
+        self.model.gather(sges)
     }
 
     /// Records `data` scattered over `sges` in the model.
     fn scatter(&mut self, sges: &[Sge], data: &[u8]) {
-        let mut at = 0;
-        for s in sges {
-            let n = (s.len as usize).min(data.len() - at);
-            self.model[s.offset as usize..s.offset as usize + n].copy_from_slice(&data[at..at + n]);
-            at += n;
-        }
-        assert_eq!(at, data.len(), "test bug: scatter list too short");
+        self.model.scatter(sges, data);
     }
 
     fn check(&self, seed: u64, name: &str) {
-        let got = snapshot(&self.mr.region);
-        if got != self.model {
-            let first = got
-                .iter()
-                .zip(&self.model)
-                .position(|(a, b)| a != b)
-                .unwrap_or(0);
-            let last = got
-                .iter()
-                .zip(&self.model)
-                .rposition(|(a, b)| a != b)
-                .unwrap_or(0);
-            let diff = got.iter().zip(&self.model).filter(|(a, b)| a != b).count();
-            panic!(
-                "seed {seed}: region {name}: {diff} bytes differ from the model, first at {first}, last at {last}"
-            );
-        }
+        let tag = format!("seed {seed}");
+        self.model.check(&tag, name, &snapshot(&self.mr.region));
     }
 }
 
@@ -200,7 +174,7 @@ fn run_workload_with(
         .region
         .write(0, &0u64.to_ne_bytes())
         .expect("in bounds");
-    b_atomic.model[..8].copy_from_slice(&0u64.to_ne_bytes());
+    b_atomic.model.write(0, &0u64.to_ne_bytes());
     b_atomic.next = 8;
 
     let mut want_a = Vec::new();
@@ -287,7 +261,8 @@ fn run_workload_with(
             Kind::Read => {
                 let src = b_src.mr.keys.rkey;
                 let from = read_source(&b_src, &mut rng, size);
-                let data = b_src.model[from as usize..(from + u64::from(size)) as usize].to_vec();
+                let data =
+                    b_src.model.bytes()[from as usize..(from + u64::from(size)) as usize].to_vec();
                 let sges = {
                     let lens = split(&mut rng, size, 4);
                     a_dst.place(&mut rng, &lens)
@@ -328,7 +303,7 @@ fn run_workload_with(
                 let word = b_atomic.next;
                 b_atomic.next += 8;
                 let initial = u64::from_ne_bytes(
-                    b_atomic.model[word as usize..word as usize + 8]
+                    b_atomic.model.bytes()[word as usize..word as usize + 8]
                         .try_into()
                         .expect("8 bytes"),
                 );
@@ -341,8 +316,7 @@ fn run_workload_with(
                 let swap = rng.next_u64();
                 a_atomic.scatter(&slot, &initial.to_ne_bytes());
                 if matches {
-                    b_atomic.model[word as usize..word as usize + 8]
-                        .copy_from_slice(&swap.to_ne_bytes());
+                    b_atomic.model.write(word as usize, &swap.to_ne_bytes());
                 }
                 let remote = RemoteAddr {
                     rkey: b_atomic.mr.keys.rkey,
@@ -402,12 +376,12 @@ fn run_workload_with(
         .map(|&off| read_u64(&a_atomic.mr, off))
         .collect();
     for (&off, &v) in fetch_add_slots.iter().zip(&originals) {
-        a_atomic.model[off as usize..off as usize + 8].copy_from_slice(&v.to_ne_bytes());
+        a_atomic.model.write(off as usize, &v.to_ne_bytes());
     }
     let n = originals.len();
     let counter = read_u64(&b_atomic.mr, 0);
     let results = oracle::fetch_adds(&tag, counter, ADD, n, originals, Expect::AllSucceed);
-    b_atomic.model[..8].copy_from_slice(&(n as u64 * ADD).to_ne_bytes());
+    b_atomic.model.write(0, &(n as u64 * ADD).to_ne_bytes());
 
     for (t, name) in [
         (&a_src, "a_src"),
