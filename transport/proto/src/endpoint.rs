@@ -50,6 +50,7 @@ use rand_core::{RngCore, SeedableRng};
 
 use crate::coverage::Coverage;
 use crate::hist::{RttHistogram, RttSummary};
+use crate::keymap::{KeyMap, key_map};
 use crate::mem::{Access, Region};
 use crate::ready::ReadySet;
 use crate::seq::Psn;
@@ -81,7 +82,7 @@ struct QpTable {
     qps: Vec<Qp>,
     deadlines: Vec<Option<Timestamp>>,
     earliest: Earliest,
-    index: HashMap<u32, usize>,
+    index: KeyMap<usize>,
     ready: ReadySet,
 }
 
@@ -292,8 +293,8 @@ impl Endpoint {
             paths: vec![PathStats::default(); usize::from(cfg.paths)],
             rtt_hist: RttHistogram::new(),
             cfg,
-            mrs: HashMap::new(),
-            rkeys: HashMap::new(),
+            mrs: key_map(),
+            rkeys: key_map(),
             completions: VecDeque::new(),
             stats: EndpointStats::default(),
         };

@@ -16,6 +16,7 @@
 mod coverage;
 pub mod endpoint;
 pub mod hist;
+mod keymap;
 pub mod mem;
 mod nak_repeat;
 mod qp;
