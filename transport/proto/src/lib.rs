@@ -14,6 +14,7 @@
 #![deny(unsafe_code)]
 
 mod coverage;
+mod deadline;
 pub mod endpoint;
 pub mod hist;
 mod keymap;
