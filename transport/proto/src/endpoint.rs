@@ -680,7 +680,7 @@ impl Endpoint {
             segs,
             cap: u64::from(cap),
             msg: None,
-            placed: Coverage::default(),
+            placed: Coverage::with_room(),
             imm: None,
             done: false,
             error: None,

@@ -64,7 +64,11 @@ impl SendWqe {
             next_offset: 0,
             packetized: false,
             unacked_pkts: 0,
-            read_placed: Coverage::default(),
+            read_placed: if op == Op::Read {
+                Coverage::with_room()
+            } else {
+                Coverage::default()
+            },
             got_resp: false,
             atomic_result: None,
             rnr_retries: 0,
