@@ -94,14 +94,17 @@ impl Deadlines {
         }
     }
 
-    /// The heap again from the slots alone (no stale entries).
+    /// The heap again from the slots alone (no stale entries), in its own buffer: a rebuild
+    /// on the data path allocates nothing.
     fn rebuild(&mut self) {
-        let entries: Vec<_> = self
-            .at
-            .iter()
-            .enumerate()
-            .filter_map(|(i, d)| d.map(|t| Reverse((t, i))))
-            .collect();
+        let mut entries = core::mem::take(&mut self.heap).into_vec();
+        entries.clear();
+        entries.extend(
+            self.at
+                .iter()
+                .enumerate()
+                .filter_map(|(i, d)| d.map(|t| Reverse((t, i)))),
+        );
         self.heap = BinaryHeap::from(entries);
     }
 }
