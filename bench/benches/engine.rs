@@ -20,7 +20,7 @@ use braid::proto::{
     Access, CqId, Endpoint, EndpointConfig, QpOptions, Region, RemoteAddr, SendOp, SendWr, Sge,
     Timestamp, WcStatus,
 };
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{Criterion, Throughput, criterion_group};
 
 /// Data packets per WRITE (the SACK span: at most this many packets are outstanding).
 const PACKETS: u64 = 256;
@@ -193,4 +193,37 @@ fn bench_engine(c: &mut Criterion) {
 }
 
 criterion_group!(benches, bench_engine);
-criterion_main!(benches);
+
+/// Instruction-count probe: `ENGINE_PROBE=<case>:<iters>` runs `write_once` `iters` times on
+/// one case and exits without criterion, so `valgrind --tool=callgrind` can count it (cost of
+/// one = (count at 11 - count at 1) / 10). Cases: `64`, `1408`, `4096`, `1408s` (sealed),
+/// `8` (one 8-byte packet).
+fn probe(spec: &str) {
+    let (case, iters) = spec.split_once(':').unwrap_or((spec, "11"));
+    let iters: u32 = iters.parse().expect("ENGINE_PROBE=<case>:<iters>");
+    let (payload, sealed) = match case.strip_suffix('s') {
+        Some(p) => (p, true),
+        None => (case, false),
+    };
+    let payload: usize = payload.parse().expect("ENGINE_PROBE case");
+    let mut pair = if payload == 8 {
+        Pair::new(1408, 8, sealed)
+    } else {
+        Pair::new(payload, payload as u32 * PACKETS as u32, sealed)
+    };
+    let mut packets = 0;
+    for _ in 0..iters {
+        packets += pair.write_once();
+    }
+    println!("{case}: {iters} WRITEs, {packets} data packets");
+}
+
+fn main() {
+    match std::env::var("ENGINE_PROBE") {
+        Ok(spec) => probe(&spec),
+        Err(_) => {
+            benches();
+            Criterion::default().configure_from_args().final_summary();
+        }
+    }
+}

@@ -86,7 +86,20 @@ pub(crate) struct Coverage {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct TooFragmented;
 
+/// Ranges a message's tracking has room for from its posting on: in-order arrival needs one,
+/// so placing its packets allocates nothing (the room is allocated when the work request is
+/// posted, beside its gather list).
+pub(crate) const PREALLOCATED_RANGES: usize = 2;
+
 impl Coverage {
+    /// Empty, with room for [`PREALLOCATED_RANGES`] ranges.
+    pub(crate) fn with_room() -> Coverage {
+        Coverage {
+            ranges: Vec::with_capacity(PREALLOCATED_RANGES),
+            covered: 0,
+        }
+    }
+
     /// Bytes covered by at least one placed range.
     pub(crate) fn covered(&self) -> u64 {
         self.covered

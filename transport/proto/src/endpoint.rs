@@ -49,7 +49,9 @@ use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 
 use crate::coverage::Coverage;
+use crate::deadline::Deadlines;
 use crate::hist::{RttHistogram, RttSummary};
+use crate::keymap::{KeyMap, key_map};
 use crate::mem::{Access, Region};
 use crate::ready::ReadySet;
 use crate::seq::Psn;
@@ -72,57 +74,25 @@ pub use crate::qp::Transmit;
 /// order timers run in), each with its next deadline cached beside it.
 ///
 /// Every mutable access goes through a [`QpMut`], which recomputes the QP's deadline when it
-/// is dropped, so [`QpTable::next_deadline`] is a scan of cached values rather than of every
-/// QP's timers, and `handle_timeout` visits only the QPs that are due. Debug builds check the
+/// is dropped and files it in the timer heap ([`crate::deadline`]), so the next deadline is
+/// read in O(1) and `handle_timeout` visits only the QPs that are due. Debug builds check the
 /// cache against a fresh computation on every `next_deadline`. The same drop queues the QP in
 /// the ready set that `poll_transmit` serves ([`crate::ready`]).
 #[derive(Default)]
 struct QpTable {
     qps: Vec<Qp>,
-    deadlines: Vec<Option<Timestamp>>,
-    earliest: Earliest,
-    index: HashMap<u32, usize>,
+    timers: Deadlines,
+    index: KeyMap<usize>,
     ready: ReadySet,
-}
-
-/// The earliest of the cached QP deadlines, kept up to date as they change, so that
-/// `handle_timeout` and `poll_timeout` need not look at every QP when none is due. A change
-/// that may raise the minimum (the QP holding it moved its deadline later) marks it stale; it
-/// is found again by a scan on the next `handle_timeout`.
-#[derive(Copy, Clone, Debug, Default)]
-struct Earliest {
-    at: Option<Timestamp>,
-    stale: bool,
-}
-
-impl Earliest {
-    /// One QP's deadline went from `old` to `new`.
-    fn changed(&mut self, old: Option<Timestamp>, new: Option<Timestamp>) {
-        if self.stale || old == new {
-            return;
-        }
-        if old.is_some() && old == self.at {
-            // This QP may have held the minimum: it stays exact only if the deadline came
-            // earlier.
-            match (new, old) {
-                (Some(n), Some(o)) if n <= o => self.at = Some(n),
-                _ => self.stale = true,
-            }
-        } else if let Some(n) = new
-            && self.at.is_none_or(|a| n < a)
-        {
-            self.at = Some(n);
-        }
-    }
 }
 
 /// Mutable access to one QP of a [`QpTable`]; refreshes its cached deadline when dropped, and
 /// queues it as ready to send unless it came from [`QpTable::at_mut_quiet`].
 struct QpMut<'a> {
     qp: &'a mut Qp,
-    deadline: &'a mut Option<Timestamp>,
-    earliest: &'a mut Earliest,
-    ready: Option<(&'a mut ReadySet, usize)>,
+    slot: usize,
+    timers: &'a mut Deadlines,
+    ready: Option<&'a mut ReadySet>,
 }
 
 impl core::ops::Deref for QpMut<'_> {
@@ -140,11 +110,9 @@ impl core::ops::DerefMut for QpMut<'_> {
 
 impl Drop for QpMut<'_> {
     fn drop(&mut self) {
-        let new = self.qp.next_deadline();
-        let old = core::mem::replace(self.deadline, new);
-        self.earliest.changed(old, new);
-        if let Some((ready, i)) = self.ready.take() {
-            ready.mark(i);
+        self.timers.set(self.slot, self.qp.next_deadline());
+        if let Some(ready) = self.ready.take() {
+            ready.mark(self.slot);
         }
     }
 }
@@ -160,17 +128,14 @@ impl QpTable {
 
     fn insert(&mut self, qpn: u32, qp: Qp) {
         self.index.insert(qpn, self.qps.len());
-        let d = qp.next_deadline();
-        self.earliest.changed(None, d);
-        self.deadlines.push(d);
+        self.timers.push_slot(qp.next_deadline());
         self.qps.push(qp);
         self.ready.add_slot();
     }
 
     fn remove(&mut self, qpn: u32) -> Option<Qp> {
         let i = self.index.remove(&qpn)?;
-        let d = self.deadlines.remove(i);
-        self.earliest.changed(d, None);
+        self.timers.remove_slot(i);
         self.ready.remove_slot(i);
         let qp = self.qps.remove(i);
         for slot in self.index.values_mut() {
@@ -194,9 +159,9 @@ impl QpTable {
     fn at_mut(&mut self, i: usize) -> QpMut<'_> {
         QpMut {
             qp: &mut self.qps[i],
-            deadline: &mut self.deadlines[i],
-            earliest: &mut self.earliest,
-            ready: Some((&mut self.ready, i)),
+            slot: i,
+            timers: &mut self.timers,
+            ready: Some(&mut self.ready),
         }
     }
 
@@ -205,46 +170,21 @@ impl QpTable {
     fn at_mut_quiet(&mut self, i: usize) -> QpMut<'_> {
         QpMut {
             qp: &mut self.qps[i],
-            deadline: &mut self.deadlines[i],
-            earliest: &mut self.earliest,
+            slot: i,
+            timers: &mut self.timers,
             ready: None,
         }
-    }
-
-    /// The cached deadline of the `i`-th QP.
-    fn deadline(&self, i: usize) -> Option<Timestamp> {
-        self.deadlines[i]
     }
 
     fn next_deadline(&self) -> Option<Timestamp> {
         debug_assert!(
             self.qps
                 .iter()
-                .zip(&self.deadlines)
+                .zip(self.timers.slots())
                 .all(|(q, &d)| q.next_deadline() == d),
             "a QP changed without refreshing its cached deadline"
         );
-        if self.earliest.stale {
-            self.scan_deadlines()
-        } else {
-            debug_assert_eq!(self.earliest.at, self.scan_deadlines());
-            self.earliest.at
-        }
-    }
-
-    fn scan_deadlines(&self) -> Option<Timestamp> {
-        self.deadlines.iter().flatten().min().copied()
-    }
-
-    /// The earliest cached deadline, found again first if it went stale.
-    fn earliest(&mut self) -> Option<Timestamp> {
-        if self.earliest.stale {
-            self.earliest = Earliest {
-                at: self.scan_deadlines(),
-                stale: false,
-            };
-        }
-        self.earliest.at
+        self.timers.earliest()
     }
 }
 
@@ -260,6 +200,8 @@ pub struct Endpoint {
     next_id: u32,
     /// Where sealed datagrams are decrypted (reused).
     open_buf: Vec<u8>,
+    /// The QP slots `handle_timeout` found due (reused).
+    due: Vec<usize>,
 }
 
 impl core::fmt::Debug for Endpoint {
@@ -292,8 +234,8 @@ impl Endpoint {
             paths: vec![PathStats::default(); usize::from(cfg.paths)],
             rtt_hist: RttHistogram::new(),
             cfg,
-            mrs: HashMap::new(),
-            rkeys: HashMap::new(),
+            mrs: key_map(),
+            rkeys: key_map(),
             completions: VecDeque::new(),
             stats: EndpointStats::default(),
         };
@@ -306,6 +248,7 @@ impl Endpoint {
             cqs: Vec::new(),
             next_id: 1,
             open_buf: Vec::new(),
+            due: Vec::new(),
         }
     }
 
@@ -737,7 +680,7 @@ impl Endpoint {
             segs,
             cap: u64::from(cap),
             msg: None,
-            placed: Coverage::default(),
+            placed: Coverage::with_room(),
             imm: None,
             done: false,
             error: None,
@@ -830,15 +773,12 @@ impl Endpoint {
         qp.dispatch(now, ecn, &pkt, &mut self.sh);
     }
 
-    /// Runs the timers that are due at `now`: retransmit timeouts and RNR waits.
+    /// Runs the timers that are due at `now`: retransmit timeouts and RNR waits. Only the QPs
+    /// that are due are visited (in creation order), found in O(log n) each.
     pub fn handle_timeout(&mut self, now: Timestamp) {
-        if self.qps.earliest().is_none_or(|d| d > now) {
-            return; // no QP is due
-        }
-        for i in 0..self.qps.len() {
-            if self.qps.deadline(i).is_some_and(|d| d <= now) {
-                self.qps.at_mut(i).on_timeout(now, &mut self.sh);
-            }
+        self.qps.timers.take_due(now, &mut self.due);
+        for &i in &self.due {
+            self.qps.at_mut(i).on_timeout(now, &mut self.sh);
         }
     }
 
@@ -884,32 +824,5 @@ impl Endpoint {
     /// Number of QPs.
     pub fn qp_count(&self) -> usize {
         self.qps.len()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    proptest! {
-        /// The cached earliest deadline is, whenever it is not stale, the minimum of the
-        /// deadlines it was told about.
-        #[test]
-        fn earliest_deadline_follows_the_minimum(
-            changes in proptest::collection::vec((0usize..4, proptest::option::of(0u64..50)), 0..64),
-        ) {
-            let mut slots = [None; 4];
-            let mut e = Earliest::default();
-            for (i, d) in changes {
-                let new = d.map(Timestamp::from_nanos);
-                e.changed(slots[i], new);
-                slots[i] = new;
-                if e.stale {
-                    e = Earliest { at: slots.iter().flatten().min().copied(), stale: false };
-                }
-                prop_assert_eq!(e.at, slots.iter().flatten().min().copied());
-            }
-        }
     }
 }

@@ -14,8 +14,10 @@
 #![deny(unsafe_code)]
 
 mod coverage;
+mod deadline;
 pub mod endpoint;
 pub mod hist;
+mod keymap;
 pub mod mem;
 mod nak_repeat;
 mod qp;

@@ -1,13 +1,14 @@
 //! What an endpoint's QPs share: the configuration, the seeded RNG, the memory regions and
 //! their keys, the completion queue of completions and the device-wide counters. QP methods
 //! borrow it beside the QP itself.
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use rand_chacha::ChaCha8Rng;
 use rand_core::RngCore;
 
 use crate::hist::RttHistogram;
+use crate::keymap::KeyMap;
 use crate::mem::{Access, Region};
 use crate::types::*;
 use crate::wire::Syndrome;
@@ -24,8 +25,8 @@ pub(crate) struct Mr {
 pub(crate) struct Shared {
     pub(crate) cfg: EndpointConfig,
     pub(crate) rng: ChaCha8Rng,
-    pub(crate) mrs: HashMap<u32, Mr>,
-    pub(crate) rkeys: HashMap<u32, u32>,
+    pub(crate) mrs: KeyMap<Mr>,
+    pub(crate) rkeys: KeyMap<u32>,
     pub(crate) completions: VecDeque<(CqId, Completion)>,
     pub(crate) stats: EndpointStats,
     pub(crate) paths: Vec<PathStats>,

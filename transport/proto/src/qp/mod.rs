@@ -200,17 +200,19 @@ impl Qp {
         if self.state != QpState::Connected {
             return nak;
         }
-        let held = self
-            .rec
-            .held
-            .iter()
-            .filter_map(|&psn| self.sent_index(psn).map(|i| self.rec.sent[i].hold_until));
-        let paced = self.route.paced_out.then(|| self.pace_at());
-        held.chain(self.rec.rto_deadline)
-            .chain(self.rec.reorder_deadline)
-            .chain(paced)
-            .chain(nak)
-            .min()
+        // The earliest of the timers, without building an iterator chain: this runs after
+        // every event of the QP.
+        let mut next = earlier(nak, self.rec.rto_deadline);
+        next = earlier(next, self.rec.reorder_deadline);
+        if self.route.paced_out {
+            next = earlier(next, Some(self.pace_at()));
+        }
+        for &psn in &self.rec.held {
+            if let Some(i) = self.sent_index(psn) {
+                next = earlier(next, Some(self.rec.sent[i].hold_until));
+            }
+        }
+        next
     }
     pub(crate) fn sent_index(&self, psn: u32) -> Option<usize> {
         let i = Psn(psn).since(self.rec.snd_una) as usize;
@@ -267,5 +269,14 @@ impl Qp {
         self.rec.rto_deadline = None;
         self.rec.reorder_deadline = None;
         self.rsp.ack_pending = false;
+    }
+}
+
+/// The earlier of two optional deadlines (`None` is "not armed", later than any).
+fn earlier(a: Option<Timestamp>, b: Option<Timestamp>) -> Option<Timestamp> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, None) => x,
+        (None, y) => y,
     }
 }

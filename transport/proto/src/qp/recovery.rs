@@ -83,6 +83,19 @@ pub(crate) struct AckFeedback {
     pub(crate) delay_given: bool,
 }
 
+/// What the rest of ACK processing needs of a packet just marked acknowledged.
+#[derive(Copy, Clone, Debug)]
+struct Acked {
+    send_ts: Timestamp,
+    wire_len: u32,
+    psn: u32,
+    path: u16,
+    /// Its loss had been declared, or an earlier copy than the latest arrived.
+    spurious: bool,
+    /// The loss the controller heard of, to undo (a spurious one).
+    undo: Option<Timestamp>,
+}
+
 /// Reliability of what this QP sends: sequence numbers, the sent-packet record, loss detection and the retransmit timer.
 pub(crate) struct Recovery {
     pub(crate) next_psn: Psn,
@@ -195,14 +208,37 @@ impl Qp {
         let base = base.clamp(cfg.rto_min_ns, cfg.rto_max_ns);
         (base << self.rec.backoff.min(MAX_BACKOFF_SHIFT)).min(cfg.rto_max_ns)
     }
-    /// Bookkeeping for one packet newly acknowledged.
-    /// `echo_ts_ns` is the send time of the newest packet the peer accepted, from the ACK
+    /// Bookkeeping for one packet newly acknowledged: it leaves the flight, the loss
+    /// detector learns whether its loss (if it was declared lost) was spurious, path scoring
+    /// and the controller hear of it, and its work request has one packet less to wait for.
+    /// `fb.echo_ts_ns` is the send time of the newest packet the peer accepted, from the ACK
     /// (`u64::MAX` when unknown, as for a NAK).
     pub(crate) fn packet_acked(&mut self, i: usize, now: Timestamp, fb: &mut AckFeedback) {
-        let echo_ts_ns = fb.echo_ts_ns;
+        let Some(a) = self.mark_acked(i, now, fb.echo_ts_ns) else {
+            return;
+        };
+        if let Some(lost_sent_at) = a.undo {
+            self.cc.on_spurious_loss(now, lost_sent_at);
+        }
+        self.track_reordering(now, a.spurious);
+        self.score_paths(now, &a, fb);
+        self.feed_controller(now, &a, fb);
+        if let SentWhat::Req { msn, .. } = self.rec.sent[i].what
+            && let Some(w) = self.wqe_index(msn)
+        {
+            let w = &mut self.req.sq[w];
+            w.unacked_pkts = w.unacked_pkts.saturating_sub(1);
+        }
+    }
+
+    /// Marks packet `i` acknowledged (`None` if it already was): takes it out of the flight,
+    /// tells which copy arrived, keeps what a later duplicate flag needs, and advances the
+    /// RACK time.
+    fn mark_acked(&mut self, i: usize, now: Timestamp, echo_ts_ns: u64) -> Option<Acked> {
+        let min_rtt_ns = self.rec.rtt.min_ns;
         let p = &mut self.rec.sent[i];
         if p.acked {
-            return;
+            return None;
         }
         p.acked = true;
         if !p.lost {
@@ -219,8 +255,7 @@ impl Qp {
         // TCP). The retransmission time then says nothing about what was delivered, so it must
         // not advance the RACK time, or everything sent before it would look lost.
         let ambiguous = p.retransmitted
-            && (echo_ts_ns < p.send_ts.as_nanos()
-                || now.nanos_since(p.send_ts) < self.rec.rtt.min_ns);
+            && (echo_ts_ns < p.send_ts.as_nanos() || now.nanos_since(p.send_ts) < min_rtt_ns);
         let spurious = p.lost || ambiguous;
         self.counters.spurious_losses += u64::from(p.lost);
         self.counters.spurious_retransmits += u64::from(ambiguous);
@@ -228,28 +263,47 @@ impl Qp {
         // The controller heard of this packet's loss; the original arrived after all, so the
         // decrease it caused may be undone.
         let cc_loss_ts = p.cc_loss_ts.take();
-        let undo = cc_loss_ts.filter(|_| spurious);
+        let acked = Acked {
+            send_ts: p.send_ts,
+            wire_len: p.wire_len,
+            psn: p.psn,
+            path: u16::from(p.path),
+            spurious,
+            undo: cc_loss_ts.filter(|_| spurious),
+        };
         if p.retransmitted && cc_loss_ts.is_some() {
-            if ambiguous {
-                // The retransmission will reach the peer as a duplicate: its flag is expected.
-                self.rec.dup_expected = self.rec.dup_expected.saturating_add(1);
-            } else if !spurious {
-                // Which copy arrived is unknown: a later duplicate flag may tell.
-                if self.rec.unresolved_losses.len() == MAX_UNRESOLVED_LOSSES {
-                    self.rec.unresolved_losses.pop_front();
-                }
-                self.rec.unresolved_losses.extend(cc_loss_ts);
+            self.expect_duplicate_flag(ambiguous, spurious, cc_loss_ts);
+        }
+        if !ambiguous && acked.send_ts >= self.rec.rack_ts {
+            self.rec.rack_ts = acked.send_ts;
+            self.rec.rack_rtt_ns = now.nanos_since(acked.send_ts);
+        }
+        Some(acked)
+    }
+
+    /// A retransmitted packet whose loss the controller heard of was acknowledged: if the
+    /// echo proved an earlier copy arrived, the retransmission will reach the peer as a
+    /// duplicate and its flag is expected; if which copy arrived is unknown, a later
+    /// duplicate flag may tell, so the loss is kept for it.
+    fn expect_duplicate_flag(
+        &mut self,
+        ambiguous: bool,
+        spurious: bool,
+        cc_loss_ts: Option<Timestamp>,
+    ) {
+        if ambiguous {
+            self.rec.dup_expected = self.rec.dup_expected.saturating_add(1);
+        } else if !spurious {
+            if self.rec.unresolved_losses.len() == MAX_UNRESOLVED_LOSSES {
+                self.rec.unresolved_losses.pop_front();
             }
+            self.rec.unresolved_losses.extend(cc_loss_ts);
         }
-        if !ambiguous && p.send_ts >= self.rec.rack_ts {
-            self.rec.rack_ts = p.send_ts;
-            self.rec.rack_rtt_ns = now.nanos_since(p.send_ts);
-        }
-        let (send_ts, wire_len) = (p.send_ts, p.wire_len);
-        let (psn, path) = (p.psn, u16::from(p.path));
-        if let Some(lost_sent_at) = undo {
-            self.cc.on_spurious_loss(now, lost_sent_at);
-        }
+    }
+
+    /// The reordering window widens when a loss proves spurious and shrinks a step after
+    /// [`REO_DECAY_ACKS`] acknowledgements without one.
+    fn track_reordering(&mut self, now: Timestamp, spurious: bool) {
         if spurious {
             self.widen_reorder_window(now);
         } else {
@@ -259,28 +313,36 @@ impl Qp {
                 self.rec.reo_mult = (self.rec.reo_mult / 2).max(1);
             }
         }
-        // Path scoring hears about every packet; the echoed one carries the measurements.
-        let mut sample = AckSample::new(send_ts, wire_len);
-        sample.path = path;
-        if psn == fb.echo_psn && fb.rtt_ns.is_some() && fb.echo_latest {
+    }
+
+    /// Path scoring hears about every packet; the echoed one carries the measurements (and a
+    /// measurement of an earlier copy goes to the path that copy left on).
+    fn score_paths(&mut self, now: Timestamp, a: &Acked, fb: &AckFeedback) {
+        let mut sample = AckSample::new(a.send_ts, a.wire_len);
+        sample.path = a.path;
+        let echoed = a.psn == fb.echo_psn && fb.rtt_ns.is_some();
+        if echoed && fb.echo_latest {
             sample.rtt_ns = fb.rtt_ns;
             sample.fabric_delay_ns = fb.fabric_ns;
             sample.ecn_ce = Some(fb.ce);
         }
         self.route.paths.on_ack(now, &sample);
-        if psn == fb.echo_psn && fb.echo_known && !fb.echo_latest && fb.rtt_ns.is_some() {
+        if echoed && fb.echo_known && !fb.echo_latest {
             // The echo measured an earlier copy, on the path it left on.
-            let mut late = AckSample::new(Timestamp::from_nanos(fb.echo_ts_ns), wire_len);
+            let mut late = AckSample::new(Timestamp::from_nanos(fb.echo_ts_ns), a.wire_len);
             late.path = u16::from(fb.echo_path);
             late.rtt_ns = fb.rtt_ns;
             late.fabric_delay_ns = fb.fabric_ns;
             late.ecn_ce = Some(fb.ce);
             self.route.paths.on_late_copy(now, &late);
         }
-        // The controller gets the frame's delay once, seen through the connection-wide
-        // signal: one slow path alone does not shrink the window.
-        let mut sample = AckSample::new(send_ts, wire_len);
-        sample.path = path;
+    }
+
+    /// The controller gets every acknowledged packet, and the frame's delay once, seen
+    /// through the connection-wide signal: one slow path alone does not shrink the window.
+    fn feed_controller(&mut self, now: Timestamp, a: &Acked, fb: &mut AckFeedback) {
+        let mut sample = AckSample::new(a.send_ts, a.wire_len);
+        sample.path = a.path;
         if !fb.delay_given
             && fb.echo_known
             && let (Some(rtt), Some(fabric)) = (fb.rtt_ns, fb.fabric_ns)
@@ -296,12 +358,6 @@ impl Qp {
             fb.delay_given = true;
         }
         self.cc.on_ack_with(now, &sample);
-        if let SentWhat::Req { msn, .. } = self.rec.sent[i].what
-            && let Some(w) = self.wqe_index(msn)
-        {
-            let w = &mut self.req.sq[w];
-            w.unacked_pkts = w.unacked_pkts.saturating_sub(1);
-        }
     }
     pub(crate) fn on_ack(&mut self, now: Timestamp, a: &wire::Ack, flags: u8, sh: &mut Shared) {
         if self.state != QpState::Connected {
@@ -496,20 +552,28 @@ impl Qp {
                 next = Some(next.map_or(sent + wait, |n| n.min(sent + wait)));
                 continue;
             }
-            p.lost = true;
-            let (psn, path, len, ts) = (p.psn, p.path, p.wire_len, p.send_ts);
-            self.rec.in_flight_bytes = self.rec.in_flight_bytes.saturating_sub(u64::from(len));
-            self.rec.in_flight_pkts = self.rec.in_flight_pkts.saturating_sub(1);
-            self.rec.rtx.push_back(psn);
-            sh.paths[usize::from(path)].lost += 1;
-            self.counters.path_stats[usize::from(path)].lost += 1;
-            self.route.paths.on_loss(now, u16::from(path), ts);
-            if !self.route.paths.is_outlier(u16::from(path)) {
-                self.rec.sent[i].cc_loss_ts = Some(ts);
-                self.cc.on_congestion_event(now, ts, false, len);
-            }
+            self.declare_lost(i, now, true, sh);
         }
         self.rec.reorder_deadline = next.map(Timestamp::from_nanos);
+    }
+
+    /// Declares packet `i` lost: it leaves the flight and queues for retransmission, its
+    /// path is charged, and (if `charge_cc` and the path is not an outlier that path scoring
+    /// handles alone) the controller hears of a congestion event.
+    fn declare_lost(&mut self, i: usize, now: Timestamp, charge_cc: bool, sh: &mut Shared) {
+        let p = &mut self.rec.sent[i];
+        p.lost = true;
+        let (psn, path, len, ts) = (p.psn, p.path, p.wire_len, p.send_ts);
+        self.rec.in_flight_bytes = self.rec.in_flight_bytes.saturating_sub(u64::from(len));
+        self.rec.in_flight_pkts = self.rec.in_flight_pkts.saturating_sub(1);
+        self.rec.rtx.push_back(psn);
+        sh.paths[usize::from(path)].lost += 1;
+        self.counters.path_stats[usize::from(path)].lost += 1;
+        self.route.paths.on_loss(now, u16::from(path), ts);
+        if charge_cc && !self.route.paths.is_outlier(u16::from(path)) {
+            self.rec.sent[i].cc_loss_ts = Some(ts);
+            self.cc.on_congestion_event(now, ts, false, len);
+        }
     }
     /// The peer flagged a duplicate: one retransmission was unnecessary. Unless it is the one
     /// of a packet already proven spurious by the echoed timestamp, it is charged to the oldest
@@ -548,39 +612,47 @@ impl Qp {
         self.rec.rto_deadline =
             (self.rec.in_flight_pkts > 0 || waiting).then(|| now.add_nanos(self.rto_ns(&sh.cfg)));
     }
+    /// The QP's timers at `now`: RNR holds that ended, the reorder timer of loss detection,
+    /// then the retransmit timeout.
     pub(crate) fn on_timeout(&mut self, now: Timestamp, sh: &mut Shared) {
         if self.state != QpState::Connected {
             return;
         }
-        if !self.rec.held.is_empty() {
-            let mut i = 0;
-            while i < self.rec.held.len() {
-                let psn = self.rec.held[i];
-                match self.sent_index(psn) {
-                    Some(s) if self.rec.sent[s].hold_until > now && !self.rec.sent[s].acked => {
-                        i += 1
-                    }
-                    Some(s) => {
-                        self.rec.held.swap_remove(i);
-                        if !self.rec.sent[s].acked {
-                            self.rec.rtx.push_back(psn);
-                        }
-                    }
-                    None => {
-                        self.rec.held.swap_remove(i);
-                    }
-                }
-            }
-        }
+        self.release_held(now);
         if self.rec.reorder_deadline.is_some_and(|d| d <= now) {
             self.detect_losses(now, sh);
         }
-        let Some(deadline) = self.rec.rto_deadline else {
-            return;
-        };
-        if now < deadline {
-            return;
+        if let Some(deadline) = self.rec.rto_deadline
+            && now >= deadline
+        {
+            self.on_rto(now, deadline, sh);
         }
+    }
+
+    /// Packets held back by an RNR NAK whose wait is over queue for retransmission (and
+    /// those acknowledged meanwhile, or gone, are dropped from the hold).
+    fn release_held(&mut self, now: Timestamp) {
+        let mut i = 0;
+        while i < self.rec.held.len() {
+            let psn = self.rec.held[i];
+            match self.sent_index(psn) {
+                Some(s) if self.rec.sent[s].hold_until > now && !self.rec.sent[s].acked => i += 1,
+                Some(s) => {
+                    self.rec.held.swap_remove(i);
+                    if !self.rec.sent[s].acked {
+                        self.rec.rtx.push_back(psn);
+                    }
+                }
+                None => {
+                    self.rec.held.swap_remove(i);
+                }
+            }
+        }
+    }
+
+    /// The retransmit timer armed for `deadline` fired: charge the retry budget (failing
+    /// the QP once it is spent), then probe with the oldest outstanding packets.
+    fn on_rto(&mut self, now: Timestamp, deadline: Timestamp, sh: &mut Shared) {
         // Nothing outstanding (the last packet probed needed no resending: its work request had
         // completed, as a READ does when its response arrives before the request's ACK): no
         // timeout to count. Counting it would fail an idle QP `retry_limit` timeouts later.
@@ -617,20 +689,30 @@ impl Qp {
             self.enter_error(sh);
             return;
         }
-        // Probe with the oldest outstanding packets only (as RACK-TLP does): if the tail was
-        // really lost, their acknowledgement lets time-based detection declare the rest; if
-        // the timeout was spurious (a stalled receiver), it costs a duplicate or two instead
-        // of the whole window. A late timeout (this host stalled) probes too, but says nothing
-        // about the network: no window cut, no re-path, no backoff.
+        // A late timeout (this host stalled) probes too, but says nothing about the network:
+        // no window cut, no re-path, no backoff.
         if counted {
             self.cc.on_retransmit_timeout(now);
         }
+        self.send_rto_probes(now, rto, counted, sh);
+        if counted {
+            self.rec.backoff = (self.rec.backoff + 1).min(MAX_BACKOFF_SHIFT);
+        }
+        self.rec.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));
+    }
+
+    /// Probes with the oldest outstanding packets only (as RACK-TLP does): if the tail was
+    /// really lost, their acknowledgement lets time-based detection declare the rest; if the
+    /// timeout was spurious (a stalled receiver), it costs a duplicate or two instead of the
+    /// whole window. A `counted` timeout also re-paths the first probe's path and tells the
+    /// controller of the losses.
+    fn send_rto_probes(&mut self, now: Timestamp, rto: u64, counted: bool, sh: &mut Shared) {
         let mut probes = 0;
         for i in 0..self.rec.sent.len() {
             if probes == RTO_PROBE_PACKETS {
                 break;
             }
-            let p = &mut self.rec.sent[i];
+            let p = &self.rec.sent[i];
             if p.acked || p.lost || p.send_ts.add_nanos(rto) > now {
                 continue;
             }
@@ -639,24 +721,10 @@ impl Qp {
                 self.route.paths.request_repath(u16::from(p.path));
             }
             probes += 1;
-            p.lost = true;
-            let (psn, path, len, ts) = (p.psn, p.path, p.wire_len, p.send_ts);
-            self.rec.in_flight_bytes = self.rec.in_flight_bytes.saturating_sub(u64::from(len));
-            self.rec.in_flight_pkts = self.rec.in_flight_pkts.saturating_sub(1);
-            self.rec.rtx.push_back(psn);
-            sh.paths[usize::from(path)].lost += 1;
-            self.counters.path_stats[usize::from(path)].lost += 1;
-            self.route.paths.on_loss(now, u16::from(path), ts);
-            if counted && !self.route.paths.is_outlier(u16::from(path)) {
-                self.rec.sent[i].cc_loss_ts = Some(ts);
-                self.cc.on_congestion_event(now, ts, false, len);
-            }
+            self.declare_lost(i, now, counted, sh);
         }
-        if counted {
-            self.rec.backoff = (self.rec.backoff + 1).min(MAX_BACKOFF_SHIFT);
-        }
-        self.rec.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));
     }
+
     pub(crate) fn made_progress(&mut self) {
         self.rec.retry.heard();
         self.rec.backoff = 0;

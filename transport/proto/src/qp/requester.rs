@@ -64,7 +64,11 @@ impl SendWqe {
             next_offset: 0,
             packetized: false,
             unacked_pkts: 0,
-            read_placed: Coverage::default(),
+            read_placed: if op == Op::Read {
+                Coverage::with_room()
+            } else {
+                Coverage::default()
+            },
             got_resp: false,
             atomic_result: None,
             rnr_retries: 0,
@@ -89,6 +93,29 @@ impl SendWqe {
 
     pub(crate) fn opcode(&self) -> WcOpcode {
         wc_opcode(self.op)
+    }
+
+    /// Payload bytes of the next packet cut from this request, `chunk` at most (0 for an
+    /// operation without data, which is one packet).
+    pub(crate) fn next_len(&self, chunk: u32) -> u32 {
+        if self.op.carries_data() {
+            (self.len - self.next_offset).min(chunk)
+        } else {
+            0
+        }
+    }
+
+    /// Cuts the next packet: its `(offset, len)` in the message. The packet counts as
+    /// unacknowledged; with the last one the request is `packetized`.
+    pub(crate) fn take_packet(&mut self, chunk: u32) -> (u32, u32) {
+        let offset = self.next_offset;
+        let len = self.next_len(chunk);
+        self.next_offset = offset + len;
+        self.unacked_pkts += 1;
+        if self.next_offset >= self.len || !self.op.carries_data() {
+            self.packetized = true;
+        }
+        (offset, len)
     }
 }
 
@@ -156,90 +183,58 @@ impl Qp {
     /// Takes the next packet's worth of new work: a response or a request, as the deficit
     /// round robin of [`crate::share`] picks.
     pub(crate) fn next_new_packet(&mut self, sh: &Shared) -> Option<SentWhat> {
-        let resp_len = self.rsp.resp.front().map(|job| match job {
-            RespJob::Read {
-                msg_len,
-                next_offset,
-                ..
-            } => (*msg_len - *next_offset).min(sh.resp_chunk - self.seal.overhead()),
-            RespJob::Atomic { .. } => 0,
-        });
-        let req_len = match self.req.sq.get(self.req.pack_idx) {
-            // Queued already failed (`post_send_or_fail`): never sent; it fails the QP when
-            // it reaches the front.
-            Some(w) if !self.req.failing && w.status.is_none() => Some(if w.op.carries_data() {
-                (w.len - w.next_offset).min(sh.req_chunk - self.seal.overhead())
-            } else {
-                0
-            }),
-            _ => None,
-        };
-        if self.share.pick(resp_len, req_len)? == Turn::Response
-            && let Some(job) = self.rsp.resp.front_mut()
-        {
-            match job {
-                RespJob::Read {
-                    msn,
-                    region,
-                    base,
-                    msg_len,
-                    next_offset,
-                } => {
-                    let offset = *next_offset;
-                    let len = (*msg_len - offset).min(sh.resp_chunk - self.seal.overhead());
-                    let what = SentWhat::ReadResp {
-                        msn: *msn,
-                        region: region.clone(),
-                        base: *base,
-                        offset,
-                        len,
-                        msg_len: *msg_len,
-                    };
-                    *next_offset = offset + len;
-                    if *next_offset >= *msg_len {
-                        self.rsp.resp.pop_front();
-                    }
-                    return Some(what);
-                }
-                RespJob::Atomic { msn, original } => {
-                    let what = SentWhat::AtomicResp {
-                        msn: *msn,
-                        original: *original,
-                    };
-                    self.rsp.resp.pop_front();
-                    return Some(what);
-                }
-            }
+        let resp_chunk = sh.resp_chunk - self.seal.overhead();
+        let req_chunk = sh.req_chunk - self.seal.overhead();
+        let resp_len = self.rsp.resp.front().map(|job| job.next_len(resp_chunk));
+        let req_len = self.sendable_request().map(|w| w.next_len(req_chunk));
+        match self.share.pick(resp_len, req_len)? {
+            Turn::Response => self.next_response_packet(resp_chunk),
+            Turn::Request => self.next_request_packet(req_chunk),
         }
+    }
+
+    /// The work request whose packets are cut next, unless nothing new may be sent: the QP
+    /// is failing, or the request was queued already failed (`post_send_or_fail`: never
+    /// sent, it fails the QP when it reaches the front).
+    fn sendable_request(&self) -> Option<&SendWqe> {
+        self.req
+            .sq
+            .get(self.req.pack_idx)
+            .filter(|w| !self.req.failing && w.status.is_none())
+    }
+
+    /// The next packet of the oldest response job; the job leaves the queue with its last.
+    fn next_response_packet(&mut self, chunk: u32) -> Option<SentWhat> {
+        let (what, finished) = self.rsp.resp.front_mut()?.take_packet(chunk);
+        if finished {
+            self.rsp.resp.pop_front();
+        }
+        Some(what)
+    }
+
+    /// The next packet of the request being cut; past its last, the next request's turn
+    /// comes, and a READ or atomic starts waiting for its response.
+    fn next_request_packet(&mut self, chunk: u32) -> Option<SentWhat> {
         if self.req.failing {
             return None;
         }
         let w = self.req.sq.get_mut(self.req.pack_idx)?;
         if w.status.is_some() {
-            // Queued already failed (`post_send_or_fail`): never sent; it fails the QP when
-            // it reaches the front.
             return None;
         }
-        let offset = w.next_offset;
-        let len = if w.op.carries_data() {
-            (w.len - offset).min(sh.req_chunk - self.seal.overhead())
-        } else {
-            0
+        let (offset, len) = w.take_packet(chunk);
+        let what = SentWhat::Req {
+            msn: w.msn,
+            offset,
+            len,
         };
-        w.next_offset = offset + len;
-        w.unacked_pkts += 1;
-        if w.next_offset >= w.len || !w.op.carries_data() {
-            w.packetized = true;
+        if w.packetized {
             if w.awaits_response() {
                 self.req.awaited.started();
             }
             self.req.pack_idx += 1;
         }
-        Some(SentWhat::Req {
-            msn: w.msn,
-            offset,
-            len,
-        })
+        Some(what)
     }
     /// Completes send work requests from the front of the queue, in posting order.
     /// Once a refused work request (see `on_nak`) reaches the front, the QP fails.
@@ -389,33 +384,7 @@ impl Qp {
         };
         let status = match n.syndrome {
             Syndrome::ReceiverNotReady => {
-                // The peer is alive and will take the message later: that is progress. A
-                // fatal NAK is not (counting it would let a failed responder, which NAKs every
-                // probe, keep this QP retrying forever).
-                self.made_progress();
-                let w = &mut self.req.sq[wi];
-                if now >= w.rnr_until {
-                    w.rnr_retries += 1;
-                    w.rnr_until = now.add_nanos(sh.cfg.rnr_timer_ns);
-                }
-                if w.rnr_retries <= sh.cfg.rnr_retry_limit {
-                    let until = w.rnr_until;
-                    let p = &mut self.rec.sent[i];
-                    if !p.lost {
-                        p.lost = true;
-                        self.rec.in_flight_bytes = self
-                            .rec
-                            .in_flight_bytes
-                            .saturating_sub(u64::from(p.wire_len));
-                        self.rec.in_flight_pkts = self.rec.in_flight_pkts.saturating_sub(1);
-                    }
-                    p.hold_until = until;
-                    let psn = p.psn;
-                    self.rec.rtx.retain(|&q| q != psn);
-                    if !self.rec.held.contains(&psn) {
-                        self.rec.held.push(psn);
-                    }
-                    self.rearm_rto(now, sh);
+                if self.hold_for_rnr(i, wi, now, sh) {
                     return;
                 }
                 WcStatus::RnrRetryExceeded
@@ -424,7 +393,55 @@ impl Qp {
             Syndrome::InvalidRequest => WcStatus::RemoteInvalidRequest,
             Syndrome::RemoteOperation => WcStatus::RemoteOperationError,
         };
-        // A fatal refusal: the packet was not executed and is never sent again.
+        self.refused(i, wi, n, status, now, sh);
+    }
+
+    /// Receiver not ready for packet `i` of work request `wi`: the peer is alive and will
+    /// take the message later, which is progress (a fatal NAK is not: counting it would let a
+    /// failed responder, which NAKs every probe, keep this QP retrying forever). The packet
+    /// is held out of the flight until the RNR timer ends; false once the RNR retries are
+    /// spent.
+    fn hold_for_rnr(&mut self, i: usize, wi: usize, now: Timestamp, sh: &Shared) -> bool {
+        self.made_progress();
+        let w = &mut self.req.sq[wi];
+        if now >= w.rnr_until {
+            w.rnr_retries += 1;
+            w.rnr_until = now.add_nanos(sh.cfg.rnr_timer_ns);
+        }
+        if w.rnr_retries > sh.cfg.rnr_retry_limit {
+            return false;
+        }
+        let until = w.rnr_until;
+        let p = &mut self.rec.sent[i];
+        if !p.lost {
+            p.lost = true;
+            self.rec.in_flight_bytes = self
+                .rec
+                .in_flight_bytes
+                .saturating_sub(u64::from(p.wire_len));
+            self.rec.in_flight_pkts = self.rec.in_flight_pkts.saturating_sub(1);
+        }
+        p.hold_until = until;
+        let psn = p.psn;
+        self.rec.rtx.retain(|&q| q != psn);
+        if !self.rec.held.contains(&psn) {
+            self.rec.held.push(psn);
+        }
+        self.rearm_rto(now, sh);
+        true
+    }
+
+    /// A fatal refusal of packet `i` of work request `wi`: the packet was not executed and
+    /// is never sent again, the request will complete with `status`, and nothing new is sent.
+    fn refused(
+        &mut self,
+        i: usize,
+        wi: usize,
+        n: &wire::Nak,
+        status: WcStatus,
+        now: Timestamp,
+        sh: &mut Shared,
+    ) {
         let mut none = AckFeedback::NONE;
         self.packet_acked(i, now, &mut none);
         self.rsp.order.refused(n.psn);
@@ -446,5 +463,47 @@ impl Qp {
             return;
         }
         self.complete_sq(sh);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wqe(op: Op, len: u32) -> SendWqe {
+        let remote = RemoteAddr { rkey: 1, offset: 0 };
+        SendWqe {
+            len,
+            ..SendWqe::new(7, true, (op, remote, 0, (0, 0)), 0, 0)
+        }
+    }
+
+    #[test]
+    fn a_write_is_cut_into_chunks_and_a_short_last_one() {
+        let mut w = wqe(Op::Write, 2500);
+        assert_eq!(w.next_len(1000), 1000);
+        assert_eq!(w.take_packet(1000), (0, 1000));
+        assert_eq!(w.take_packet(1000), (1000, 1000));
+        assert!(!w.packetized);
+        assert_eq!(w.next_len(1000), 500);
+        assert_eq!(w.take_packet(1000), (2000, 500));
+        assert!(w.packetized);
+        assert_eq!(w.unacked_pkts, 3);
+        assert!(!w.is_done(), "packets are still unacknowledged");
+    }
+
+    #[test]
+    fn operations_without_data_are_one_empty_packet() {
+        for op in [Op::Read, Op::FetchAdd, Op::CompareSwap] {
+            let mut w = wqe(op, 8);
+            assert_eq!(w.next_len(1000), 0, "{op:?}");
+            assert_eq!(w.take_packet(1000), (0, 0), "{op:?}");
+            assert!(w.packetized, "{op:?}");
+            assert!(w.awaits_response(), "{op:?} waits for its response");
+        }
+        // A zero-length WRITE is one empty packet too.
+        let mut w = wqe(Op::Write, 0);
+        assert_eq!(w.take_packet(1000), (0, 0));
+        assert!(w.packetized);
     }
 }

@@ -42,6 +42,53 @@ pub(crate) enum RespJob {
     },
 }
 
+impl RespJob {
+    /// Payload bytes of this job's next packet, `chunk` at most (0 for an atomic's result).
+    pub(crate) fn next_len(&self, chunk: u32) -> u32 {
+        match self {
+            RespJob::Read {
+                msg_len,
+                next_offset,
+                ..
+            } => (*msg_len - *next_offset).min(chunk),
+            RespJob::Atomic { .. } => 0,
+        }
+    }
+
+    /// Cuts this job's next packet; the flag is true when that was its last.
+    pub(crate) fn take_packet(&mut self, chunk: u32) -> (SentWhat, bool) {
+        let len = self.next_len(chunk);
+        match self {
+            RespJob::Read {
+                msn,
+                region,
+                base,
+                msg_len,
+                next_offset,
+            } => {
+                let offset = *next_offset;
+                let what = SentWhat::ReadResp {
+                    msn: *msn,
+                    region: region.clone(),
+                    base: *base,
+                    offset,
+                    len,
+                    msg_len: *msg_len,
+                };
+                *next_offset = offset + len;
+                (what, *next_offset >= *msg_len)
+            }
+            RespJob::Atomic { msn, original } => (
+                SentWhat::AtomicResp {
+                    msn: *msn,
+                    original: *original,
+                },
+                true,
+            ),
+        }
+    }
+}
+
 /// The responder's state: what the peer's packets built up (tracker, ACK and NAK state, the receive queue, response jobs, the RC gate).
 pub(crate) struct Responder {
     pub(crate) resp: VecDeque<RespJob>,
@@ -438,5 +485,61 @@ impl Qp {
             };
             sh.complete(self.recv_cq, c);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_response_is_cut_into_chunks_and_finishes_with_its_last() {
+        let mut job = RespJob::Read {
+            msn: 3,
+            region: Region::new(4096),
+            base: 100,
+            msg_len: 2500,
+            next_offset: 0,
+        };
+        let mut cuts = Vec::new();
+        loop {
+            let want = job.next_len(1000);
+            let (what, last) = job.take_packet(1000);
+            let SentWhat::ReadResp {
+                msn,
+                base,
+                offset,
+                len,
+                msg_len,
+                ..
+            } = what
+            else {
+                panic!("a READ job cuts READ responses");
+            };
+            assert_eq!((msn, base, msg_len, len), (3, 100, 2500, want));
+            cuts.push((offset, len));
+            if last {
+                break;
+            }
+        }
+        assert_eq!(cuts, vec![(0, 1000), (1000, 1000), (2000, 500)]);
+    }
+
+    #[test]
+    fn an_atomic_response_is_one_packet() {
+        let mut job = RespJob::Atomic {
+            msn: 9,
+            original: 42,
+        };
+        assert_eq!(job.next_len(1000), 0);
+        let (what, last) = job.take_packet(1000);
+        assert!(last);
+        assert!(matches!(
+            what,
+            SentWhat::AtomicResp {
+                msn: 9,
+                original: 42
+            }
+        ));
     }
 }
