@@ -91,7 +91,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use braid_time::Timestamp;
 
 use crate::net::rng::{mix64, splitmix64, unit};
-use crate::net::{Backlog, EventQueue, Network, path_source};
+use crate::net::{AddrMap, Backlog, EventQueue, Network, path_source};
 pub use crate::net::{Delivery, HostId};
 use crate::{Ecn, RecvMeta, Transmit};
 
@@ -308,7 +308,7 @@ impl Topology {
         if self.nodes.len() > MAX_NODES {
             return Err(TopologyError::TooLarge);
         }
-        let mut addrs = HashMap::with_capacity(self.hosts.len());
+        let mut addrs = AddrMap::with_capacity_and_hasher(self.hosts.len(), Default::default());
         for (i, (node, addr)) in self.hosts.iter().enumerate() {
             if self.nodes[node.0 as usize].ports.len() != 1 {
                 return Err(TopologyError::HostPorts(HostId(i as u32)));
@@ -698,7 +698,7 @@ pub struct Fabric {
     n_hosts: usize,
     host_addrs: Vec<SocketAddr>,
     host_port: Vec<u32>,
-    addrs: HashMap<SocketAddr, u32>,
+    addrs: AddrMap<u32>,
     /// `routes[switch * n_hosts + host]`: index into `groups`, or `NO_ROUTE`.
     routes: Vec<u32>,
     /// `(start, len)` in `group_ports`: the equal-cost output ports of a route.
