@@ -1016,15 +1016,18 @@ impl Network for Fabric {
     /// before `now`, earliest first (ties in queueing order), or `None` once none is due.
     fn poll_deliver(&mut self, now: Timestamp) -> Option<Delivery> {
         let now = now.as_nanos();
-        while let Some((_, lane_id)) = self.heads.pop_due(now) {
+        while let Some((_, &lane_id)) = self.heads.peek_due(now) {
             let port = &mut self.ports[(lane_id / 2) as usize];
             let lane = &mut port.lanes[(lane_id % 2) as usize];
-            let Some(ev) = lane.pop_front() else {
+            let ev = lane.pop_front();
+            // The lane's entry leaves the queue; its next packet, if any, takes its place.
+            match lane.front() {
+                Some(next) => self.heads.replace_first(next.at, next.seq, lane_id),
+                None => self.heads.pop_due(now),
+            };
+            let Some(ev) = ev else {
                 continue;
             };
-            if let Some(next) = lane.front() {
-                self.heads.push_seq(next.at, next.seq, lane_id);
-            }
             let node = port.to as usize;
             if let NodeKind::Host(h) = self.kinds[node] {
                 let pkt = std::mem::take(&mut self.pkts[ev.pkt as usize]);
