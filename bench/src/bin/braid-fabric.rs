@@ -322,6 +322,21 @@ fn speed_table(reports: &[Report]) -> String {
             r.hops_per_s / 1e6
         );
     }
+    // Every run together: the engines-attached speed of the whole invocation.
+    let (dgrams, hops) = reports
+        .iter()
+        .fold((0, 0), |(d, h), r| (d + r.datagrams, h + r.hops));
+    let (wall, cpu) = reports
+        .iter()
+        .fold((0.0, 0.0), |(w, c), r| (w + r.wall_s, c + r.cpu_s));
+    if reports.len() > 1 && cpu > 0.0 {
+        let _ = writeln!(
+            s,
+            "| all | | | {dgrams} | {hops} | {wall:.2} s | {cpu:.2} s | {:.2} M | {:.2} M |",
+            dgrams as f64 / cpu / 1e6,
+            hops as f64 / cpu / 1e6
+        );
+    }
     s
 }
 

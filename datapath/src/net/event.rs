@@ -63,6 +63,30 @@ impl<T> EventQueue<T> {
         self.heap.pop().map(|e| (e.at, e.item))
     }
 
+    /// The earliest event, `(time ns, &item)`, if it happens at or before `now_ns`; it stays
+    /// queued.
+    pub fn peek_due(&self, now_ns: u64) -> Option<(u64, &T)> {
+        let e = self.heap.peek()?;
+        (e.at <= now_ns).then_some((e.at, &e.item))
+    }
+
+    /// Takes the earliest event, `(time ns, item)`, and queues `item` at `at_ns` with
+    /// sequence number `seq` in its place: [`pop_due`](Self::pop_due) then
+    /// [`push_seq`](Self::push_seq) in one sift of the heap (a FIFO lane whose head left
+    /// queues its next packet). `None`, and nothing queued, when the queue is empty.
+    pub fn replace_first(&mut self, at_ns: u64, seq: u64, item: T) -> Option<(u64, T)> {
+        let mut top = self.heap.peek_mut()?;
+        let old = std::mem::replace(
+            &mut *top,
+            Event {
+                at: at_ns,
+                seq,
+                item,
+            },
+        );
+        Some((old.at, old.item))
+    }
+
     /// Events queued.
     pub fn len(&self) -> usize {
         self.heap.len()
@@ -129,5 +153,21 @@ mod tests {
         assert_eq!(q.len(), 2);
         assert_eq!(q.pop_due(5), Some((5, "first")));
         assert_eq!(q.pop_due(5), Some((5, "later")));
+    }
+
+    #[test]
+    fn replacing_the_first_event_keeps_the_order() {
+        let mut q = EventQueue::new();
+        assert_eq!(q.replace_first(1, 0, 'z'), None);
+        assert!(q.is_empty());
+        let s = q.take_seq();
+        q.push(10, 'a');
+        q.push(30, 'c');
+        assert_eq!(q.peek_due(9), None);
+        assert_eq!(q.peek_due(10), Some((10, &'a')));
+        // 'b' goes in at 30 with an older sequence number than 'c': it comes out first.
+        assert_eq!(q.replace_first(30, s, 'b'), Some((10, 'a')));
+        let got: Vec<_> = std::iter::from_fn(|| q.pop_due(u64::MAX)).collect();
+        assert_eq!(got, vec![(30, 'b'), (30, 'c')]);
     }
 }

@@ -27,10 +27,12 @@ use braid_time::Timestamp;
 use crate::{Ecn, RecvMeta, Transmit};
 
 mod event;
+mod hash;
 mod queue;
 pub(crate) mod rng;
 
 pub use event::EventQueue;
+pub(crate) use hash::AddrMap;
 pub(crate) use queue::Backlog;
 
 /// A host of a simulated network, numbered `0..` in the order it was added.
