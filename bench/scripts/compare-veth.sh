@@ -44,14 +44,16 @@
 #              bursts of BURST datagrams of MAX_DGRAM bytes round-robin over PATHS connected
 #              source ports to a UDP_GRO receiver; the same without GRO; one datagram per
 #              send(); 8 B datagrams in sendmmsg batches of 64 (the message-rate reference)
-#   BURST=11   datagrams per GSO burst of the ceiling: the same burst size as Braid's (16 KiB
-#              worth of 1472 B datagrams)
+#   BURST      datagrams per GSO burst of the ceiling (default 16 KiB worth: 11 at 1472 B, 2 at
+#              8972 B): the same burst size as Braid's
 #   XDP_RAW=1  the AF_XDP frame rate through Braid's own AF_XDP datapath with no protocol
 #              (xdp-blast), MAX_DGRAM and XDP_RAW_SMALL (64) byte payloads
 #   READ_CONFIGS="udp uring xdp"  Braid read_bw SIZE rows (empty: skip)
 #   MSG_CONFIGS="udp uring xdp"   Braid 8 B write_bw message-rate rows (empty: skip)
 #   BLAST_PORT (udp-blast / xdp-blast receiver port, default 18700)
 #   RESULTS_NAME (file name of the results without .md/.json, default veth-<date>)
+#   MTU=1500   of both veth ends (9000: jumbo frames; AF_XDP then uses multi-buffer frames);
+#              MAX_DGRAM defaults to MTU - 28
 set -euo pipefail
 
 BENCH=$(cd "$(dirname "$0")/.." && pwd)
@@ -61,7 +63,8 @@ DURATION=${DURATION:-3}
 LAT_ITERS=${LAT_ITERS:-20000}
 SIZE=${SIZE:-1M}
 PATHS=${PATHS:-16}
-MAX_DGRAM=${MAX_DGRAM:-1472}
+MTU=${MTU:-1500}
+MAX_DGRAM=${MAX_DGRAM:-$((MTU - 28))}
 CONFIGS=${CONFIGS:-udp uring xdp xdp/udp udp/xdp}
 BUSY_CONFIGS=${BUSY_CONFIGS-udp xdp}
 PIN=${PIN:-1}
@@ -71,7 +74,7 @@ BRAID_PORT=${BRAID_PORT:-18515}
 UDP_PORT=${UDP_PORT:-18600}
 IPERF_PORT=${IPERF_PORT:-15201}
 CEILING=${CEILING:-1}
-BURST=${BURST:-11}
+BURST=${BURST:-$(((16384 + MAX_DGRAM / 2) / MAX_DGRAM))}
 XDP_RAW=${XDP_RAW:-1}
 XDP_RAW_SMALL=${XDP_RAW_SMALL:-64}
 READ_CONFIGS=${READ_CONFIGS-udp uring xdp}
@@ -161,7 +164,7 @@ trap 'exit 143' TERM
 log "veth pair: $NSA $IFA $IPA <-> $IPB $IFB $NSB"
 # netns.sh refuses existing namespaces and cleans up after itself if `up` fails half-way, so
 # the trap deletes only what it built.
-"$NETNS" veth up "$NS" >/dev/null
+"$NETNS" veth up "$NS" "$MTU" >/dev/null
 ns_made=1
 
 inA() { ip netns exec "$NSA" "$@"; }
@@ -523,7 +526,7 @@ jq -s \
     --arg size "$SIZE" --argjson runs "$RUNS" --argjson duration "$DURATION" --argjson lat_iters "$LAT_ITERS" \
     --argjson paths "$PATHS" --argjson max_datagram "$MAX_DGRAM" \
     --argjson configs "$cfg_json" --argjson busy "$busy_json" --slurpfile discarded "$DISCARDED" \
-    --arg topo "$NSA $IFA $IPA <-> $IPB $IFB $NSB (one veth pair, MTU 1500, one queue)" '
+    --arg topo "$NSA $IFA $IPA <-> $IPB $IFB $NSB (one veth pair, MTU $MTU, one queue)" '
     def median: map(select(. != null)) | sort
         | if length == 0 then null elif length % 2 == 1 then .[length / 2 | floor]
           else (.[length / 2 - 1] + .[length / 2]) / 2 end;
