@@ -190,8 +190,9 @@ pub enum XdpError {
         /// Its `ARPHRD_*` hardware type.
         hw_type: u16,
     },
-    /// The MTU needs frames larger than the UMEM frame (4096 at most; jumbo frames would need
-    /// multi-buffer AF_XDP).
+    /// The MTU needs frames larger than the UMEM frame: an explicit
+    /// [`XdpConfig::frame_size`] too small for it, or more than [`FRAGS_MAX`] frames per
+    /// packet in multi-buffer mode.
     MtuTooLarge {
         /// The interface.
         interface: String,
