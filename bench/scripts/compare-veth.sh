@@ -667,6 +667,7 @@ mv "$TMP/with-ceiling.json" "$OUT_JSON"
     done
     echo
     echo "SEND bandwidth: braid-perf has no send_bw test (its SEND test is send_lat), so no SEND row."
+    echo "8 B WRITE message rate: braid-perf write_bw --size 8, every work request signaled (braid-perf has no unsignaled mode)."
     echo
     echo "Bandwidth targets (ratio of medians; per run in brackets):"
     echo
