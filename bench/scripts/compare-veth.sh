@@ -419,7 +419,7 @@ blast() {
     before=$(snap)
     cpu_mark m0
     # shellcheck disable=SC2086 # word splitting of the receiver's arguments is intended
-    ip netns exec "$NSB" "$bin" recv --bind "$IPB:$BLAST_PORT" $rargs --json >"$TMP/blast-recv.json" 2>"$TMP/blast-recv.err" &
+    ip netns exec "$NSB" "$bin" recv --bind "$IPB:$BLAST_PORT" --first-wait "$((DURATION + 20))" $rargs --json >"$TMP/blast-recv.json" 2>"$TMP/blast-recv.err" &
     rp=$!
     CHILDREN=("$rp")
     if [ "$kind" = xdp ]; then

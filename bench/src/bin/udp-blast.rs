@@ -44,8 +44,8 @@ const RX_BUFFER_BYTES: usize = 65_536;
 /// Socket buffer sizes asked for (with `SO_*BUFFORCE` as root, else capped by the sysctls).
 const SOCKET_BUFFER_BYTES: usize = 16 << 20;
 
-/// How long the receiver waits for the first datagram.
-const FIRST_WAIT_S_MAX: u64 = 120;
+/// The longest `--first-wait` accepted, seconds.
+const FIRST_WAIT_S_MAX: f64 = 3600.0;
 
 #[derive(Parser)]
 #[command(
@@ -70,6 +70,9 @@ enum Cmd {
         /// Seconds of silence after which the run is over.
         #[arg(long, default_value_t = 1.0)]
         idle: f64,
+        /// Seconds to wait for the first datagram before giving up.
+        #[arg(long, default_value_t = 120.0)]
+        first_wait: f64,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -170,10 +173,20 @@ fn rate(datagrams: u64, bytes: u64, seconds: f64) -> (f64, f64) {
     }
 }
 
-fn recv(bind: SocketAddr, gro: bool, idle: f64, json: bool) -> Result<Report, String> {
+fn recv(
+    bind: SocketAddr,
+    gro: bool,
+    idle: f64,
+    first_wait: f64,
+    json: bool,
+) -> Result<Report, String> {
     if !(idle > 0.0 && idle < 60.0) {
         return Err("--idle must be between 0 and 60 seconds".into());
     }
+    if !(first_wait > 0.0 && first_wait <= FIRST_WAIT_S_MAX) {
+        return Err("--first-wait must be between 0 and 3600 seconds".into());
+    }
+    let first_wait = Duration::from_secs_f64(first_wait);
     let sock = UdpSocket::bind(bind).map_err(|e| format!("bind {bind}: {e}"))?;
     let fd = sock.as_raw_fd();
     grow_buffers(&sock, true);
@@ -243,9 +256,10 @@ fn recv(bind: SocketAddr, gro: bool, idle: f64, json: bool) -> Result<Report, St
                     if first.is_some() && last.elapsed() >= idle {
                         break;
                     }
-                    if first.is_none() && started_wait.elapsed().as_secs() >= FIRST_WAIT_S_MAX {
+                    if first.is_none() && started_wait.elapsed() >= first_wait {
                         return Err(format!(
-                            "nothing arrived on {bind} for {FIRST_WAIT_S_MAX} s"
+                            "nothing arrived on {bind} for {} s",
+                            first_wait.as_secs_f64()
                         ));
                     }
                     continue;
@@ -441,8 +455,9 @@ fn main() -> ExitCode {
             bind,
             gro,
             idle,
+            first_wait,
             json,
-        } => (recv(bind, gro, idle, json), json),
+        } => (recv(bind, gro, idle, first_wait, json), json),
         Cmd::Send {
             target,
             burst,

@@ -29,8 +29,8 @@ const FRAME_HEADERS: u64 = 42;
 /// The most datagrams handed to one `send` call.
 const MAX_BATCH: usize = 1024;
 
-/// How long the receiver waits for the first datagram.
-const FIRST_WAIT_S_MAX: u64 = 120;
+/// The longest `--first-wait` accepted, seconds.
+const FIRST_WAIT_S_MAX: f64 = 3600.0;
 
 #[derive(Parser)]
 #[command(
@@ -52,6 +52,9 @@ enum Cmd {
         /// Seconds of silence after which the run is over.
         #[arg(long, default_value_t = 1.0)]
         idle: f64,
+        /// Seconds to wait for the first datagram before giving up.
+        #[arg(long, default_value_t = 120.0)]
+        first_wait: f64,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -143,10 +146,14 @@ fn bind(local: SocketAddr, paths: u16) -> Result<XdpDatapath, String> {
     XdpDatapath::bind(XdpConfig::new(local, paths)).map_err(|e| format!("AF_XDP on {local}: {e}"))
 }
 
-fn recv(local: SocketAddr, idle: f64) -> Result<Report, String> {
+fn recv(local: SocketAddr, idle: f64, first_wait: f64) -> Result<Report, String> {
     if !(idle > 0.0 && idle < 60.0) {
         return Err("--idle must be between 0 and 60 seconds".into());
     }
+    if !(first_wait > 0.0 && first_wait <= FIRST_WAIT_S_MAX) {
+        return Err("--first-wait must be between 0 and 3600 seconds".into());
+    }
+    let first_wait = Duration::from_secs_f64(first_wait);
     let dp = bind(local, 1)?;
     eprintln!(
         "xdp-blast: receiving on {local} ({}, {} queue(s), frames of {} B)",
@@ -178,9 +185,10 @@ fn recv(local: SocketAddr, idle: f64) -> Result<Report, String> {
             if first.is_some() && now.duration_since(last) >= idle {
                 break;
             }
-            if first.is_none() && started_wait.elapsed().as_secs() >= FIRST_WAIT_S_MAX {
+            if first.is_none() && started_wait.elapsed() >= first_wait {
                 return Err(format!(
-                    "nothing arrived on {local} for {FIRST_WAIT_S_MAX} s"
+                    "nothing arrived on {local} for {} s",
+                    first_wait.as_secs_f64()
                 ));
             }
             continue;
@@ -285,7 +293,12 @@ fn send(a: SendArgs) -> Result<Report, String> {
 
 fn main() -> ExitCode {
     let (res, json) = match Cli::parse().cmd {
-        Cmd::Recv { bind, idle, json } => (recv(bind, idle), json),
+        Cmd::Recv {
+            bind,
+            idle,
+            first_wait,
+            json,
+        } => (recv(bind, idle, first_wait), json),
         Cmd::Send {
             target,
             bind,
