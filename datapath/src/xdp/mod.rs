@@ -546,7 +546,12 @@ impl RxState {
             if budget == 0 {
                 break;
             }
-            let n = q.rx.available(budget.saturating_mul(self.frags));
+            // At least RX_CHAIN_MAX descriptors, so a chain at the front is always either
+            // whole or known to be overlong (the kernel publishes whole frames; only this
+            // limit can cut one), and one longer than `frags` (the MTU grew after bind)
+            // cannot stall the queue.
+            let n =
+                q.rx.available(budget.saturating_mul(self.frags).max(RX_CHAIN_MAX));
             if n == 0 {
                 continue;
             }

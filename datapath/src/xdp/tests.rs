@@ -691,6 +691,54 @@ fn a_9000_byte_mtu_sends_and_receives_multi_buffer_frames() {
 }
 
 #[test]
+fn frames_longer_than_the_bind_time_mtu_are_rejected_without_stalling() {
+    if !require_root("frames_longer_than_the_bind_time_mtu_are_rejected_without_stalling") {
+        return;
+    }
+    let bed = Testbed::new(1);
+    bed.set_mtu(9000);
+    let xdp = bed.xdp_a(xdp_config(1));
+    assert_eq!(xdp.frags(), 3);
+    // The MTU grows after bind: 12014-byte frames arrive in chains of 4 buffers.
+    bed.set_mtu(12000);
+    let udp = {
+        let local = SocketAddr::V4(SocketAddrV4::new(B_IP, UDP_PORT));
+        let config = UdpConfig {
+            max_payload: 11972,
+            ..UdpConfig::new(local, 1)
+        };
+        bed.in_b(|| UdpDatapath::bind(config)).expect("udp B")
+    };
+    let big = payload(1, 11972);
+    let small = payload(2, 100);
+    for contents in [&big[..], &small[..]] {
+        send_all(
+            &udp,
+            &[Transmit {
+                dest: xdp.local_addr(),
+                path: 0,
+                ecn: Ecn::NotEct,
+                contents,
+            }],
+        );
+    }
+    // One datagram per call: the smallest receive budget must still get past the chain.
+    let mut scratch = RecvBatch::new(1, 0);
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while got.is_empty() && Instant::now() < deadline {
+        xdp.recv_with(
+            &mut scratch,
+            Some(Duration::from_millis(50)),
+            &mut |_, bytes| got.push(bytes.to_vec()),
+        )
+        .expect("recv_with");
+    }
+    assert_eq!(got, [small], "the datagram after the overlong one arrives");
+    assert_eq!(xdp.stats().rx_rejected, 1, "{:?}", xdp.stats());
+}
+
+#[test]
 fn a_1500_byte_mtu_stays_single_buffer() {
     if !require_root("a_1500_byte_mtu_stays_single_buffer") {
         return;
