@@ -7,8 +7,9 @@ usage() {
   cat <<'EOF'
 usage: scripts/netns.sh COMMAND ...   (as root)
 
-  veth up NAME        two namespaces NAME-a and NAME-b joined by one veth:
+  veth up NAME [MTU]  two namespaces NAME-a and NAME-b joined by one veth:
                         NAME-a  dev veth-a  10.9.0.1/24  <->  10.9.0.2/24  dev veth-b  NAME-b
+                      MTU (default 1500) on both ends, e.g. 9000 for jumbo frames
   veth down NAME      deletes them
 
   testbed up NAME     the 4-path ECMP testbed:
@@ -92,11 +93,14 @@ del_ns() {
 }
 
 veth_up() {
-  local n=$1
+  local n=$1 mtu=${2:-1500}
+  [[ $mtu =~ ^[0-9]+$ ]] && ((mtu >= 68 && mtu <= 65535)) || die "MTU must be 68 to 65535"
   new_ns "$n-a"
   new_ns "$n-b"
   link "$n-a" veth-a 10.9.0.1 02:b5:09:00:00:01 "$n-b" veth-b 10.9.0.2 02:b5:09:00:00:02
-  echo "veth $n: $n-a veth-a 10.9.0.1 <-> 10.9.0.2 veth-b $n-b"
+  ip -n "$n-a" link set veth-a mtu "$mtu"
+  ip -n "$n-b" link set veth-b mtu "$mtu"
+  echo "veth $n: $n-a veth-a 10.9.0.1 <-> 10.9.0.2 veth-b $n-b (MTU $mtu)"
 }
 
 testbed_up() {
@@ -164,14 +168,14 @@ case "$cmd" in
   -h | --help | help) usage ;;
   deps) deps ;;
   veth | testbed)
-    [[ $# -eq 2 ]] || { usage; exit 1; }
+    [[ $# -eq 2 || ( $# -eq 3 && "$cmd $1" == "veth up" ) ]] || { usage; exit 1; }
     [[ $(id -u) -eq 0 ]] || die "needs root"
     deps
     case "$cmd $1" in
       "veth up")
         check_free "$2-a" "$2-b"
         trap 'del_ns "$2-a" "$2-b"; die "veth up failed; cleaned up"' ERR
-        veth_up "$2"
+        veth_up "$2" "${3:-1500}"
         ;;
       "veth down") del_ns "$2-a" "$2-b" ;;
       "testbed up")

@@ -39,6 +39,21 @@
 #   NS (namespace prefix, default bveth<pid>), CARGO_TARGET_DIR (default: <workspace>/target),
 #   NO_BUILD=1 (use the binaries already in CARGO_TARGET_DIR), ports BRAID_PORT (first of one
 #   per server datapath) UDP_PORT IPERF_PORT.
+# Ceilings and more Braid rows (bandwidth section; each measured in every run):
+#   CEILING=1  the kernel's own UDP ceiling (udp-blast, receiver discarding): UDP_SEGMENT (GSO)
+#              bursts of BURST datagrams of MAX_DGRAM bytes round-robin over PATHS connected
+#              source ports to a UDP_GRO receiver; the same without GRO; one datagram per
+#              send(); 8 B datagrams in sendmmsg batches of 64 (the message-rate reference)
+#   BURST      datagrams per GSO burst of the ceiling (default 16 KiB worth: 11 at 1472 B, 2 at
+#              8972 B): the same burst size as Braid's
+#   XDP_RAW=1  the AF_XDP frame rate through Braid's own AF_XDP datapath with no protocol
+#              (xdp-blast), MAX_DGRAM and XDP_RAW_SMALL (64) byte payloads
+#   READ_CONFIGS="udp uring xdp"  Braid read_bw SIZE rows (empty: skip)
+#   MSG_CONFIGS="udp uring xdp"   Braid 8 B write_bw message-rate rows (empty: skip)
+#   BLAST_PORT (udp-blast / xdp-blast receiver port, default 18700)
+#   RESULTS_NAME (file name of the results without .md/.json, default veth-<date>)
+#   MTU=1500   of both veth ends (9000: jumbo frames; AF_XDP then uses multi-buffer frames);
+#              MAX_DGRAM defaults to MTU - 28
 set -euo pipefail
 
 BENCH=$(cd "$(dirname "$0")/.." && pwd)
@@ -48,7 +63,8 @@ DURATION=${DURATION:-3}
 LAT_ITERS=${LAT_ITERS:-20000}
 SIZE=${SIZE:-1M}
 PATHS=${PATHS:-16}
-MAX_DGRAM=${MAX_DGRAM:-1472}
+MTU=${MTU:-1500}
+MAX_DGRAM=${MAX_DGRAM:-$((MTU - 28))}
 CONFIGS=${CONFIGS:-udp uring xdp xdp/udp udp/xdp}
 BUSY_CONFIGS=${BUSY_CONFIGS-udp xdp}
 PIN=${PIN:-1}
@@ -57,6 +73,13 @@ NS=${NS:-bveth$$}
 BRAID_PORT=${BRAID_PORT:-18515}
 UDP_PORT=${UDP_PORT:-18600}
 IPERF_PORT=${IPERF_PORT:-15201}
+CEILING=${CEILING:-1}
+BURST=${BURST:-$(((16384 + MAX_DGRAM / 2) / MAX_DGRAM))}
+XDP_RAW=${XDP_RAW:-1}
+XDP_RAW_SMALL=${XDP_RAW_SMALL:-64}
+READ_CONFIGS=${READ_CONFIGS-udp uring xdp}
+MSG_CONFIGS=${MSG_CONFIGS-udp uring xdp}
+BLAST_PORT=${BLAST_PORT:-18700}
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 export CARGO_TARGET_DIR=$TARGET
 NETNS=$ROOT/scripts/netns.sh
@@ -91,18 +114,21 @@ fi
 PERF=$TARGET/release/braid-perf
 PING=$TARGET/release/udp-pingpong
 if [ ! -x "$PERF" ] || [ ! -x "$PING" ]; then die "missing $PERF or $PING (build braid-bench first)"; fi
+UBLAST=$TARGET/release/udp-blast
+XBLAST=$TARGET/release/xdp-blast
+if [ ! -x "$UBLAST" ] || [ ! -x "$XBLAST" ]; then die "missing $UBLAST or $XBLAST (build braid-bench first)"; fi
 
 # Client/server datapath of a config ("xdp" = xdp/xdp).
 cdp() { echo "${1%%/*}"; }
 sdp() { [[ $1 == */* ]] && echo "${1##*/}" || echo "$1"; }
-for c in $CONFIGS $BUSY_CONFIGS; do
+for c in $CONFIGS $BUSY_CONFIGS $READ_CONFIGS $MSG_CONFIGS; do
     for d in "$(cdp "$c")" "$(sdp "$c")"; do
         [[ $d =~ ^(udp|uring|xdp|auto)$ ]] || die "config $c: datapath $d is not udp, uring, xdp or auto"
     done
 done
 # One braid-perf server per server-side datapath, on consecutive ports.
 server_dps=()
-for c in $CONFIGS $BUSY_CONFIGS; do
+for c in $CONFIGS $BUSY_CONFIGS $READ_CONFIGS $MSG_CONFIGS; do
     d=$(sdp "$c")
     [[ " ${server_dps[*]} " == *" $d "* ]] || server_dps+=("$d")
 done
@@ -138,7 +164,7 @@ trap 'exit 143' TERM
 log "veth pair: $NSA $IFA $IPA <-> $IPB $IFB $NSB"
 # netns.sh refuses existing namespaces and cleans up after itself if `up` fails half-way, so
 # the trap deletes only what it built.
-"$NETNS" veth up "$NS" >/dev/null
+"$NETNS" veth up "$NS" "$MTU" >/dev/null
 ns_made=1
 
 inA() { ip netns exec "$NSA" "$@"; }
@@ -258,7 +284,7 @@ braid() {
     c=$(cdp "$cfg")
     s=$(sdp "$cfg")
     port=$(port_of "$s")
-    if [ "$test" = write_bw ]; then lim=$((DURATION + 60)); else lim=300; fi
+    case $test in *_bw) lim=$((DURATION + 60)) ;; *) lim=300 ;; esac
     before=$(snap)
     cpu_mark m0
     run_limited "$lim" ip netns exec "$NSA" "$PERF" client "$IPB:$port" --datapath "$c" --test "$test" \
@@ -290,8 +316,8 @@ braid() {
           server: $srv, veth: $veth}' "$TMP/out.json" >>"$RAW"
     local note=""
     awk -v f="$foreign" -v w="$FOREIGN_WARN" 'BEGIN { exit !(f > w) }' && note=" (other processes used $foreign% of a CPU meanwhile)"
-    if [ "$test" = write_bw ]; then
-        log "  $label: $(jq -r '"\(.bw_gbps * 1000 | round / 1000) Gbit/s, \([.paths_client[].retransmits] | add) retransmits"' "$TMP/out.json")$note"
+    if [[ $test == *_bw ]]; then
+        log "  $label: $(jq -r '"\(.bw_gbps * 1000 | round / 1000) Gbit/s, \(.msg_rate // 0 | round) msg/s, \([.paths_client[].retransmits] | add) retransmits"' "$TMP/out.json")$note"
     else
         log "  $label: $(jq -r '"p50 \(.lat.p50_us * 10 | round / 10) us, p99 \(.lat.p99_us * 10 | round / 10) us"' "$TMP/out.json")$note"
     fi
@@ -372,6 +398,91 @@ iperf() { # run
         tail -n 1 "$RAW" | jq -r --argjson w "$FOREIGN_WARN" 'if .foreign_cpu_pct > $w then " (other processes used \(.foreign_cpu_pct)% of a CPU meanwhile)" else "" end')"
 }
 
+# --- ceilings: the kernel's UDP and the raw AF_XDP frame rate -----------------------------
+# Waits until something in namespace B listens on UDP port $1 (a blast receiver).
+wait_udp() {
+    local _
+    for _ in $(seq 200); do
+        [ -n "$(ip netns exec "$NSB" ss -Hlun "sport = :$1" 2>/dev/null)" ] && return 0
+        sleep 0.05
+    done
+    return 1
+}
+# blast RUN LABEL KIND "RECV ARGS" SEND ARGS...: one receiver (udp-blast or xdp-blast, KIND udp
+# or xdp) in namespace B, one sender in namespace A for $DURATION s; one JSON line in $RAW with
+# the receiver's figures (what was delivered) and the sender's.
+blast() {
+    local run=$1 label=$2 kind=$3 rargs=$4 bin rc=0 rp m0 m1 before after foreign
+    shift 4
+    [ "$kind" = xdp ] && bin=$XBLAST || bin=$UBLAST
+    log "run $run/$RUNS: $label"
+    before=$(snap)
+    cpu_mark m0
+    # shellcheck disable=SC2086 # word splitting of the receiver's arguments is intended
+    ip netns exec "$NSB" "$bin" recv --bind "$IPB:$BLAST_PORT" --first-wait "$((DURATION + 20))" $rargs --json >"$TMP/blast-recv.json" 2>"$TMP/blast-recv.err" &
+    rp=$!
+    CHILDREN=("$rp")
+    if [ "$kind" = xdp ]; then
+        # The AF_XDP receiver reserves its port with a plain UDP socket once its rings are up.
+        wait_udp "$BLAST_PORT" || true
+        sleep 0.2
+    else
+        wait_udp "$BLAST_PORT" || true
+    fi
+    if [ "$kind" = xdp ]; then
+        inA "$bin" send "$IPB:$BLAST_PORT" --bind "$IPA:$BLAST_PORT" --duration "$DURATION" --json "$@" >"$TMP/blast-send.json" 2>"$TMP/blast-send.err" || rc=$?
+    else
+        inA "$bin" send "$IPB:$BLAST_PORT" --duration "$DURATION" --json "$@" >"$TMP/blast-send.json" 2>"$TMP/blast-send.err" || rc=$?
+    fi
+    if [ "$rc" -ne 0 ]; then kill "$rp" 2>/dev/null || true; fi
+    wait "$rp" || rc=$((rc ? rc : $?))
+    CHILDREN=()
+    cpu_mark m1
+    after=$(snap)
+    foreign=$(foreign_pct "$m0" "$m1")
+    if [ "$rc" -ne 0 ] || ! jq -e . "$TMP/blast-recv.json" >/dev/null 2>&1 || ! jq -e . "$TMP/blast-send.json" >/dev/null 2>&1; then
+        local err
+        err=$(cat "$TMP/blast-send.err" "$TMP/blast-recv.err" | tr '\n' ' ' | cut -c1-2000)
+        log "  $label FAILED (exit $rc): $err"
+        jq -n -c --argjson run "$run" --arg lbl "$label" --argjson rc "$rc" --arg err "$err" \
+            --argjson veth "$(delta "$before" "$after")" --argjson foreign "$foreign" \
+            '{run: $run, label: $lbl, test: "ceiling", ok: false, exit: $rc, error: $err, veth: $veth, foreign_cpu_pct: $foreign}' >>"$RAW"
+        return 0
+    fi
+    jq -n -c --argjson run "$run" --arg lbl "$label" --slurpfile r "$TMP/blast-recv.json" --slurpfile s "$TMP/blast-send.json" \
+        --argjson veth "$(delta "$before" "$after")" --argjson foreign "$foreign" \
+        '{run: $run, label: $lbl, test: "ceiling", ok: true, foreign_cpu_pct: $foreign,
+          bw_gbps: $r[0].gbps, datagrams_per_s: ($r[0].datagrams_per_s // ($r[0].mpps * 1e6)),
+          sent_gbps: $s[0].gbps, sent_datagrams_per_s: ($s[0].datagrams_per_s // ($s[0].mpps * 1e6)),
+          delivered_share: (if $s[0].datagrams > 0 then $r[0].datagrams / $s[0].datagrams else null end),
+          receiver: $r[0], sender: $s[0], veth: $veth}' >>"$RAW"
+    log "  $label: $(tail -n 1 "$RAW" | jq -r '"\(.bw_gbps * 100 | round / 100) Gbit/s, \(.datagrams_per_s / 1000 | round) kdatagrams/s delivered (sent \(.sent_gbps * 100 | round / 100) Gbit/s)"')$(
+        awk -v f="$foreign" -v w="$FOREIGN_WARN" 'BEGIN { exit !(f > w) }' && echo " (other processes used $foreign% of a CPU meanwhile)")"
+}
+ceilings() { # run
+    if [ "$CEILING" = 1 ]; then
+        measure blast "$1" "kernel-udp-gso$BURST-gro" udp "--gro" --burst "$BURST" --segment "$MAX_DGRAM" --ports "$PATHS"
+        measure blast "$1" "kernel-udp-gso$BURST" udp "" --burst "$BURST" --segment "$MAX_DGRAM" --ports "$PATHS"
+        measure blast "$1" "kernel-udp-1dgram" udp "" --burst 1 --segment "$MAX_DGRAM" --ports "$PATHS"
+        measure blast "$1" "kernel-udp-8B-sendmmsg64" udp "" --burst 1 --segment 8 --mmsg 64 --ports "$PATHS"
+    fi
+    if [ "$XDP_RAW" = 1 ]; then
+        measure blast "$1" "xdp-raw-$MAX_DGRAM" xdp "" --size "$MAX_DGRAM" --paths "$PATHS"
+        measure blast "$1" "xdp-raw-$XDP_RAW_SMALL" xdp "" --size "$XDP_RAW_SMALL" --paths "$PATHS"
+    fi
+}
+more_braid() { # run: read_bw and 8 B write_bw message-rate rows
+    local cfg
+    for cfg in $READ_CONFIGS; do
+        log "run $1/$RUNS: Braid $cfg read_bw $SIZE ${DURATION}s"
+        measure braid "$1" "$cfg" read_bw "$cfg+read" --size "$SIZE" --duration "$DURATION"
+    done
+    for cfg in $MSG_CONFIGS; do
+        log "run $1/$RUNS: Braid $cfg write_bw 8 B ${DURATION}s (message rate)"
+        measure braid "$1" "$cfg" write_bw "$cfg+8B" --size 8 --duration "$DURATION"
+    done
+}
+
 for i in $(seq "$RUNS"); do
     quiet "$i"
     for cfg in $CONFIGS; do
@@ -385,6 +496,8 @@ for i in $(seq "$RUNS"); do
     done
 
     measure iperf "$i"
+    ceilings "$i"
+    more_braid "$i"
 
     measure pingpong "$i" udp-pingpong
     if [ "$PIN" = 1 ]; then
@@ -397,8 +510,8 @@ done
 
 # --- medians and ratios ------------------------------------------------------------------
 DATE=$(date +%Y-%m-%d)
-OUT_MD=$BENCH/results/veth-$DATE.md
-OUT_JSON=$BENCH/results/veth-$DATE.json
+OUT_MD=$BENCH/results/${RESULTS_NAME:-veth-$DATE}.md
+OUT_JSON=$BENCH/results/${RESULTS_NAME:-veth-$DATE}.json
 mkdir -p "$BENCH/results"
 
 # shellcheck disable=SC2086 # word splitting of the lists is intended
@@ -413,7 +526,7 @@ jq -s \
     --arg size "$SIZE" --argjson runs "$RUNS" --argjson duration "$DURATION" --argjson lat_iters "$LAT_ITERS" \
     --argjson paths "$PATHS" --argjson max_datagram "$MAX_DGRAM" \
     --argjson configs "$cfg_json" --argjson busy "$busy_json" --slurpfile discarded "$DISCARDED" \
-    --arg topo "$NSA $IFA $IPA <-> $IPB $IFB $NSB (one veth pair, MTU 1500, one queue)" '
+    --arg topo "$NSA $IFA $IPA <-> $IPB $IFB $NSB (one veth pair, MTU $MTU, one queue)" '
     def median: map(select(. != null)) | sort
         | if length == 0 then null elif length % 2 == 1 then .[length / 2 | floor]
           else (.[length / 2 - 1] + .[length / 2]) / 2 end;
@@ -472,6 +585,99 @@ jq -s \
        runs: [$all[] | select(.label != "machine")],
        discarded: $discarded}' "$RAW" >"$OUT_JSON"
 
+# --- ceilings, READ and message rate: medians, ratios and targets, added to the results ----
+# shellcheck disable=SC2086 # word splitting of the lists is intended
+read_json=$(printf '%s\n' $READ_CONFIGS | jq -R 'select(length > 0)' | jq -s -c .)
+# shellcheck disable=SC2086
+msg_json=$(printf '%s\n' $MSG_CONFIGS | jq -R 'select(length > 0)' | jq -s -c .)
+jq -s --slurpfile res "$OUT_JSON" --arg burst "$BURST" --arg dg "$MAX_DGRAM" --arg small "$XDP_RAW_SMALL" \
+    --argjson reads "$read_json" --argjson msgs "$msg_json" --argjson runs "$RUNS" '
+    def median: map(select(. != null)) | sort
+        | if length == 0 then null elif length % 2 == 1 then .[length / 2 | floor]
+          else (.[length / 2 - 1] + .[length / 2]) / 2 end;
+    def div($a; $b): if $a == null or $b == null or $b == 0 then null else $a / $b end;
+    def ge($r; $t): if $r == null then null else $r >= $t end;
+    . as $all
+    | def ok($lb; $test): [$all[] | select(.label == $lb and .ok and ((.test // $test) == $test))];
+      def med($lb; $test; f): [ok($lb; $test)[] | f] | median;
+      def at($lb; $test; $r): [ok($lb; $test)[] | select(.run == $r)] | first;
+      def per_run($a; $ta; $b; $tb; f; g): [range(1; $runs + 1) as $r | div(at($a; $ta; $r) | f; at($b; $tb; $r) | g)];
+    ("kernel-udp-gso" + $burst + "-gro") as $gro
+    | ("kernel-udp-gso" + $burst) as $gso
+    | ("xdp-raw-" + $dg) as $raw
+    | ("xdp-raw-" + $small) as $raws
+    | ([$gro, $gso, "kernel-udp-1dgram", "kernel-udp-8B-sendmmsg64", $raw, $raws] | map(. as $k | {key: $k, value: {
+          gbps: med($k; "ceiling"; .bw_gbps), datagrams_per_s: med($k; "ceiling"; .datagrams_per_s),
+          sent_gbps: med($k; "ceiling"; .sent_gbps), delivered_share: med($k; "ceiling"; .delivered_share),
+          failures: ([$all[] | select(.label == $k and (.ok | not))] | length)}}) | from_entries) as $c
+    | $res[0].median.tcp_iperf3_gbps as $tcp
+    | $res[0].median.braid as $b
+    | ([$reads[] | . as $k | {key: $k, value: {read_bw_gbps: med($k + "+read"; "read_bw"; .bw_gbps),
+                                   read_bw_failures: ([$all[] | select(.label == ($k + "+read") and (.ok | not))] | length)}}] | from_entries) as $rd
+    | ([$msgs[] | . as $k | {key: $k, value: {write_8b_msg_per_s: med($k + "+8B"; "write_bw"; .msg_rate),
+                                   write_8b_failures: ([$all[] | select(.label == ($k + "+8B") and (.ok | not))] | length)}}] | from_entries) as $mr
+    | $res[0] + {ceiling: {
+        burst: ($burst | tonumber), kernel_udp: $c, braid_read: $rd, braid_msg_rate: $mr,
+        ratio: {
+          braid_write_over_udp_gso_gro: ($b | map_values(div(.write_bw_gbps; $c[$gro].gbps))),
+          braid_write_over_tcp: ($b | map_values(div(.write_bw_gbps; $tcp))),
+          braid_read_over_tcp: ($rd | map_values(div(.read_bw_gbps; $tcp))),
+          braid_read_over_write: ($rd | with_entries(.key as $k | .value = div(.value.read_bw_gbps; $b[$k].write_bw_gbps?))),
+          braid_8b_msg_rate_over_udp_8b_rate: ($mr | map_values(div(.write_8b_msg_per_s; $c["kernel-udp-8B-sendmmsg64"].datagrams_per_s))),
+          xdp_write_over_xdp_raw: div($b.xdp.write_bw_gbps?; $c[$raw].gbps),
+          udp_gso_gro_over_tcp: div($c[$gro].gbps; $tcp)},
+        ratio_per_run: {
+          udp_write_over_udp_gso_gro: per_run("udp"; "write_bw"; $gro; "ceiling"; .bw_gbps; .bw_gbps),
+          udp_write_over_tcp: per_run("udp"; "write_bw"; "iperf3-tcp"; null; .bw_gbps; .bw_gbps),
+          xdp_write_over_xdp_raw: per_run("xdp"; "write_bw"; $raw; "ceiling"; .bw_gbps; .bw_gbps)},
+        targets: {
+          udp_write_at_least_1_5x_tcp: ge(div($b.udp.write_bw_gbps?; $tcp); 1.5),
+          udp_write_at_least_0_6x_udp_gso_gro: ge(div($b.udp.write_bw_gbps?; $c[$gro].gbps); 0.6),
+          xdp_write_at_least_0_8x_xdp_raw: ge(div($b.xdp.write_bw_gbps?; $c[$raw].gbps); 0.8)}}}
+    ' "$RAW" >"$TMP/with-ceiling.json"
+mv "$TMP/with-ceiling.json" "$OUT_JSON"
+{
+    cr() { # jq expression on .ceiling -> rounded number or n/a
+        jq -r --argjson d "${2:-2}" "(try (.ceiling | $1) catch null) as \$v | if \$v == null then \"n/a\" else (\$v * pow(10; \$d) | round / pow(10; \$d) | tostring) end" "$OUT_JSON"
+    }
+    cv() { jq -r "(.ceiling.targets.$1) | if . == null then \"n/a\" elif . then \"met\" else \"MISSED\" end" "$OUT_JSON"; }
+    g=kernel-udp-gso$BURST-gro
+    echo "Ceilings measured in the same run (receiver discarding; Gbit/s of UDP payload, medians of $RUNS):"
+    echo
+    echo "| reference | Gbit/s | kdatagrams/s | sent Gbit/s | delivered share |"
+    echo "|---|---|---|---|---|"
+    for l in "$g" "kernel-udp-gso$BURST" kernel-udp-1dgram kernel-udp-8B-sendmmsg64 "xdp-raw-$MAX_DGRAM" "xdp-raw-$XDP_RAW_SMALL"; do
+        case $l in
+            "$g") d="kernel UDP: GSO bursts of $BURST x $MAX_DGRAM B over $PATHS ports, UDP_GRO receiver" ;;
+            kernel-udp-gso*) d="kernel UDP: the same GSO bursts, receiver without GRO" ;;
+            kernel-udp-1dgram) d="kernel UDP: one $MAX_DGRAM B datagram per send(), $PATHS ports" ;;
+            kernel-udp-8B*) d="kernel UDP: 8 B datagrams, sendmmsg x 64, $PATHS ports (message-rate reference)" ;;
+            xdp-raw-*) d="AF_XDP raw (xdp-blast: Braid's AF_XDP datapath, no protocol), ${l#xdp-raw-} B payloads, $PATHS ports" ;;
+        esac
+        k=".kernel_udp[\"$l\"]"
+        f=$(cr "$k.failures" 0)
+        [ "$f" != 0 ] && [ "$f" != n/a ] && d="$d — failed $f/$RUNS"
+        echo "| $d | $(cr "$k.gbps" 2) | $(cr "$k.datagrams_per_s / 1000" 0) | $(cr "$k.sent_gbps" 2) | $(cr "$k.delivered_share" 3) |"
+    done
+    echo
+    echo "| Braid datapath | WRITE $SIZE / UDP GSO+GRO ceiling | READ $SIZE Gbit/s | READ / iperf3 TCP | 8 B WRITE msg/s | / kernel 8 B datagrams/s |"
+    echo "|---|---|---|---|---|---|"
+    for l in $(jq -r '[.median.braid | keys_unsorted[]] + [.ceiling.braid_read | keys[]] + [.ceiling.braid_msg_rate | keys[]] | unique | .[]' "$OUT_JSON"); do
+        echo "| $l | $(cr ".ratio.braid_write_over_udp_gso_gro[\"$l\"]" 3) | $(cr ".braid_read[\"$l\"].read_bw_gbps" 3) | $(cr ".ratio.braid_read_over_tcp[\"$l\"]" 3) | $(cr ".braid_msg_rate[\"$l\"].write_8b_msg_per_s" 0) | $(cr ".ratio.braid_8b_msg_rate_over_udp_8b_rate[\"$l\"]" 3) |"
+    done
+    echo
+    echo "SEND bandwidth: braid-perf has no send_bw test (its SEND test is send_lat), so no SEND row."
+    echo "8 B WRITE message rate: braid-perf write_bw --size 8, every work request signaled (braid-perf has no unsignaled mode)."
+    echo
+    echo "Bandwidth targets (ratio of medians; per run in brackets):"
+    echo
+    echo "- Braid UDP WRITE / iperf3 TCP: $(cr '.ratio.braid_write_over_tcp.udp' 2) (target ≥ 1.5: $(cv udp_write_at_least_1_5x_tcp)); per run $(jq -r -c '.ceiling.ratio_per_run.udp_write_over_tcp | map(if . == null then null else . * 100 | round / 100 end)' "$OUT_JSON")"
+    echo "- Braid UDP WRITE / kernel UDP GSO+GRO ceiling at $BURST datagrams per burst: $(cr '.ratio.braid_write_over_udp_gso_gro.udp' 2) (target ≥ 0.6: $(cv udp_write_at_least_0_6x_udp_gso_gro)); per run $(jq -r -c '.ceiling.ratio_per_run.udp_write_over_udp_gso_gro | map(if . == null then null else . * 100 | round / 100 end)' "$OUT_JSON")"
+    echo "- Braid AF_XDP WRITE / raw AF_XDP ($MAX_DGRAM B): $(cr '.ratio.xdp_write_over_xdp_raw' 2) (target ≥ 0.8: $(cv xdp_write_at_least_0_8x_xdp_raw)); per run $(jq -r -c '.ceiling.ratio_per_run.xdp_write_over_xdp_raw | map(if . == null then null else . * 100 | round / 100 end)' "$OUT_JSON")"
+    echo "- kernel UDP GSO+GRO ceiling / iperf3 TCP: $(cr '.ratio.udp_gso_gro_over_tcp' 2)"
+    echo
+} >"$TMP/ceiling.md"
+
 # --- report ------------------------------------------------------------------------------
 r() { # jq expression on the results -> number rounded to $2 decimals, or "n/a"
     jq -r --argjson d "${2:-2}" "(try ($1) catch null) as \$v | if \$v == null then \"n/a\" else (\$v * pow(10; \$d) | round / pow(10; \$d) | tostring) end" "$OUT_JSON"
@@ -514,6 +720,7 @@ desc() {
         echo "| kernel: UDP ping-pong, server on CPU 0, client on CPU 1 (informational) | | | | | $(r .median.udp_pingpong_cross_cpu_p50_us 1) | $(r .median.udp_pingpong_cross_cpu_p99_us 1) | $(r '.median.udp_pingpong_cross_cpu_p50_us / .median.udp_pingpong_p50_us' 2) | |"
     fi
     echo
+    cat "$TMP/ceiling.md"
     verdict() { jq -r "$1 | if . == null then \"n/a\" elif . then \"met\" else \"MISSED\" end" "$OUT_JSON"; }
     per_run() { jq -r -c "$1 | map(if . == null then null else . * 100 | round / 100 end)" "$OUT_JSON"; }
     echo "Targets (ratio of medians; then the median of the ratios paired within each run, and those):"
@@ -537,6 +744,9 @@ desc() {
         | .[0].label as $l
         | if $l == "iperf3-tcp" then "- iperf3 TCP: \(list(.bw_gbps | f(2)))"
           elif ($l | startswith("udp-pingpong")) then "- \($l) p50: \(list(.lat.p50_us | f(1)))"
+          elif .[0].test == "ceiling" then "- \($l): delivered Gbit/s \(list(.bw_gbps | f(2))), kdatagrams/s \(list(.datagrams_per_s / 1000 | round))"
+          elif .[0].test == "read_bw" then "- Braid \($l): bw \(list(.bw_gbps | f(3)))"
+          elif ($l | endswith("+8B")) then "- Braid \($l): msg/s \(list(.msg_rate | round))"
           else "- Braid \($l): bw \([.[] | select(.test == "write_bw")] | list(.bw_gbps | f(3)))"
              + (if any(.[]; .test == "write_lat") then ", p50 \([.[] | select(.test == "write_lat")] | list(.lat.p50_us | f(1)))" else "" end)
           end' "$OUT_JSON"

@@ -156,6 +156,8 @@ const BPF_LINK_CREATE: libc::c_long = 28;
 
 /// `BPF_PROG_TYPE_XDP`.
 const PROG_TYPE_XDP: u32 = 6;
+/// `BPF_F_XDP_HAS_FRAGS`: the program handles frames in several buffers.
+const PROG_F_XDP_HAS_FRAGS: u32 = 1 << 5;
 /// `BPF_XDP` attach type.
 const ATTACH_XDP: u32 = 37;
 /// `BPF_MAP_TYPE_ARRAY`.
@@ -364,6 +366,20 @@ pub struct Program {
 impl Program {
     /// Loads an XDP program (GPL-licensed, as the helpers it calls require).
     pub fn load_xdp(insns: &[Insn], name: &str, maps: Vec<Map>) -> Result<Program, LoadError> {
+        Self::load_xdp_with(insns, name, maps, false)
+    }
+
+    /// [`Program::load_xdp`], declaring the program multi-buffer aware when `frags` is set
+    /// (`BPF_F_XDP_HAS_FRAGS`, what the `xdp.frags` section means to libbpf): only such a
+    /// program may be attached where frames span several buffers (a jumbo MTU on veth) or
+    /// redirect those frames to an AF_XDP socket bound with `XDP_USE_SG`. The program itself
+    /// still sees only the first buffer between `data` and `data_end`.
+    pub fn load_xdp_with(
+        insns: &[Insn],
+        name: &str,
+        maps: Vec<Map>,
+        frags: bool,
+    ) -> Result<Program, LoadError> {
         let license = CString::new("GPL").expect("no NUL");
         let mut log = vec![0u8; 64 * 1024];
         let attempt = |level: u32, log: &mut [u8]| {
@@ -382,6 +398,7 @@ impl Program {
                         0
                     },
                 )
+                .u32(44, if frags { PROG_F_XDP_HAS_FRAGS } else { 0 })
                 .name(48, name)
                 .u32(68, ATTACH_XDP);
             sys_bpf(BPF_PROG_LOAD, &mut a)
@@ -501,6 +518,12 @@ pub fn wire16(v: u16) -> i32 {
 /// pass: return XDP_PASS
 /// ```
 pub fn steer_udp_port(port: u16, queues: u32) -> Result<Program, LoadError> {
+    steer_udp_port_with(port, queues, false)
+}
+
+/// [`steer_udp_port`], loaded as multi-buffer aware when `frags` is set (see
+/// [`Program::load_xdp_with`]): the headers it checks are always in the first buffer.
+pub fn steer_udp_port_with(port: u16, queues: u32, frags: bool) -> Result<Program, LoadError> {
     use asm::*;
     let xsks = Map::xskmap(queues.max(1)).map_err(|error| LoadError {
         error,
@@ -542,7 +565,7 @@ pub fn steer_udp_port(port: u16, queues: u32) -> Result<Program, LoadError> {
         call(helper::REDIRECT_MAP),
         exit(),
     ]);
-    Program::load_xdp(&p, "braid_steer", vec![xsks])
+    Program::load_xdp_with(&p, "braid_steer", vec![xsks], frags)
 }
 
 #[cfg(test)]
@@ -587,5 +610,6 @@ mod tests {
         }
         steer_udp_port(4791, 4).unwrap_or_else(|e| panic!("steer: {e}"));
         steer_udp_port(4791, 1).unwrap_or_else(|e| panic!("steer: {e}"));
+        steer_udp_port_with(4791, 1, true).unwrap_or_else(|e| panic!("steer, frags: {e}"));
     }
 }

@@ -1,9 +1,9 @@
 //! The AF_XDP backend: Braid's UDP datagrams sent and received as raw Ethernet frames through
 //! AF_XDP sockets, bypassing the kernel's UDP stack.
 //!
-//! What it does not do: IPv6, VLAN tags, IP options or fragments, jumbo frames beyond a
-//! 4096-byte UMEM frame (no multi-buffer AF_XDP), sharing an interface with another XDP
-//! program, or any protocol logic. Receive steering covers one UDP port (the local one);
+//! What it does not do: IPv6, VLAN tags, IP options or fragments, frames of more than
+//! [`FRAGS_MAX`] UMEM frames, sharing an interface with another XDP program, or any protocol
+//! logic. Receive steering covers one UDP port (the local one);
 //! everything else on the interface still reaches the kernel.
 //!
 //! One [`XdpDatapath`] owns:
@@ -12,6 +12,15 @@
 //!   2048 or 4096 chosen from the interface MTU (an RX frame must hold the kernel's 256 bytes
 //!   of headroom plus MTU + 14). [`RX_FRAMES_TOTAL`] frames are split evenly between the
 //!   receive queues; [`TX_FRAMES`] frames form the transmit pool.
+//! - **Multi-buffer frames** when the MTU needs more than one 4096-byte frame (a jumbo MTU,
+//!   up to 9000 and beyond): the program is loaded as frags-aware (`BPF_F_XDP_HAS_FRAGS`, the
+//!   `xdp.frags` section of libbpf), the socket is bound with `XDP_USE_SG`, and a frame spans
+//!   up to [`FRAGS_MAX`] UMEM frames chained by `XDP_PKT_CONTD` descriptors both ways. A
+//!   received chain is gathered into one buffer before it is lent to the callback (the one
+//!   extra copy of this mode); a sent frame is written once and cut into its frames. Where
+//!   the kernel or driver refuses (kernels before 6.6, drivers without multi-buffer XDP),
+//!   `bind` fails with [`XdpError::MultiBufferUnsupported`] and the caller falls back to UDP
+//!   sockets. On a real NIC with zero copy the same chains go to the hardware directly.
 //! - **One AF_XDP socket per receive queue** of the interface (the count comes from ethtool's
 //!   `ETHTOOL_GCHANNELS`), the first registering the UMEM, the others bound with
 //!   `XDP_SHARED_UMEM`. Each has its own fill and RX ring holding its share of frames, so
@@ -106,6 +115,14 @@ const RX_BATCH_MAX: usize = 1024;
 /// `ENOTSUPP`, which some drivers leak from zero-copy setup instead of `EOPNOTSUPP`.
 const ENOTSUPP: i32 = 524;
 
+/// The most UMEM frames one Ethernet frame may span in multi-buffer mode (4 x 3840 bytes of
+/// room past the receive headroom: MTUs up to 15 KB).
+pub const FRAGS_MAX: u32 = 4;
+
+/// Descriptors of one received chain beyond which it is dropped as malformed (the kernel
+/// never chains more than 18).
+const RX_CHAIN_MAX: u32 = 32;
+
 /// How an [`XdpDatapath`] is bound.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct XdpConfig {
@@ -173,8 +190,9 @@ pub enum XdpError {
         /// Its `ARPHRD_*` hardware type.
         hw_type: u16,
     },
-    /// The MTU needs frames larger than the UMEM frame (4096 at most; jumbo frames would need
-    /// multi-buffer AF_XDP).
+    /// The MTU needs frames larger than the UMEM frame: an explicit
+    /// [`XdpConfig::frame_size`] too small for it, or more than [`FRAGS_MAX`] frames per
+    /// packet in multi-buffer mode.
     MtuTooLarge {
         /// The interface.
         interface: String,
@@ -182,6 +200,18 @@ pub enum XdpError {
         mtu: u32,
         /// The frame size that was too small.
         frame_size: u32,
+    },
+    /// The MTU needs multi-buffer frames and the kernel or driver refused a step of them
+    /// (loading a frags-aware program, binding with `XDP_USE_SG`, or attaching).
+    MultiBufferUnsupported {
+        /// The interface.
+        interface: String,
+        /// Its MTU.
+        mtu: u32,
+        /// What was refused.
+        step: &'static str,
+        /// The kernel's error.
+        source: io::Error,
     },
     /// The interface has more receive queues than this datapath opens sockets for.
     TooManyQueues {
@@ -261,7 +291,19 @@ impl fmt::Display for XdpError {
             } => write!(
                 f,
                 "the MTU {mtu} of {interface} does not fit a {frame_size}-byte UMEM frame \
-                 (MTU + 14 + 256 bytes of headroom; jumbo frames are not supported)"
+                 (MTU + 14 + 256 bytes of headroom; multi-buffer frames need the automatic \
+                 frame size and at most {FRAGS_MAX} frames per packet)"
+            ),
+            XdpError::MultiBufferUnsupported {
+                interface,
+                mtu,
+                step,
+                source,
+            } => write!(
+                f,
+                "the MTU {mtu} of {interface} needs multi-buffer AF_XDP frames, and {step} \
+                 failed: {source} (needs Linux 6.6 or later and a driver with multi-buffer \
+                 XDP; lower the MTU to 3800 or less)"
             ),
             XdpError::TooManyQueues { interface, queues } => write!(
                 f,
@@ -299,7 +341,9 @@ impl fmt::Display for XdpError {
 impl std::error::Error for XdpError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            XdpError::Attach { source, .. } | XdpError::Os { source, .. } => Some(source),
+            XdpError::Attach { source, .. }
+            | XdpError::Os { source, .. }
+            | XdpError::MultiBufferUnsupported { source, .. } => Some(source),
             _ => None,
         }
     }
@@ -314,6 +358,7 @@ impl From<XdpError> for io::Error {
             XdpError::AfXdpUnsupported
             | XdpError::NotEthernet { .. }
             | XdpError::MtuTooLarge { .. }
+            | XdpError::MultiBufferUnsupported { .. }
             | XdpError::TooManyQueues { .. } => K::Unsupported,
             XdpError::NoSuchInterface(_) => K::NotFound,
             XdpError::NoInterfaceOwns(_) | XdpError::AddressNotOnInterface { .. } => {
@@ -414,6 +459,9 @@ struct TxState {
     free: Vec<u64>,
     ip_id: u16,
     umem: Arc<Umem>,
+    /// Multi-buffer mode: a whole outgoing frame is written here, then cut into UMEM frames
+    /// (MTU + 14 bytes). Empty otherwise.
+    jumbo: Vec<u8>,
 }
 
 impl TxState {
@@ -467,6 +515,11 @@ struct RxState {
     /// The queue served first next time (round robin, so no queue starves another).
     next: usize,
     umem: Arc<Umem>,
+    /// Multi-buffer mode: where a chained frame is gathered (capacity MTU + 14). Empty and
+    /// unused otherwise.
+    gather: Vec<u8>,
+    /// UMEM frames one received frame may span (1 without multi-buffer).
+    frags: u32,
 }
 
 impl RxState {
@@ -493,19 +546,61 @@ impl RxState {
             if budget == 0 {
                 break;
             }
-            let n = q.rx.available(budget);
+            // At least RX_CHAIN_MAX descriptors, so a chain at the front is always either
+            // whole or known to be overlong (the kernel publishes whole frames; only this
+            // limit can cut one), and one longer than `frags` (the MTU grew after bind)
+            // cannot stall the queue.
+            let n =
+                q.rx.available(budget.saturating_mul(self.frags).max(RX_CHAIN_MAX));
             if n == 0 {
                 continue;
             }
             let room = q.fill.free(n);
-            let mut kept = 0;
-            for i in 0..n {
+            let (mut kept, mut packets, mut i) = (0, 0, 0);
+            while i < n && packets < budget {
                 let desc = q.rx.read(i);
-                // SAFETY: the descriptor came off the RX ring, so its frame is ours until we
-                // put it on the fill ring below, after the callback has returned; only this
-                // shared slice of it exists meanwhile.
-                let bytes = unsafe { self.umem.frame(desc.addr, desc.len as usize) };
-                match bytes.map(|b| (frame::parse(b, local), b)) {
+                // A frame is one descriptor, or (multi-buffer) a chain whose descriptors all
+                // carry XDP_PKT_CONTD but the last.
+                let mut last = i;
+                while last < n && q.rx.read(last).options & libc::XDP_PKT_CONTD != 0 {
+                    last += 1;
+                    if last - i >= RX_CHAIN_MAX {
+                        break;
+                    }
+                }
+                if last == n && last - i < RX_CHAIN_MAX {
+                    // The chain's end is not visible yet: leave it for the next call.
+                    break;
+                }
+                let end = if last - i >= RX_CHAIN_MAX {
+                    last
+                } else {
+                    last + 1
+                };
+                let frame = if end == i + 1 {
+                    // SAFETY: the descriptor came off the RX ring, so its frame is ours until
+                    // we put it on the fill ring below, after the callback has returned; only
+                    // this shared slice of it exists meanwhile.
+                    unsafe { self.umem.frame(desc.addr, desc.len as usize) }
+                } else if end - i <= self.frags {
+                    self.gather.clear();
+                    let mut whole = true;
+                    for j in i..end {
+                        let d = q.rx.read(j);
+                        // SAFETY: as above, for every descriptor of the chain; each slice
+                        // lives only for the copy.
+                        match unsafe { self.umem.frame(d.addr, d.len as usize) } {
+                            Some(b) if self.gather.len() + b.len() <= self.gather.capacity() => {
+                                self.gather.extend_from_slice(b)
+                            }
+                            _ => whole = false,
+                        }
+                    }
+                    whole.then_some(&self.gather[..])
+                } else {
+                    None
+                };
+                match frame.map(|b| (frame::parse(b, local), b)) {
                     Some((Ok(d), b)) => {
                         let payload = &b[d.payload];
                         let meta = RecvMeta {
@@ -518,13 +613,18 @@ impl RxState {
                     }
                     _ => rejected += 1,
                 }
-                let base = self.umem.frame_base(desc.addr);
-                if i < room {
-                    q.fill.write(i, base);
-                } else {
-                    q.spare.push(base);
+                for j in i..end {
+                    let base = self.umem.frame_base(q.rx.read(j).addr);
+                    if j < room {
+                        q.fill.write(j, base);
+                    } else {
+                        q.spare.push(base);
+                    }
                 }
+                i = end;
+                packets += 1;
             }
+            let n = i;
             q.rx.release(n);
             q.fill.submit(room.min(n));
             if q.fill.needs_wakeup() {
@@ -568,6 +668,8 @@ pub struct XdpDatapath {
     src_mac: Mac,
     mtu: u32,
     zero_copy: bool,
+    /// UMEM frames one Ethernet frame may span (1 without multi-buffer).
+    frags: u32,
     bind_busy_retries: u32,
 }
 
@@ -582,6 +684,7 @@ impl fmt::Debug for XdpDatapath {
             .field("mtu", &self.mtu)
             .field("frame_size", &self.umem.frame_size())
             .field("zero_copy", &self.zero_copy)
+            .field("frags", &self.frags)
             .finish_non_exhaustive()
     }
 }
@@ -642,7 +745,16 @@ impl XdpDatapath {
             None if needed <= 2048 => 2048,
             None => 4096,
         };
-        if needed > frame_size || info.mtu <= frame::IP_UDP_HEADERS as u32 {
+        // Multi-buffer frames only with the automatic frame size: every received buffer has
+        // the headroom in front of it, so a frame of MTU + 14 bytes needs this many.
+        let frags = if needed <= frame_size {
+            1
+        } else if config.frame_size.is_none() {
+            (info.mtu + frame::ETH_HEADER as u32).div_ceil(frame_size - RX_HEADROOM)
+        } else {
+            u32::MAX
+        };
+        if frags > FRAGS_MAX || info.mtu <= frame::IP_UDP_HEADERS as u32 {
             return Err(XdpError::MtuTooLarge {
                 interface,
                 mtu: info.mtu,
@@ -668,7 +780,9 @@ impl XdpDatapath {
             queues,
             rx_per_queue,
             config.zero_copy,
-        )?;
+            frags > 1,
+        )
+        .map_err(|e| multi_buffer_error(e, frags, &interface, info.mtu))?;
 
         // Split the sockets into the receive and transmit sides, giving each queue its
         // frames on its fill ring.
@@ -722,8 +836,20 @@ impl XdpDatapath {
             .map(|i| umem.frame_addr(tx_first + i))
             .collect();
 
-        let (program, link) =
-            load_and_attach(local.port(), &sockets, &interface, ifindex, config.mode)?;
+        let (program, link) = load_and_attach(
+            local.port(),
+            &sockets,
+            &interface,
+            ifindex,
+            config.mode,
+            frags > 1,
+        )
+        .map_err(|e| multi_buffer_error(e, frags, &interface, info.mtu))?;
+        let jumbo_len = if frags > 1 {
+            (info.mtu + frame::ETH_HEADER as u32) as usize
+        } else {
+            0
+        };
         let wake_fd = sys::eventfd().map_err(|e| os_error("creating an eventfd", e))?;
         let neigh =
             neigh::Neighbours::new(ifindex).map_err(|e| os_error("opening rtnetlink", e))?;
@@ -746,12 +872,15 @@ impl XdpDatapath {
                 free,
                 ip_id: 0,
                 umem: Arc::clone(&umem),
+                jumbo: vec![0; jumbo_len],
             }),
             rx: Mutex::new(RxState {
                 queues: rx_queues,
                 pollfds,
                 next: 0,
                 umem: Arc::clone(&umem),
+                gather: Vec::with_capacity(jumbo_len),
+                frags,
             }),
             sockets,
             umem,
@@ -770,6 +899,7 @@ impl XdpDatapath {
             src_mac: info.mac,
             mtu: info.mtu,
             zero_copy: opened.zero_copy,
+            frags,
             bind_busy_retries: opened.busy_retries,
         })
     }
@@ -800,6 +930,12 @@ impl XdpDatapath {
     /// Whether the sockets run in zero-copy mode (else copy mode).
     pub fn zero_copy(&self) -> bool {
         self.zero_copy
+    }
+
+    /// The most UMEM frames one Ethernet frame spans: 1, or more in multi-buffer mode (an MTU
+    /// that does not fit one frame; see the module docs).
+    pub fn frags(&self) -> u32 {
+        self.frags
     }
 
     /// Counters since bind, including the kernel's per-socket statistics.
@@ -851,10 +987,12 @@ impl XdpDatapath {
     /// those planned as skipped), submits and kicks; returns how many were consumed.
     fn place(&self, chunk: &[Transmit<'_>], plans: &[Plan]) -> usize {
         let mut tx = lock(&self.tx);
+        let tx = &mut *tx;
         tx.reclaim();
-        let room = tx.tx.free(chunk.len() as u32);
+        let room = tx.tx.free(chunk.len() as u32 * self.frags);
         let frame_size = self.umem.frame_size() as usize;
         let mut used = 0u32;
+        let mut frames = 0u64;
         let mut consumed = 0;
         for (t, plan) in chunk.iter().zip(plans) {
             let (Plan::Send(dst_mac), SocketAddr::V4(dst)) = (*plan, t.dest) else {
@@ -866,12 +1004,17 @@ impl XdpDatapath {
                 consumed += 1;
                 continue;
             };
-            if used == room {
+            let len = frame::HEADERS + t.contents.len();
+            let pieces = len.div_ceil(frame_size) as u32;
+            if pieces > self.frags {
+                // `send` planned only payloads within `max_payload`; keep it that way.
+                bump(&self.counters.tx_oversize, 1);
+                consumed += 1;
+                continue;
+            }
+            if used + pieces > room || tx.free.len() < pieces as usize {
                 break;
             }
-            let Some(addr) = tx.free.pop() else {
-                break;
-            };
             tx.ip_id = tx.ip_id.wrapping_add(1);
             let headers = frame::TxHeaders {
                 dst_mac,
@@ -884,12 +1027,63 @@ impl XdpDatapath {
                 ecn: t.ecn,
                 ip_id: tx.ip_id,
             };
+            consumed += 1;
+            if pieces > 1 {
+                // Multi-buffer: write the frame once, then cut it into UMEM frames chained by
+                // XDP_PKT_CONTD (`max_payload` kept it within MTU + 14 = `jumbo`'s length).
+                let Some(len) = frame::write(&mut tx.jumbo, &headers, t.contents) else {
+                    bump(&self.counters.tx_oversize, 1);
+                    continue;
+                };
+                let mut addrs = [0u64; FRAGS_MAX as usize];
+                for a in addrs.iter_mut().take(pieces as usize) {
+                    // `free` holds at least `pieces` frames (checked above).
+                    *a = tx.free.pop().unwrap_or_default();
+                }
+                let mut ok = true;
+                for (piece, &addr) in tx.jumbo[..len].chunks(frame_size).zip(&addrs) {
+                    // SAFETY: `addr` came off the free list, so the kernel does not hold the
+                    // frame and no other slice of it exists; it goes to the kernel only
+                    // through the TX ring below, after this slice is gone.
+                    match unsafe { tx.umem.frame_mut(addr, piece.len()) } {
+                        Some(f) => f.copy_from_slice(piece),
+                        None => ok = false,
+                    }
+                }
+                if !ok {
+                    // Cannot happen (free frames lie inside the UMEM); give them back rather
+                    // than publish a broken chain.
+                    tx.free.extend_from_slice(&addrs[..pieces as usize]);
+                    bump(&self.counters.tx_oversize, 1);
+                    continue;
+                }
+                for (k, (piece, &addr)) in
+                    tx.jumbo[..len].chunks(frame_size).zip(&addrs).enumerate()
+                {
+                    let options = if k + 1 < pieces as usize {
+                        libc::XDP_PKT_CONTD
+                    } else {
+                        0
+                    };
+                    let desc = libc::xdp_desc {
+                        addr,
+                        len: piece.len() as u32,
+                        options,
+                    };
+                    tx.tx.write(used + k as u32, desc);
+                }
+                used += pieces;
+                frames += 1;
+                continue;
+            }
+            let Some(addr) = tx.free.pop() else {
+                break;
+            };
             // SAFETY: `addr` came off the free list, so the kernel does not hold the frame
             // and no other slice of it exists; it goes to the kernel only through the TX
             // ring below, after this slice is gone.
             let written = unsafe { tx.umem.frame_mut(addr, frame_size) }
                 .and_then(|f| frame::write(f, &headers, t.contents));
-            consumed += 1;
             match written {
                 Some(len) => {
                     let desc = libc::xdp_desc {
@@ -899,6 +1093,7 @@ impl XdpDatapath {
                     };
                     tx.tx.write(used, desc);
                     used += 1;
+                    frames += 1;
                 }
                 None => {
                     tx.free.push(addr);
@@ -908,8 +1103,8 @@ impl XdpDatapath {
         }
         if used > 0 {
             tx.tx.submit(used);
-            self.kick_tx(&tx);
-            bump(&self.counters.sent, u64::from(used));
+            self.kick_tx(tx);
+            bump(&self.counters.sent, frames);
         }
         consumed
     }
@@ -1181,6 +1376,7 @@ fn open_sockets(
     queues: u32,
     rx_per_queue: u32,
     zero_copy: bool,
+    multi_buffer: bool,
 ) -> Result<OpenedSockets, XdpError> {
     let busy_deadline = Instant::now() + Duration::from_nanos(BIND_BUSY_NS_MAX);
     let mut busy_retries = 0;
@@ -1190,6 +1386,7 @@ fn open_sockets(
         fill: rx_per_queue,
         completion: TX_FRAMES,
     };
+    let sg = if multi_buffer { libc::XDP_USE_SG } else { 0 };
     let mut open_first = |mode: u16| {
         open_and_bind(
             umem,
@@ -1197,7 +1394,7 @@ fn open_sockets(
             interface,
             ifindex,
             0,
-            mode | libc::XDP_USE_NEED_WAKEUP,
+            mode | libc::XDP_USE_NEED_WAKEUP | sg,
             None,
             busy_deadline,
             &mut busy_retries,
@@ -1253,8 +1450,9 @@ fn load_and_attach(
     interface: &str,
     ifindex: u32,
     mode: XdpMode,
+    frags: bool,
 ) -> Result<(Program, XdpLink), XdpError> {
-    let program = bpf::steer_udp_port(port, sockets.len() as u32).map_err(|e| {
+    let program = bpf::steer_udp_port_with(port, sockets.len() as u32, frags).map_err(|e| {
         let step = "loading the XDP program";
         match e.error.raw_os_error() {
             Some(libc::EPERM) | Some(libc::EACCES) => XdpError::NotPermitted { step },
@@ -1285,6 +1483,37 @@ fn load_and_attach(
         },
     })?;
     Ok((program, link))
+}
+
+/// In multi-buffer mode (`frags > 1`), turns the failure of a step the kernel may refuse for
+/// multi-buffer frames (bind with `XDP_USE_SG`, a frags-aware program, attaching it) into
+/// [`XdpError::MultiBufferUnsupported`]; other errors pass unchanged.
+fn multi_buffer_error(e: XdpError, frags: u32, interface: &str, mtu: u32) -> XdpError {
+    if frags <= 1 {
+        return e;
+    }
+    match e {
+        XdpError::Os { step, source }
+            if matches!(
+                source.raw_os_error(),
+                Some(libc::EINVAL | libc::EOPNOTSUPP | ENOTSUPP | libc::ERANGE)
+            ) =>
+        {
+            XdpError::MultiBufferUnsupported {
+                interface: interface.to_string(),
+                mtu,
+                step,
+                source,
+            }
+        }
+        XdpError::Attach { source, .. } => XdpError::MultiBufferUnsupported {
+            interface: interface.to_string(),
+            mtu,
+            step: "attaching the frags-aware XDP program",
+            source,
+        },
+        e => e,
+    }
 }
 
 /// A UDP socket bound to `at`, kept only to reserve its port: it is never read, so its

@@ -173,7 +173,8 @@ fn send_all(dp: &dyn Datapath, batch: &[Transmit<'_>]) {
 
 /// Receives (through `recv_with`) until `count` datagrams arrived or 5 s passed.
 fn recv_n(dp: &dyn Datapath, count: usize) -> Vec<(RecvMeta, Vec<u8>)> {
-    let mut scratch = RecvBatch::new(64, 4096);
+    // Room for a datagram of a 9000-byte MTU (the UDP datapath receives into these).
+    let mut scratch = RecvBatch::new(64, 9216);
     let mut got = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(5);
     while got.len() < count && Instant::now() < deadline {
@@ -637,6 +638,115 @@ fn a_3000_byte_mtu_uses_4096_byte_frames() {
     };
     exchange(&xdp, &|p| xdp.path_local_addr(p), &udp, 2972);
     exchange(&udp, &|p| udp.path_local_addr(p), &xdp, 2972);
+}
+
+#[test]
+fn a_9000_byte_mtu_sends_and_receives_multi_buffer_frames() {
+    if !require_root("a_9000_byte_mtu_sends_and_receives_multi_buffer_frames") {
+        return;
+    }
+    let bed = Testbed::new(1);
+    bed.set_mtu(9000);
+    // An explicit frame size opts out of multi-buffer frames: refused as before.
+    let err = bed
+        .in_a(|| {
+            XdpDatapath::bind(XdpConfig {
+                frame_size: Some(4096),
+                ..xdp_config(16)
+            })
+        })
+        .expect_err("MTU 9000 in single 4096-byte frames");
+    assert_eq!(err.kind(), io::ErrorKind::Unsupported, "{err}");
+    assert!(err.to_string().contains("MTU 9000"), "{err}");
+
+    let xdp = bed.xdp_a(xdp_config(16));
+    assert_eq!(xdp.frame_size(), 4096);
+    // 9014-byte frames in buffers of 4096 - 256 bytes of headroom.
+    assert_eq!(xdp.frags(), 3);
+    assert_eq!(xdp.max_payload(), 8972);
+    let udp = {
+        let local = SocketAddr::V4(SocketAddrV4::new(B_IP, UDP_PORT));
+        let config = UdpConfig {
+            max_payload: 8972,
+            ..UdpConfig::new(local, 16)
+        };
+        bed.in_b(|| UdpDatapath::bind(config)).expect("udp B")
+    };
+    // Chained TX descriptors reach the kernel's UDP stack whole, and frames the kernel
+    // splits over several RX buffers are gathered back, at every size up to the MTU.
+    exchange(&xdp, &|p| xdp.path_local_addr(p), &udp, 8972);
+    exchange(&udp, &|p| udp.path_local_addr(p), &xdp, 8972);
+    drop(udp);
+
+    let b_config = XdpConfig::new(SocketAddr::V4(SocketAddrV4::new(B_IP, XDP_PORT)), 16);
+    let b = bed.in_b(|| XdpDatapath::bind(b_config)).expect("xdp B");
+    assert_eq!(b.frags(), 3);
+    exchange(&xdp, &|p| xdp.path_local_addr(p), &b, 8972);
+    exchange(&b, &|p| b.path_local_addr(p), &xdp, 8972);
+    for stats in [xdp.stats(), b.stats()] {
+        assert_eq!(stats.rx_rejected, 0, "{stats:?}");
+        assert_eq!(stats.tx_oversize + stats.tx_unroutable, 0, "{stats:?}");
+        assert_eq!(stats.kernel_tx_invalid, 0, "{stats:?}");
+    }
+}
+
+#[test]
+fn frames_longer_than_the_bind_time_mtu_are_rejected_without_stalling() {
+    if !require_root("frames_longer_than_the_bind_time_mtu_are_rejected_without_stalling") {
+        return;
+    }
+    let bed = Testbed::new(1);
+    bed.set_mtu(9000);
+    let xdp = bed.xdp_a(xdp_config(1));
+    assert_eq!(xdp.frags(), 3);
+    // The MTU grows after bind: 12014-byte frames arrive in chains of 4 buffers.
+    bed.set_mtu(12000);
+    let udp = {
+        let local = SocketAddr::V4(SocketAddrV4::new(B_IP, UDP_PORT));
+        let config = UdpConfig {
+            max_payload: 11972,
+            ..UdpConfig::new(local, 1)
+        };
+        bed.in_b(|| UdpDatapath::bind(config)).expect("udp B")
+    };
+    let big = payload(1, 11972);
+    let small = payload(2, 100);
+    for contents in [&big[..], &small[..]] {
+        send_all(
+            &udp,
+            &[Transmit {
+                dest: xdp.local_addr(),
+                path: 0,
+                ecn: Ecn::NotEct,
+                contents,
+            }],
+        );
+    }
+    // One datagram per call: the smallest receive budget must still get past the chain.
+    let mut scratch = RecvBatch::new(1, 0);
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while got.is_empty() && Instant::now() < deadline {
+        xdp.recv_with(
+            &mut scratch,
+            Some(Duration::from_millis(50)),
+            &mut |_, bytes| got.push(bytes.to_vec()),
+        )
+        .expect("recv_with");
+    }
+    assert_eq!(got, [small], "the datagram after the overlong one arrives");
+    assert_eq!(xdp.stats().rx_rejected, 1, "{:?}", xdp.stats());
+}
+
+#[test]
+fn a_1500_byte_mtu_stays_single_buffer() {
+    if !require_root("a_1500_byte_mtu_stays_single_buffer") {
+        return;
+    }
+    let bed = Testbed::new(1);
+    let xdp = bed.xdp_a(xdp_config(1));
+    assert_eq!(xdp.frags(), 1);
+    assert_eq!(xdp.frame_size(), 2048);
 }
 
 #[test]
