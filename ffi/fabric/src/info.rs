@@ -55,6 +55,32 @@ pub(crate) struct Spec {
     pub(crate) api_version: u32,
 }
 
+/// Largest region in virtual-address mode (see [`Spec::virt_addr`]).
+pub(crate) const VIRT_MR_MAX: usize = 1 << 32;
+
+/// The provider key of a region in virtual-address mode: Braid remote key, base's low bits.
+pub(crate) fn virt_key(rkey: u32, base: usize) -> u64 {
+    (u64::from(rkey) << 32) | (base as u64 & 0xffff_ffff)
+}
+
+/// The Braid remote key and offset a virtual-address-mode `key` and `addr` name.
+pub(crate) fn virt_target(key: u64, addr: u64) -> (u32, u64) {
+    let rkey = (key >> 32) as u32;
+    let base_lo = key as u32;
+    (rkey, u64::from((addr as u32).wrapping_sub(base_lo)))
+}
+
+impl Spec {
+    /// Whether remote addresses are the target's virtual addresses (FI_MR_VIRT_ADDR, or
+    /// FI_MR_BASIC) rather than offsets into the region. Braid addresses a region by remote
+    /// key and offset, so in this mode a region's provider key carries the low 32 bits of its
+    /// base address above the 32-bit Braid remote key, and the initiator turns `addr` into
+    /// the offset `(addr - base) mod 2^32`; such regions are limited to 4 GiB.
+    pub(crate) fn virt_addr(&self) -> bool {
+        self.mr_mode == fi::FI_MR_BASIC as i32 || self.mr_mode & fi::FI_MR_VIRT_ADDR as i32 != 0
+    }
+}
+
 /// `getinfo` in the provider table.
 pub(crate) unsafe extern "C" fn getinfo(
     version: u32,
@@ -251,7 +277,8 @@ unsafe fn specs(
             // Message and tagged traffic needs no memory registration from the application.
             // RMA and atomics need keys the provider chooses: offered only to applications
             // that accept FI_MR_PROV_KEY (or the old FI_MR_BASIC, which implies it).
-            let prov_key = d.mr_mode & (fi::FI_MR_PROV_KEY as i32 | fi::FI_MR_BASIC as i32) != 0;
+            let basic = d.mr_mode == fi::FI_MR_BASIC as i32;
+            let prov_key = basic || d.mr_mode & fi::FI_MR_PROV_KEY as i32 != 0;
             if !prov_key {
                 if h.caps & KEYED_CAPS != 0 {
                     return Err(neg(fi::FI_ENODATA));
@@ -262,10 +289,17 @@ unsafe fn specs(
                     | fi::FI_REMOTE_READ as u64
                     | fi::FI_REMOTE_WRITE as u64);
             }
-            spec.mr_mode = if spec.caps & KEYED_CAPS != 0 {
-                fi::FI_MR_PROV_KEY as i32
-            } else {
+            // Remote addresses are offsets into the region unless the application asks for
+            // virtual addresses (FI_MR_VIRT_ADDR, or FI_MR_BASIC, which means it and is
+            // returned unchanged, as the spec says).
+            spec.mr_mode = if spec.caps & KEYED_CAPS == 0 {
                 0
+            } else if basic {
+                fi::FI_MR_BASIC as i32
+            } else if d.mr_mode & fi::FI_MR_VIRT_ADDR as i32 != 0 {
+                (fi::FI_MR_PROV_KEY | fi::FI_MR_VIRT_ADDR) as i32
+            } else {
+                fi::FI_MR_PROV_KEY as i32
             };
         }
         // SAFETY: as above.
@@ -426,7 +460,9 @@ pub(crate) fn alloc_info(s: &Spec) -> *mut fi::fi_info {
             resource_mgmt: s.resource_mgmt,
             av_type: s.av_type,
             mr_mode: s.mr_mode,
-            mr_key_size: 4,
+            // Offset mode: the Braid remote key. Virtual-address mode: the key also carries
+            // the region's base (see `Spec::virt_addr`).
+            mr_key_size: if s.virt_addr() { 8 } else { 4 },
             cq_data_size: 4,
             cq_cnt: 256,
             ep_cnt: 1,

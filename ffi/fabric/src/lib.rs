@@ -7,10 +7,12 @@
 //! receive matches), `FI_RMA` (write, read, writedata) and `FI_ATOMIC` for what the engine
 //! does (64-bit sum, read, compare-and-swap), address vectors (table and map), completion
 //! queues in the context, msg, data and tagged formats with error entries, `FI_WAIT_FD` and
-//! `fi_cq_sread`, event queues, counters and memory registration with provider keys. What it
-//! does not offer (the ops exist and return `-FI_ENOSYS` or `-FI_EOPNOTSUPP`, no op pointer is
-//! NULL): connected endpoints (`FI_EP_MSG`), `FI_EP_DGRAM`, collectives, scalable endpoints,
-//! shared contexts, triggered operations, wait sets, poll sets and `FI_MR_VIRT_ADDR`.
+//! `fi_cq_sread`, event queues, counters and memory registration with provider keys (remote
+//! addresses are offsets into the region, or virtual addresses when the application asks for
+//! `FI_MR_VIRT_ADDR` or `FI_MR_BASIC`). What it does not offer (the ops exist and return
+//! `-FI_ENOSYS` or `-FI_EOPNOTSUPP`, no op pointer is NULL): connected endpoints
+//! (`FI_EP_MSG`), `FI_EP_DGRAM`, collectives, scalable endpoints, shared contexts, triggered
+//! operations, wait sets and poll sets.
 //!
 //! How it maps onto Braid: a domain is one Braid device (one UDP port on the domain's
 //! interface address) with the connection handshake enabled, so the first operation to an

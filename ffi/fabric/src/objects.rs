@@ -565,6 +565,10 @@ unsafe extern "C" fn mr_reg(
         if mr.is_null() || (buf.is_null() && len > 0) || flags != 0 || len == 0 {
             return neg(fi::FI_EINVAL);
         }
+        if d.inner.spec.virt_addr() && len > crate::info::VIRT_MR_MAX {
+            // Virtual-address keys carry 32 bits of the base (see `Spec::virt_addr`).
+            return neg(fi::FI_EINVAL);
+        }
         let mut acc = Access::LOCAL_WRITE;
         if access & fi::FI_REMOTE_READ as u64 != 0 {
             acc = acc | Access::REMOTE_READ;
@@ -581,7 +585,11 @@ unsafe extern "C" fn mr_reg(
             Ok(r) => r,
             Err(_) => return neg(fi::FI_ENOMEM),
         };
-        let key = u64::from(region.rkey());
+        let key = if d.inner.spec.virt_addr() {
+            crate::info::virt_key(region.rkey(), buf as usize)
+        } else {
+            u64::from(region.rkey())
+        };
         let obj = Box::new(Mr {
             fid: fi::fid_mr {
                 fid: fi::fid {

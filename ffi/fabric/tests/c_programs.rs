@@ -136,3 +136,8 @@ fn c_rma_write_read_writedata_and_atomics_verified() {
 fn c_bad_arguments_return_errors() {
     run("badargs");
 }
+
+#[test]
+fn c_rma_with_virtual_addresses_and_with_offsets() {
+    run("virtaddr");
+}

@@ -8,8 +8,9 @@
 //!   (compare-and-swap), one element (`count` 1), on `FI_UINT64` or `FI_INT64`, at an 8-byte
 //!   aligned offset. The `valid` queries say so; every other combination is `-FI_EOPNOTSUPP`.
 //!
-//! Remote addresses are offsets into the target region (the provider does not use
-//! `FI_MR_VIRT_ADDR`), keys are the target's provider keys (its Braid remote keys). Local
+//! Remote addresses are offsets into the target region, or the target's virtual addresses
+//! when the domain runs with `FI_MR_VIRT_ADDR` (see `Spec::virt_addr` for how the key carries
+//! the region's base); keys are the target's provider keys. Local
 //! buffers need no registration: each operation registers them with Braid for its duration.
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
@@ -66,8 +67,13 @@ impl EpInner {
         let Some(peer) = st.bound.av.as_ref().and_then(|a| a.lookup(req.dest)) else {
             return EINVAL;
         };
-        let Ok(rkey) = u32::try_from(req.key) else {
-            return -(fi::FI_EKEYREJECTED as isize);
+        let (rkey, offset) = if self.dom.spec.virt_addr() {
+            crate::info::virt_target(req.key, req.addr)
+        } else {
+            let Ok(rkey) = u32::try_from(req.key) else {
+                return -(fi::FI_EKEYREJECTED as isize);
+            };
+            (rkey, req.addr)
         };
         let len = iov_len(&req.iovs);
         if len > crate::MAX_MSG_SIZE {
@@ -83,10 +89,7 @@ impl EpInner {
         if let Err(e) = self.ensure_peer(&mut st, peer) {
             return e;
         }
-        let remote = RemoteAddr {
-            rkey,
-            offset: req.addr,
-        };
+        let remote = RemoteAddr { rkey, offset };
         let mut mrs = Vec::new();
         let mut sges = Vec::new();
         let mut slot = None;
