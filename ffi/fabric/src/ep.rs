@@ -29,7 +29,7 @@ use braid::{Access, Completion, ConnectionEvent, MemoryRegion, RecvWr, SendOp, S
 
 use crate::objects::{
     Av, AvInner, Cntr, CntrInner, Cq, CqInner, Domain, DomainInner, Entry, Eq, FI_ADDR_NOTAVAIL,
-    Mr, Object, Table, fi_ops, get,
+    Mr, Net, Object, Table, fi_ops, get,
 };
 use crate::util::{
     Iov, gather, guard, guard_sz, iov_len, neg, read_iovs, scatter, to_sockaddr_in, wc_errno,
@@ -238,6 +238,11 @@ struct State {
 /// The endpoint's shared state.
 pub(crate) struct EpInner {
     dom: Arc<DomainInner>,
+    /// The Braid device this endpoint sends and receives on: the domain's for the first
+    /// endpoint, one of its own for each further one.
+    net: Arc<Net>,
+    /// Whether `net` is the domain's (released on close).
+    primary: bool,
     caps: u64,
     st: Mutex<State>,
     watch: Option<braid::handshake::ConnectionWatch>,
@@ -346,28 +351,44 @@ pub(crate) unsafe extern "C" fn endpoint_open2(
         if caps & crate::info::PRIMARY_CAPS == 0 {
             return neg(fi::FI_EINVAL);
         }
-        // The endpoint's address is the domain's device: one endpoint per domain.
-        if d.inner
-            .eps
-            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
+        if d.inner.eps.load(Ordering::Acquire) >= crate::MAX_EPS_PER_DOMAIN {
             return neg(fi::FI_EBUSY);
         }
-        let tx_mr = match d
+        // An endpoint's address is its Braid device's, and the handshake keys connections by
+        // device address: the first endpoint takes the domain's device, each further one opens
+        // its own on the domain's interface (see the module docs).
+        let primary = d
             .inner
-            .pd
-            .alloc_mr(TX_SLOTS * SLOT_LEN, Access::LOCAL_WRITE)
-        {
+            .primary_taken
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        let net = if primary {
+            d.inner.net.clone()
+        } else {
+            match Net::open(SocketAddr::new(d.inner.spec.src.ip(), 0)) {
+                Ok(n) => Arc::new(n),
+                Err(e) => return e,
+            }
+        };
+        let release = || {
+            if primary {
+                d.inner.primary_taken.store(false, Ordering::Release);
+            }
+        };
+        let tx_mr = match net.pd.alloc_mr(TX_SLOTS * SLOT_LEN, Access::LOCAL_WRITE) {
             Ok(m) => m,
             Err(_) => {
-                d.inner.eps.fetch_sub(1, Ordering::AcqRel);
+                release();
                 return neg(fi::FI_ENOMEM);
             }
         };
+        d.inner.eps.fetch_add(1, Ordering::AcqRel);
         let auto = d.inner.spec.data_progress != fi::FI_PROGRESS_MANUAL;
         let inner = Arc::new(EpInner {
             dom: d.inner.clone(),
+            watch: net.dev.connection_watch(),
+            net,
+            primary,
             caps,
             st: Mutex::new(State {
                 bound: Bound::default(),
@@ -390,7 +411,6 @@ pub(crate) unsafe extern "C" fn endpoint_open2(
                 rx_op_flags,
                 min_multi_recv: 64,
             }),
-            watch: d.inner.dev.connection_watch(),
             stop: AtomicBool::new(false),
             ops_seq: AtomicU64::new(0),
         });
@@ -446,11 +466,14 @@ unsafe extern "C" fn ep_close(fid: *mut fi::fid) -> i32 {
             st.closed = true;
             let peers: Vec<SocketAddr> = st.peers.keys().copied().collect();
             for p in peers {
-                e.inner.dom.dev.disconnect(p);
+                e.inner.net.dev.disconnect(p);
             }
             st.peers.clear();
             st.ops.clear();
             st.bound = Bound::default();
+        }
+        if e.inner.primary {
+            e.inner.dom.primary_taken.store(false, Ordering::Release);
         }
         e.inner.dom.eps.fetch_sub(1, Ordering::AcqRel);
         // SAFETY: validated; closing gives up the handle.
@@ -601,7 +624,7 @@ unsafe extern "C" fn ep_control(fid: *mut fi::fid, command: i32, arg: *mut c_voi
                         .name("braid-fi-progress".into())
                         .spawn(move || {
                             while !inner.stop.load(Ordering::Acquire) {
-                                inner.dom.cq.wait_ready(THREAD_WAIT);
+                                inner.net.cq.wait_ready(THREAD_WAIT);
                                 inner.progress();
                             }
                         });
@@ -802,7 +825,7 @@ unsafe extern "C" fn getname(fid: fi::fid_t, addr: *mut c_void, addrlen: *mut us
         if addrlen.is_null() {
             return neg(fi::FI_EINVAL);
         }
-        let raw = to_sockaddr_in(e.inner.dom.dev.local_addr());
+        let raw = to_sockaddr_in(e.inner.net.dev.local_addr());
         let need = std::mem::size_of::<libc::sockaddr_in>();
         // SAFETY: addrlen non-null; addr has *addrlen writable bytes by contract.
         unsafe {
@@ -896,7 +919,7 @@ impl EpInner {
             let g = w.generation();
             if g != st.conn_gen {
                 st.conn_gen = g;
-                while let Some(ev) = self.dom.dev.poll_connection_event() {
+                while let Some(ev) = self.net.dev.poll_connection_event() {
                     self.on_connection(st, ev);
                 }
             }
@@ -910,7 +933,7 @@ impl EpInner {
             qpn: 0,
         }; 32];
         loop {
-            let n = self.dom.cq.poll(&mut buf);
+            let n = self.net.cq.poll(&mut buf);
             for c in &buf[..n] {
                 self.on_completion(st, c);
             }
@@ -987,7 +1010,7 @@ impl EpInner {
     /// attempt if there is none). Returns false if that failed.
     fn add_peer(&self, st: &mut State, peer: SocketAddr) -> bool {
         let Ok(rx) = self
-            .dom
+            .net
             .pd
             .alloc_mr(RX_SLOTS * SLOT_LEN, Access::LOCAL_WRITE)
         else {
@@ -1000,11 +1023,11 @@ impl EpInner {
                 wr_id: bounce_id(id, slot),
                 sges: vec![rx.sge(u64::from(slot) * SLOT_LEN as u64, SLOT_LEN as u32)],
             };
-            if self.dom.dev.post_recv_to(peer, wr).is_err() {
+            if self.net.dev.post_recv_to(peer, wr).is_err() {
                 return false;
             }
         }
-        let Some(qpn) = self.dom.dev.local_qpn(peer) else {
+        let Some(qpn) = self.net.dev.local_qpn(peer) else {
             return false;
         };
         st.peer_ids.insert(id, peer);
@@ -1030,7 +1053,7 @@ impl EpInner {
             let id = p.id;
             st.peers.remove(&peer);
             st.peer_ids.remove(&id);
-            self.dom.dev.disconnect(peer);
+            self.net.dev.disconnect(peer);
         }
         if self.add_peer(st, peer) {
             Ok(())
@@ -1103,7 +1126,7 @@ impl EpInner {
             sges: vec![st.tx_mr.sge(off, HEADER_LEN as u32)],
             signaled: true,
         };
-        if self.dom.dev.post_send_to(peer, wr).is_err() {
+        if self.net.dev.post_send_to(peer, wr).is_err() {
             st.ops.remove(&id);
             st.free_tx.push(slot);
             return false;
@@ -1186,7 +1209,7 @@ impl EpInner {
                 sges: vec![st.tx_mr.sge(off, (HEADER_LEN + len) as u32)],
                 signaled: true,
             };
-            if self.dom.dev.post_send_to(peer, wr).is_err() {
+            if self.net.dev.post_send_to(peer, wr).is_err() {
                 st.ops.remove(&id);
                 st.free_tx.push(slot);
                 return -(fi::FI_EAGAIN as isize);
@@ -1199,7 +1222,7 @@ impl EpInner {
             // SAFETY: the send contract keeps the buffer valid and unmodified until the send
             // completes; the region is dropped (deregistered) at the latest then.
             unsafe {
-                self.dom
+                self.net
                     .pd
                     .register_raw(req.iovs[0].base, len, Access::REMOTE_READ)
             }
@@ -1207,7 +1230,7 @@ impl EpInner {
             let mut v = vec![0u8; len];
             // SAFETY: the iovs describe readable application memory.
             unsafe { gather(&req.iovs, &mut v) };
-            self.dom
+            self.net
                 .pd
                 .alloc_mr(len, Access::LOCAL_WRITE | Access::REMOTE_READ)
                 .and_then(|m| {
@@ -1571,7 +1594,7 @@ impl EpInner {
             wr_id: bounce_id(peer_id, slot),
             sges: vec![p.rx.sge(u64::from(slot) * SLOT_LEN as u64, SLOT_LEN as u32)],
         };
-        if self.dom.dev.post_recv_to(peer, wr).is_err()
+        if self.net.dev.post_recv_to(peer, wr).is_err()
             && let Some(p) = st.peers.get_mut(&peer)
         {
             p.broken = true;
@@ -1607,7 +1630,7 @@ impl EpInner {
             }
             // SAFETY: the receive contract keeps the buffer valid until the receive completes;
             // the region is dropped when the READ completes.
-            match unsafe { self.dom.pd.register_raw(v.base, n, Access::LOCAL_WRITE) } {
+            match unsafe { self.net.pd.register_raw(v.base, n, Access::LOCAL_WRITE) } {
                 Ok(m) => {
                     sges.push(m.sge(0, n as u32));
                     mrs.push(m);
@@ -1658,7 +1681,7 @@ impl EpInner {
             sges,
             signaled: true,
         };
-        if self.dom.dev.post_send_to(peer, wr).is_err()
+        if self.net.dev.post_send_to(peer, wr).is_err()
             && let Some(Op::Read { recv, .. }) = st.ops.remove(&id)
         {
             st.fins.push_back((peer, token, true));

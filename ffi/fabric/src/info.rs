@@ -465,7 +465,7 @@ pub(crate) fn alloc_info(s: &Spec) -> *mut fi::fi_info {
             mr_key_size: if s.virt_addr() { 8 } else { 4 },
             cq_data_size: 4,
             cq_cnt: 256,
-            ep_cnt: 1,
+            ep_cnt: crate::MAX_EPS_PER_DOMAIN,
             tx_ctx_cnt: 1,
             rx_ctx_cnt: 1,
             max_ep_tx_ctx: 1,

@@ -27,6 +27,15 @@
 //! every provider call (so `FI_PROGRESS_MANUAL` applications are served) and on one provider
 //! thread per endpoint (so `FI_PROGRESS_AUTO` holds while the application is away).
 //!
+//! Endpoints per domain: up to [`MAX_EPS_PER_DOMAIN`]. The first endpoint opened uses the
+//! domain's device; each further one opens a Braid device of its own (its own UDP port on
+//! the domain's interface, QP space, handshake and progress), because the handshake keys a
+//! connection by the peer device's address: two endpoints on one device talking to the same
+//! peer would share one QP and one stream of provider messages. Memory regions are the
+//! domain's and live on the domain's device, so their keys serve RMA and atomics aimed at
+//! the domain's first endpoint; aimed at a further endpoint they fail with `FI_EACCES`
+//! (messages, tagged messages and RMA *issued* by any endpoint work everywhere).
+//!
 //! Memory per peer: [`RX_SLOTS`] receive buffers of [`SLOT_LEN`] bytes (about 132 KiB) while a
 //! connection is up, plus the Braid QP; an endpoint holds [`TX_SLOTS`] send buffers (about
 //! 2 MiB) whatever the number of peers.
@@ -69,6 +78,8 @@ pub const RX_QUEUE: usize = 4096;
 /// provider buffer (which is not reposted) until a receive matches, so the sender is pushed
 /// back by Braid's receiver-not-ready retries instead of growing memory.
 pub const UNEXPECTED_BYTES_MAX: usize = 64 << 20;
+/// Endpoints one domain opens at once (`ep_cnt`).
+pub const MAX_EPS_PER_DOMAIN: usize = 64;
 /// Entries of scatter/gather lists accepted per operation.
 pub const IOV_LIMIT: usize = 4;
 

@@ -299,14 +299,37 @@ unsafe extern "C" fn trywait(
 /// What every object of a domain shares: the Braid device (one UDP port), its protection
 /// domain and the Braid CQ every QP of the domain reports to.
 pub(crate) struct DomainInner {
+    /// The domain's own Braid device: its memory regions live there, and the first endpoint
+    /// uses it (see [`crate::ep`] for the others).
+    pub(crate) net: Arc<Net>,
+    pub(crate) spec: Spec,
+    /// Endpoints open on the domain.
+    pub(crate) eps: AtomicUsize,
+    /// Whether an open endpoint uses `net` (the others have devices of their own).
+    pub(crate) primary_taken: AtomicBool,
+    /// Objects open on the domain besides endpoints (MRs, AVs, CQs, counters).
+    pub(crate) children: AtomicUsize,
+}
+
+/// One Braid device with the connection handshake enabled, its protection domain and the
+/// completion queue every QP the handshake creates reports to.
+pub(crate) struct Net {
     pub(crate) dev: Device,
     pub(crate) pd: ProtectionDomain,
     pub(crate) cq: CompletionQueue,
-    pub(crate) spec: Spec,
-    /// Endpoints open on the domain (at most one: it owns the device's address).
-    pub(crate) eps: AtomicUsize,
-    /// Objects open on the domain besides endpoints (MRs, AVs, CQs, counters).
-    pub(crate) children: AtomicUsize,
+}
+
+impl Net {
+    /// Opens a device at `src` (port 0: any free port) and enables the handshake.
+    pub(crate) fn open(src: SocketAddr) -> Result<Net, i32> {
+        let cfg = device_config(src)?;
+        let dev = Device::open(cfg).map_err(|_| neg(fi::FI_EADDRINUSE))?;
+        let pd = dev.alloc_pd();
+        let cq = dev.create_cq();
+        dev.enable_handshake(&pd, &cq, &cq)
+            .map_err(|_| neg(fi::FI_EOTHER))?;
+        Ok(Net { dev, pd, cq })
+    }
 }
 
 /// A domain.
@@ -398,19 +421,10 @@ unsafe extern "C" fn domain_open2(
         let Some(spec) = (unsafe { crate::info::read_info(info) }) else {
             return neg(fi::FI_EINVAL);
         };
-        let cfg = match device_config(spec.src) {
-            Ok(c) => c,
+        let net = match Net::open(spec.src) {
+            Ok(n) => Arc::new(n),
             Err(e) => return e,
         };
-        let dev = match Device::open(cfg) {
-            Ok(d) => d,
-            Err(_) => return neg(fi::FI_EADDRINUSE),
-        };
-        let pd = dev.alloc_pd();
-        let cq = dev.create_cq();
-        if dev.enable_handshake(&pd, &cq, &cq).is_err() {
-            return neg(fi::FI_EOTHER);
-        }
         let obj = Box::new(Domain {
             fid: fi::fid_domain {
                 fid: fi::fid {
@@ -423,11 +437,10 @@ unsafe extern "C" fn domain_open2(
             },
             magic: Domain::MAGIC,
             inner: Arc::new(DomainInner {
-                dev,
-                pd,
-                cq,
+                net,
                 spec,
                 eps: AtomicUsize::new(0),
+                primary_taken: AtomicBool::new(false),
                 children: AtomicUsize::new(0),
             }),
         });
@@ -580,7 +593,7 @@ unsafe extern "C" fn mr_reg(
         // SAFETY: registering application memory is fi_mr_reg's contract: the buffer stays
         // valid until the region is closed, and while remote peers may access it the
         // application treats it as shared with the NIC (here, Braid's progress thread).
-        let region = unsafe { d.inner.pd.register_raw(buf.cast_mut().cast(), len, acc) };
+        let region = unsafe { d.inner.net.pd.register_raw(buf.cast_mut().cast(), len, acc) };
         let region = match region {
             Ok(r) => r,
             Err(_) => return neg(fi::FI_ENOMEM),

@@ -141,3 +141,8 @@ fn c_bad_arguments_return_errors() {
 fn c_rma_with_virtual_addresses_and_with_offsets() {
     run("virtaddr");
 }
+
+#[test]
+fn c_two_endpoints_in_one_domain_each_talk_to_peers() {
+    run("multiep");
+}

@@ -96,7 +96,7 @@ impl EpInner {
         let register = |v: &Iov, mrs: &mut Vec<braid::MemoryRegion>, sges: &mut Vec<braid::Sge>| {
             // SAFETY: the operation's contract keeps the application buffer valid until it
             // completes; the region is dropped when the Braid work request completes.
-            let m = unsafe { self.dom.pd.register_raw(v.base, v.len, Access::LOCAL_WRITE) }
+            let m = unsafe { self.net.pd.register_raw(v.base, v.len, Access::LOCAL_WRITE) }
                 .map_err(|_| -(fi::FI_ENOMEM as isize))?;
             sges.push(m.sge(0, v.len as u32));
             mrs.push(m);
@@ -213,7 +213,7 @@ impl EpInner {
             sges,
             signaled: true,
         };
-        if self.dom.dev.post_send_to(peer, wr).is_err() {
+        if self.net.dev.post_send_to(peer, wr).is_err() {
             st.ops.remove(&id);
             if let Some(s) = slot {
                 st.free_tx.push(s);
