@@ -20,7 +20,22 @@ pub(crate) const SECONDARY_CAPS: u64 = fi::FI_SEND as u64
     | fi::FI_DIRECTED_RECV
     | fi::FI_SOURCE
     | fi::FI_REMOTE_COMM
+    | fi::FI_LOCAL_COMM
     | fi::FI_MULTI_RECV as u64;
+/// The capabilities that belong in `tx_attr->caps` (fi_getinfo(3): primary capabilities and
+/// the transmit-side modifiers; no receive-side or domain bits).
+const TX_ATTR_CAPS: u64 =
+    PRIMARY_CAPS | fi::FI_SEND as u64 | fi::FI_READ as u64 | fi::FI_WRITE as u64;
+/// The capabilities that belong in `rx_attr->caps`.
+const RX_ATTR_CAPS: u64 = PRIMARY_CAPS
+    | fi::FI_RECV as u64
+    | fi::FI_REMOTE_READ as u64
+    | fi::FI_REMOTE_WRITE as u64
+    | fi::FI_DIRECTED_RECV
+    | fi::FI_SOURCE
+    | fi::FI_MULTI_RECV as u64;
+/// Domain capabilities: peers on other hosts and on this one (loopback).
+const DOMAIN_CAPS: u64 = fi::FI_REMOTE_COMM | fi::FI_LOCAL_COMM;
 /// Everything it implements.
 pub(crate) const CAPS: u64 = PRIMARY_CAPS | SECONDARY_CAPS;
 /// The message ordering it guarantees: send after send (Braid RC completes and places
@@ -411,7 +426,7 @@ pub(crate) fn alloc_info(s: &Spec) -> *mut fi::fi_info {
     // SAFETY: every pointer was just allocated (non-null, checked) and is written once.
     unsafe {
         *tx = fi::fi_tx_attr {
-            caps: s.caps & !(fi::FI_DIRECTED_RECV | fi::FI_MULTI_RECV as u64 | fi::FI_SOURCE),
+            caps: s.caps & TX_ATTR_CAPS,
             mode: 0,
             op_flags: s.tx_op_flags,
             msg_order: MSG_ORDER,
@@ -423,7 +438,7 @@ pub(crate) fn alloc_info(s: &Spec) -> *mut fi::fi_info {
             tclass: 0,
         };
         *rx = fi::fi_rx_attr {
-            caps: s.caps,
+            caps: s.caps & RX_ATTR_CAPS,
             mode: 0,
             op_flags: s.rx_op_flags,
             msg_order: MSG_ORDER,
@@ -474,7 +489,7 @@ pub(crate) fn alloc_info(s: &Spec) -> *mut fi::fi_info {
             max_ep_srx_ctx: 0,
             cntr_cnt: 256,
             mr_iov_limit: 1,
-            caps: fi::FI_REMOTE_COMM,
+            caps: DOMAIN_CAPS,
             mode: 0,
             auth_key: std::ptr::null_mut(),
             auth_key_size: 0,

@@ -838,7 +838,7 @@ unsafe extern "C" fn av_insert(
     count: usize,
     fi_addr: *mut u64,
     flags: u64,
-    _context: *mut c_void,
+    context: *mut c_void,
 ) -> i32 {
     guard(|| {
         // SAFETY: validated by get().
@@ -846,7 +846,13 @@ unsafe extern "C" fn av_insert(
             Ok(a) => a,
             Err(e) => return e,
         };
-        if (addr.is_null() && count > 0) || flags & !(fi::FI_MORE as u64) != 0 {
+        if flags & !(fi::FI_MORE as u64 | fi::FI_SYNC_ERR) != 0 {
+            return neg(fi::FI_EBADFLAGS);
+        }
+        // FI_SYNC_ERR: `context` is an array of `count` ints, one result per address (0 or
+        // a positive error code).
+        let sync_err = flags & fi::FI_SYNC_ERR != 0;
+        if (addr.is_null() && count > 0) || (sync_err && context.is_null()) {
             return neg(fi::FI_EINVAL);
         }
         if count > i32::MAX as usize {
@@ -869,6 +875,16 @@ unsafe extern "C" fn av_insert(
             if !fi_addr.is_null() {
                 // SAFETY: fi_addr has `count` slots by contract.
                 unsafe { *fi_addr.add(i) = out };
+            }
+            if sync_err {
+                let code = if out == FI_ADDR_NOTAVAIL {
+                    fi::FI_EINVAL as i32
+                } else {
+                    0
+                };
+                // SAFETY: with FI_SYNC_ERR, context holds `count` ints by contract (non-null,
+                // checked).
+                unsafe { context.cast::<i32>().add(i).write_unaligned(code) };
             }
         }
         n

@@ -146,3 +146,8 @@ fn c_rma_with_virtual_addresses_and_with_offsets() {
 fn c_two_endpoints_in_one_domain_each_talk_to_peers() {
     run("multiep");
 }
+
+#[test]
+fn c_getinfo_caps_placement_and_av_sync_err() {
+    run("conform");
+}
