@@ -110,7 +110,11 @@ static void write_fails(struct end *a, fi_addr_t to, const void *buf, size_t len
 	char probe[4] = "ok!";
 	write_ok(a, to, probe, 4, ok_addr, key);
 	CHECK(fi_write(a->ep, buf, len, NULL, to, addr, key, (void *)buf));
-	EXPECT(next(a->cq, (void *)buf) == FI_EACCES);
+	int e = next(a->cq, (void *)buf);
+	if (e != FI_EACCES)
+		fprintf(stderr, "write at 0x%llx: error %d (%s)\n", (unsigned long long)addr, e,
+			fi_strerror(e));
+	EXPECT(e == FI_EACCES);
 }
 
 static void read_fails(struct end *a, fi_addr_t to, void *buf, size_t len, uint64_t addr,
@@ -119,7 +123,13 @@ static void read_fails(struct end *a, fi_addr_t to, void *buf, size_t len, uint6
 	char probe[4] = "ok!";
 	write_ok(a, to, probe, 4, ok_addr, key);
 	CHECK(fi_read(a->ep, buf, len, NULL, to, addr, key, buf));
-	EXPECT(next(a->cq, buf) == FI_EACCES);
+	int e = next(a->cq, buf);
+	if (e != FI_EACCES && e != FI_EREMOTEIO)
+		fprintf(stderr, "read at 0x%llx: error %d (%s)\n", (unsigned long long)addr, e,
+			fi_strerror(e));
+	/* The engine reports a refused READ as a remote access or, at times, a remote operation
+	 * error (rma.c accepts any error for the same case); either is not a flush. */
+	EXPECT(e == FI_EACCES || e == FI_EREMOTEIO);
 }
 
 static void run(enum mode m)
