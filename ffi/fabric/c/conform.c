@@ -5,7 +5,11 @@
  *   primary capabilities asked for appear on both sides;
  * - domain capabilities asked for (FI_LOCAL_COMM, FI_REMOTE_COMM) are returned;
  * - fi_av_insert with FI_SYNC_ERR reports one result per address (0 for the good one, an
- *   error for the bad one), needs the result array, and unknown flags are -FI_EBADFLAGS. */
+ *   error for the bad one), needs the result array, and unknown flags are -FI_EBADFLAGS;
+ * - the FI_INJECT flag on fi_sendmsg / fi_tsendmsg / fi_writemsg only frees the buffer at
+ *   once: the operation still completes with its context (fi_msg_inject), while fi_inject
+ *   calls give no completion. */
+#include <rdma/fi_rma.h>
 #include "common.h"
 
 #define TX_OK (FI_MSG | FI_RMA | FI_TAGGED | FI_ATOMIC | FI_SEND | FI_READ | FI_WRITE)
@@ -83,6 +87,40 @@ int main(void)
 	EXPECT(fi_av_insert(a.av, two, 2, out, FI_SYNC_ERR, NULL) == -FI_EINVAL);
 	EXPECT(fi_av_insert(a.av, two, 1, out, 1ULL << 50, NULL) == -FI_EBADFLAGS);
 	end_close(&a);
+
+	/* FI_INJECT as a flag completes; fi_inject does not. */
+	struct end s, r;
+	end_open(&s, FI_MSG | FI_TAGGED);
+	end_open(&r, FI_MSG | FI_TAGGED);
+	fi_addr_t to = end_insert(&s, &r);
+	char buf[64] = "flagged", in[64];
+	int ctx_msg, ctx_tag, ctx_last;
+	struct iovec iov = { buf, 8 };
+	struct fi_msg m = { .msg_iov = &iov, .iov_count = 1, .addr = to, .context = &ctx_msg };
+	struct fi_msg_tagged t = { .msg_iov = &iov, .iov_count = 1, .addr = to, .tag = 9,
+				   .context = &ctx_tag };
+	struct fi_cq_tagged_entry ce;
+	CHECK(fi_sendmsg(s.ep, &m, FI_INJECT));
+	memset(buf, 0, sizeof(buf)); /* free at once */
+	wait_ok(s.cq, &ce);
+	EXPECT(ce.op_context == &ctx_msg && ce.flags & FI_SEND);
+	strcpy(buf, "tagged");
+	CHECK(fi_tsendmsg(s.ep, &t, FI_INJECT));
+	wait_ok(s.cq, &ce);
+	EXPECT(ce.op_context == &ctx_tag && ce.flags & FI_TAGGED);
+	CHECK(fi_inject(s.ep, "quiet", 6, to));
+	CHECK(fi_send(s.ep, "last", 5, NULL, to, &ctx_last));
+	wait_ok(s.cq, &ce);
+	EXPECT(ce.op_context == &ctx_last); /* nothing from the fi_inject before it */
+	for (int k = 0; k < 3; k++) {
+		CHECK(fi_recv(r.ep, in, sizeof(in), NULL, FI_ADDR_UNSPEC, NULL));
+		wait_ok(r.cq, &ce);
+	}
+	CHECK(fi_trecv(r.ep, in, sizeof(in), NULL, FI_ADDR_UNSPEC, 9, 0, NULL));
+	wait_ok(r.cq, &ce);
+	EXPECT(strcmp(in, "tagged") == 0);
+	end_close(&r);
+	end_close(&s);
 	printf("PASS conform\n");
 	return 0;
 }

@@ -44,11 +44,22 @@ const KIND_FIN: u8 = 3;
 /// A probe: carries nothing; the receiver reposts its buffer. Sent to a peer whose rendezvous
 /// sends wait for their FIN, so that a dead peer fails the connection (and those sends).
 const KIND_PROBE: u8 = 4;
+/// An RMA event (FI_RMA_EVENT): the sender's RMA write or atomic (flag READ_EVENT: read) into
+/// the receiver's memory has completed; the receiver counts it on its remote-write (remote-
+/// read) counter. Braid's one-sided operations tell the target nothing, so the initiator of
+/// an endpoint with FI_RMA_EVENT sends this after each successful operation.
+const KIND_RMA_EVENT: u8 = 5;
 /// How often a peer with rendezvous sends outstanding is probed.
 const PROBE_EVERY: Duration = Duration::from_millis(500);
 const FLAG_TAGGED: u8 = 1;
 const FLAG_DATA: u8 = 2;
 const FLAG_ERROR: u8 = 4;
+const FLAG_READ_EVENT: u8 = 8;
+/// Marks an operation issued by an `fi_inject*` call (an internal flag bit libfabric leaves
+/// unused): such calls generate no completion. The FI_INJECT flag alone (in `fi_sendmsg`
+/// flags or the endpoint's op_flags) only frees the buffer at once; its operation completes
+/// as usual (fabtests' fi_msg_inject checks this).
+pub(crate) const INJECT_CALL: u64 = 1 << 63;
 /// Work-request ids of provider receive buffers have this bit; the rest are operation ids.
 const BOUNCE: u64 = 1 << 63;
 /// How long the provider thread sleeps between checks when nothing completes.
@@ -171,6 +182,9 @@ enum Op {
         _mrs: Vec<MemoryRegion>,
         /// Counts against the read counter (READ, fetching atomics) or the write counter.
         read: bool,
+        /// The target, and whether its memory was read (a READ) rather than written, for
+        /// the RMA event sent after success (`None`: the endpoint has no FI_RMA_EVENT).
+        event: Option<(SocketAddr, bool)>,
     },
     /// A rendezvous READ into a receive buffer.
     Read {
@@ -208,6 +222,8 @@ struct Bound {
     recv_cntr: Option<Arc<CntrInner>>,
     write_cntr: Option<Arc<CntrInner>>,
     read_cntr: Option<Arc<CntrInner>>,
+    remote_write_cntr: Option<Arc<CntrInner>>,
+    remote_read_cntr: Option<Arc<CntrInner>>,
     bound_eq: bool,
 }
 
@@ -228,6 +244,8 @@ struct State {
     unexpected_bytes: usize,
     /// FINs waiting for a provider buffer: (peer, token, error).
     fins: VecDeque<(SocketAddr, u64, bool)>,
+    /// RMA events waiting for a provider buffer: (peer, read).
+    rma_events: VecDeque<(SocketAddr, bool)>,
     conn_gen: u64,
     last_probe: std::time::Instant,
     tx_op_flags: u64,
@@ -405,6 +423,7 @@ pub(crate) unsafe extern "C" fn endpoint_open2(
                 unexpected: [VecDeque::new(), VecDeque::new()],
                 unexpected_bytes: 0,
                 fins: VecDeque::new(),
+                rma_events: VecDeque::new(),
                 conn_gen: u64::MAX,
                 last_probe: std::time::Instant::now(),
                 tx_op_flags,
@@ -546,12 +565,15 @@ unsafe extern "C" fn ep_bind(fid: *mut fi::fid, bfid: *mut fi::fid, flags: u64) 
                     Ok(c) => c,
                     Err(x) => return x,
                 };
-                // Remote-side counters (FI_REMOTE_READ/WRITE) need FI_RMA_EVENT, which
-                // Braid's one-sided operations do not report to the target.
-                let known = fi::FI_SEND as u64
+                // Remote-side counters (FI_REMOTE_READ/WRITE) need FI_RMA_EVENT (see
+                // KIND_RMA_EVENT).
+                let mut known = fi::FI_SEND as u64
                     | fi::FI_RECV as u64
                     | fi::FI_READ as u64
                     | fi::FI_WRITE as u64;
+                if e.inner.caps & fi::FI_RMA_EVENT != 0 {
+                    known |= fi::FI_REMOTE_READ as u64 | fi::FI_REMOTE_WRITE as u64;
+                }
                 if flags & !known != 0 || flags == 0 {
                     return neg(fi::FI_EBADFLAGS);
                 }
@@ -566,6 +588,12 @@ unsafe extern "C" fn ep_bind(fid: *mut fi::fid, bfid: *mut fi::fid, flags: u64) 
                 }
                 if flags & fi::FI_READ as u64 != 0 {
                     st.bound.read_cntr = Some(c.inner.clone());
+                }
+                if flags & fi::FI_REMOTE_WRITE as u64 != 0 {
+                    st.bound.remote_write_cntr = Some(c.inner.clone());
+                }
+                if flags & fi::FI_REMOTE_READ as u64 != 0 {
+                    st.bound.remote_read_cntr = Some(c.inner.clone());
                 }
                 c.inner
                     .eps
@@ -956,6 +984,13 @@ impl EpInner {
                 break;
             }
         }
+        while let Some((peer, read)) = st.rma_events.pop_front() {
+            let flags = if read { FLAG_READ_EVENT } else { 0 };
+            if !self.send_ctrl(st, peer, KIND_RMA_EVENT, flags, 0, 0, 0, None) {
+                st.rma_events.push_front((peer, read));
+                break;
+            }
+        }
         if st.last_probe.elapsed() >= PROBE_EVERY {
             st.last_probe = std::time::Instant::now();
             let mut waiting: Vec<SocketAddr> = st
@@ -1156,7 +1191,8 @@ impl EpInner {
         if inject && len > EAGER_MAX {
             return -(fi::FI_EMSGSIZE as isize);
         }
-        let report = !inject && (!st.bound.tx_selective || flags & fi::FI_COMPLETION as u64 != 0);
+        let report = flags & INJECT_CALL == 0
+            && (!st.bound.tx_selective || flags & fi::FI_COMPLETION as u64 != 0);
         self.progress_locked(&mut st);
         if let Err(e) = self.ensure_peer(&mut st, peer) {
             return e;
@@ -1746,10 +1782,14 @@ impl EpInner {
                 slot,
                 _mrs,
                 read,
+                event,
             } => {
                 drop(_mrs);
                 if let Some(s) = slot {
                     st.free_tx.push(s);
+                }
+                if ok && let Some(ev) = event {
+                    st.rma_events.push_back(ev);
                 }
                 let cntr = if read {
                     st.bound.read_cntr.clone()
@@ -1979,6 +2019,19 @@ impl EpInner {
                     st.ops.insert(h.token, op);
                 }
             }
+            KIND_RMA_EVENT => {
+                self.repost(st, peer_id, slot);
+                if self.caps & fi::FI_RMA_EVENT != 0 {
+                    let c = if h.flags & FLAG_READ_EVENT != 0 {
+                        &st.bound.remote_read_cntr
+                    } else {
+                        &st.bound.remote_write_cntr
+                    };
+                    if let Some(c) = c {
+                        c.add(1);
+                    }
+                }
+            }
             _ => self.repost(st, peer_id, slot),
         }
     }
@@ -2199,7 +2252,7 @@ unsafe extern "C" fn msg_inject(
         None,
         None,
         std::ptr::null_mut(),
-        fi::FI_INJECT as u64,
+        fi::FI_INJECT as u64 | INJECT_CALL,
     )
 }
 unsafe extern "C" fn msg_senddata(
@@ -2237,7 +2290,7 @@ unsafe extern "C" fn msg_injectdata(
         None,
         Some(data & 0xffff_ffff),
         std::ptr::null_mut(),
-        fi::FI_INJECT as u64,
+        fi::FI_INJECT as u64 | INJECT_CALL,
     )
 }
 
@@ -2370,7 +2423,7 @@ unsafe extern "C" fn tag_inject(
         Some(tag),
         None,
         std::ptr::null_mut(),
-        fi::FI_INJECT as u64,
+        fi::FI_INJECT as u64 | INJECT_CALL,
     )
 }
 unsafe extern "C" fn tag_senddata(
@@ -2410,7 +2463,7 @@ unsafe extern "C" fn tag_injectdata(
         Some(tag),
         Some(data & 0xffff_ffff),
         std::ptr::null_mut(),
-        fi::FI_INJECT as u64,
+        fi::FI_INJECT as u64 | INJECT_CALL,
     )
 }
 

@@ -21,6 +21,7 @@ pub(crate) const SECONDARY_CAPS: u64 = fi::FI_SEND as u64
     | fi::FI_SOURCE
     | fi::FI_REMOTE_COMM
     | fi::FI_LOCAL_COMM
+    | fi::FI_RMA_EVENT
     | fi::FI_MULTI_RECV as u64;
 /// The capabilities that belong in `tx_attr->caps` (fi_getinfo(3): primary capabilities and
 /// the transmit-side modifiers; no receive-side or domain bits).
@@ -33,7 +34,11 @@ const RX_ATTR_CAPS: u64 = PRIMARY_CAPS
     | fi::FI_REMOTE_WRITE as u64
     | fi::FI_DIRECTED_RECV
     | fi::FI_SOURCE
+    | fi::FI_RMA_EVENT
     | fi::FI_MULTI_RECV as u64;
+/// Secondary capabilities returned only when asked for: FI_RMA_EVENT costs a provider message
+/// per RMA operation (see `ep::KIND_RMA_EVENT`).
+const ON_REQUEST_CAPS: u64 = fi::FI_RMA_EVENT;
 /// Domain capabilities: peers on other hosts and on this one (loopback).
 const DOMAIN_CAPS: u64 = fi::FI_REMOTE_COMM | fi::FI_LOCAL_COMM;
 /// Everything it implements.
@@ -167,7 +172,7 @@ unsafe fn specs(
     // SAFETY: hints is null or valid.
     let h = unsafe { hints.as_ref() };
     let mut spec = Spec {
-        caps: CAPS,
+        caps: CAPS & !ON_REQUEST_CAPS,
         domain: String::new(),
         src: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
         dest: None,
@@ -299,6 +304,7 @@ unsafe fn specs(
                     return Err(neg(fi::FI_ENODATA));
                 }
                 spec.caps &= !(KEYED_CAPS
+                    | fi::FI_RMA_EVENT
                     | fi::FI_READ as u64
                     | fi::FI_WRITE as u64
                     | fi::FI_REMOTE_READ as u64
@@ -580,7 +586,11 @@ pub(crate) unsafe fn read_info(info: *const fi::fi_info) -> Option<Spec> {
     // SAFETY: as above.
     let rx = unsafe { i.rx_attr.as_ref() };
     Some(Spec {
-        caps: if i.caps == 0 { CAPS } else { i.caps & CAPS },
+        caps: if i.caps == 0 {
+            CAPS & !ON_REQUEST_CAPS
+        } else {
+            i.caps & CAPS
+        },
         // SAFETY: the name is null or a C string.
         domain: dom
             .and_then(|d| unsafe { c_str(d.name) })

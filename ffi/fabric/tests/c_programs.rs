@@ -151,3 +151,8 @@ fn c_two_endpoints_in_one_domain_each_talk_to_peers() {
 fn c_getinfo_caps_placement_and_av_sync_err() {
     run("conform");
 }
+
+#[test]
+fn c_rma_event_counters_count_remote_writes_and_reads() {
+    run("rmaevent");
+}

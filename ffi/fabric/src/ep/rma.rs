@@ -84,7 +84,8 @@ impl EpInner {
         if inject && (len > EAGER_MAX || matches!(req.kind, Kind::Read)) {
             return -(fi::FI_EMSGSIZE as isize);
         }
-        let report = !inject && (!st.bound.tx_selective || flags & fi::FI_COMPLETION as u64 != 0);
+        let report = flags & super::INJECT_CALL == 0
+            && (!st.bound.tx_selective || flags & fi::FI_COMPLETION as u64 != 0);
         self.progress_locked(&mut st);
         if let Err(e) = self.ensure_peer(&mut st, peer) {
             return e;
@@ -205,6 +206,8 @@ impl EpInner {
                 slot,
                 _mrs: mrs,
                 read,
+                event: (self.caps & fi::FI_RMA_EVENT != 0)
+                    .then_some((peer, matches!(req.kind, Kind::Read))),
             },
         );
         let wr = SendWr {
@@ -416,7 +419,7 @@ unsafe extern "C" fn rma_inject(
         addr,
         key,
         std::ptr::null_mut(),
-        fi::FI_INJECT as u64,
+        fi::FI_INJECT as u64 | super::INJECT_CALL,
     )
 }
 unsafe extern "C" fn rma_writedata(
@@ -464,7 +467,7 @@ unsafe extern "C" fn rma_injectdata(
         addr,
         key,
         std::ptr::null_mut(),
-        fi::FI_INJECT as u64,
+        fi::FI_INJECT as u64 | super::INJECT_CALL,
     )
 }
 
@@ -635,7 +638,7 @@ unsafe extern "C" fn at_inject(
             addr,
             key,
             std::ptr::null_mut(),
-            fi::FI_INJECT as u64,
+            fi::FI_INJECT as u64 | super::INJECT_CALL,
         ),
         Err(e) => e,
     }
