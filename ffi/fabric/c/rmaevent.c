@@ -1,7 +1,8 @@
 /* FI_RMA_EVENT through the braid provider: the target's counters bound with FI_REMOTE_WRITE
  * and FI_REMOTE_READ count RMA writes (and atomics) and reads into its memory, checked with
  * fi_cntr_wait and exact values; a failed write (bad key) is not counted; fi_getinfo returns
- * FI_RMA_EVENT only when asked; without it, binding a remote counter is -FI_EBADFLAGS. */
+ * FI_RMA_EVENT only when asked; without it, binding a remote counter is -FI_EBADFLAGS;
+ * binding a counter to a memory region is -FI_ENOSYS (not silently accepted). */
 #include "common.h"
 #include <rdma/fi_atomic.h>
 #include <rdma/fi_rma.h>
@@ -86,6 +87,8 @@ int main(void)
 	CHECK(fi_mr_reg(b.domain, target, sizeof(target), FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 0,
 			0, &mr, NULL));
 	uint64_t key = fi_mr_key(mr);
+	/* Per-region counters are not implemented: said, not silently accepted. */
+	EXPECT(fi_mr_bind(mr, &wr_c->fid, FI_REMOTE_WRITE) == -FI_ENOSYS);
 
 	for (int k = 0; k < 3; k++) {
 		CHECK(fi_write(a.ep, "event", 6, NULL, to, 100 * k, key, NULL));

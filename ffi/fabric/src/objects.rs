@@ -705,13 +705,20 @@ unsafe extern "C" fn mr_close(fid: *mut fi::fid) -> i32 {
     })
 }
 
-/// Binding a region to an endpoint or counter (FI_MR_ENDPOINT) is not needed here.
-unsafe extern "C" fn mr_bind(fid: *mut fi::fid, _: *mut fi::fid, _: u64) -> i32 {
+/// Binding a region to an endpoint (FI_MR_ENDPOINT) is not needed here: accepted. Binding
+/// it to a counter (a per-region remote-write counter) is not implemented: the remote
+/// events of FI_RMA_EVENT are counted per endpoint, so such a counter would never move.
+unsafe extern "C" fn mr_bind(fid: *mut fi::fid, bfid: *mut fi::fid, _: u64) -> i32 {
     guard(|| {
         // SAFETY: validated by get().
-        match unsafe { get::<Mr>(fid) } {
-            Ok(_) => 0,
-            Err(e) => e,
+        if let Err(e) = unsafe { get::<Mr>(fid) } {
+            return e;
+        }
+        // SAFETY: bfid is null or a fid by contract; only its class is read.
+        match unsafe { bfid.as_ref() } {
+            None => neg(fi::FI_EINVAL),
+            Some(b) if b.fclass == fi::FI_CLASS_CNTR as usize => neg(fi::FI_ENOSYS),
+            Some(_) => 0,
         }
     })
 }
