@@ -17,6 +17,20 @@
 //!   and incarnation so a stale reply cannot connect a newer attempt. A duplicate REQUEST gets
 //!   the same REPLY again; replies themselves are never retransmitted.
 //! - **REJECT**: the request cannot be served (version, features, limits); carries a reason.
+//! - **CONFIRM** (requester → responder): sent for every REPLY that connects (or repeats the
+//!   connection of) an attempt, in REPLY's layout, echoing the responder's QP number and
+//!   incarnation. It proves the requester owns its source address and uses the connection.
+//!
+//! Accepting is bounded, so a request flood cannot use up the device's QPs (each accepted
+//! request creates one): at most [`HandshakeConfig::max_accepted_per_source`] accepted
+//! connections per source IP address, and at most [`HandshakeConfig::max_unconfirmed`]
+//! accepted connections whose CONFIRM has not arrived (at most
+//! [`HandshakeConfig::max_unconfirmed_per_source`] of them from one source IP address). A
+//! request beyond a limit is answered with a REJECT ([`RejectReason::Limit`]), which the
+//! requester reports as a failed attempt, except that an unconfirmed connection older than
+//! [`HandshakeConfig::unconfirmed_grace_ns`] makes room first
+//! ([`HandshakeEvent::Expired`]: a requester with a forged source address never sees the
+//! REPLY, so its connections never confirm).
 //!
 //! Rules:
 //! - A REQUEST from a peer this side knows nothing about is accepted (the factory gives the QP),
@@ -38,17 +52,17 @@
 //! Handshake datagram (all integers big-endian), 52 to 96 bytes:
 //!  0               1               2               3
 //! +---------------+---------------+---------------+---------------+
-//! |  version (1)  | kind 16/17/18 | reject reason |  family 4/6   |
+//! | version (1) | kind 16/17/18/19| reject reason |  family 4/6   |
 //! +---------------+---------------+---------------+---------------+
 //! |              destination QP number = 0xffffffff               |
 //! +---------------------------------------------------------------+
 //! |              sender's incarnation id (64 bits)                |
 //! +---------------------------------------------------------------+
-//! |   echoed incarnation: the requester's (REPLY/REJECT), else 0  |
+//! | echoed incarnation: the peer's (REPLY/REJECT/CONFIRM), else 0 |
 //! +---------------------------------------------------------------+
 //! |                         feature bits                          |
 //! +---------------------------------------------------------------+
-//! |   echoed QP number: the requester's (REPLY/REJECT), else 0    |
+//! |  echoed QP number: the peer's (REPLY/REJECT/CONFIRM), else 0  |
 //! +---------------------------------------------------------------+
 //! |                 sender's QP number (QpInfo.qpn)               |
 //! +---------------------------------------------------------------+
@@ -101,6 +115,7 @@ pub const MAX_DATAGRAM: usize = FIXED_LEN + 16 + 32 + 4;
 const KIND_REQUEST: u8 = 16;
 const KIND_REPLY: u8 = 17;
 const KIND_REJECT: u8 = 18;
+const KIND_CONFIRM: u8 = 19;
 const FIXED_LEN: usize = 44;
 
 /// Whether `datagram` is addressed to the handshake (and so is not the engine's).
@@ -117,15 +132,30 @@ pub struct HandshakeConfig {
     pub rto_max_ns: u64,
     /// REQUESTs sent (the first included) before the attempt fails.
     pub max_tries: u32,
+    /// Most accepted connections from one source IP address (confirmed or not).
+    pub max_accepted_per_source: usize,
+    /// Most accepted connections, over all sources, whose CONFIRM has not arrived.
+    pub max_unconfirmed: usize,
+    /// Most accepted connections from one source IP address whose CONFIRM has not arrived.
+    pub max_unconfirmed_per_source: usize,
+    /// Age after which an unconfirmed accepted connection may be dropped to make room for a
+    /// new request, ns.
+    pub unconfirmed_grace_ns: u64,
 }
 
 impl Default for HandshakeConfig {
-    /// 20 ms, doubling to 1 s, 10 tries: an attempt gives up after about 5 s.
+    /// 20 ms, doubling to 1 s, 10 tries: an attempt gives up after about 5 s. 4096 accepted
+    /// connections per source address (a host may run many processes), 1024 unconfirmed in
+    /// all and 64 per source, 2 s of grace (a CONFIRM follows the REPLY within a round trip).
     fn default() -> Self {
         HandshakeConfig {
             rto_initial_ns: 20_000_000,
             rto_max_ns: 1_000_000_000,
             max_tries: 10,
+            max_accepted_per_source: 4096,
+            max_unconfirmed: 1024,
+            max_unconfirmed_per_source: 64,
+            unconfirmed_grace_ns: 2_000_000_000,
         }
     }
 }
@@ -139,7 +169,8 @@ pub enum RejectReason {
     /// The request asks for features the responder lacks (or lacks ones it requires, such as
     /// encryption on both sides or neither).
     Features,
-    /// The responder cannot create another QP or track another peer.
+    /// The responder cannot create another QP or track another peer, or this source has as
+    /// many connections (or unconfirmed ones) as the responder allows.
     Limit,
     /// The responder does not accept connections (no handshake enabled), or refused this one.
     Refused,
@@ -189,6 +220,9 @@ pub enum ConnectFailure {
     Timeout,
     /// The peer answered with a REJECT.
     Rejected(RejectReason),
+    /// An accepted connection was never confirmed by its requester and was dropped to make
+    /// room for another request.
+    Unconfirmed,
 }
 
 impl std::fmt::Display for ConnectFailure {
@@ -196,6 +230,7 @@ impl std::fmt::Display for ConnectFailure {
         match self {
             ConnectFailure::Timeout => f.write_str("no answer from the peer"),
             ConnectFailure::Rejected(r) => write!(f, "{r}"),
+            ConnectFailure::Unconfirmed => f.write_str("the requester never confirmed"),
         }
     }
 }
@@ -224,6 +259,14 @@ pub enum HandshakeEvent {
         peer: SocketAddr,
         /// The local QP of the old connection: the runtime fails it.
         old_local: QpInfo,
+    },
+    /// An accepted connection whose requester never confirmed it was dropped to make room
+    /// (see the module docs): the runtime fails and destroys `local`.
+    Expired {
+        /// The peer device's address.
+        peer: SocketAddr,
+        /// The local QP of the dropped connection.
+        local: QpInfo,
     },
     /// An attempt started with `connect` ended without a connection.
     Failed {
@@ -281,6 +324,14 @@ pub struct HandshakeStats {
     /// Well-formed datagrams that matched no attempt (stale, duplicate or from an old
     /// incarnation) and were dropped.
     pub stale: u64,
+    /// CONFIRMs sent.
+    pub confirms_sent: u64,
+    /// Accepted connections confirmed by their requester.
+    pub confirmed: u64,
+    /// Requests rejected because a per-source or unconfirmed limit was reached.
+    pub limit_rejects: u64,
+    /// Unconfirmed accepted connections dropped to make room.
+    pub expired: u64,
 }
 
 struct Attempt {
@@ -296,7 +347,26 @@ enum Peer {
         local: QpInfo,
         remote: QpInfo,
         incarnation: u64,
+        origin: Origin,
     },
+}
+
+/// Who started a connection, and for accepted ones whether the requester confirmed it.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum Origin {
+    /// This side connected (or both did at once).
+    Ours,
+    /// Accepted from the peer; `unconfirmed_since` is when, until its CONFIRM arrives.
+    Accepted {
+        unconfirmed_since: Option<Timestamp>,
+    },
+}
+
+/// What one source IP address holds of the accept limits.
+#[derive(Copy, Clone, Debug, Default)]
+struct SourceCount {
+    accepted: usize,
+    unconfirmed: usize,
 }
 
 /// The handshake state machine of one device (see the module docs).
@@ -311,6 +381,10 @@ pub struct Handshake {
     local: SocketAddr,
     incarnation: u64,
     peers: HashMap<SocketAddr, Peer>,
+    /// Accept-limit counts per source IP address (entries with both counts zero are removed).
+    sources: HashMap<IpAddr, SourceCount>,
+    /// Unconfirmed accepted connections, oldest first (by acceptance time, then address).
+    unconfirmed: std::collections::BTreeSet<(Timestamp, SocketAddr)>,
     out: VecDeque<(SocketAddr, Vec<u8>)>,
     events: VecDeque<HandshakeEvent>,
     stats: HandshakeStats,
@@ -325,6 +399,8 @@ impl Handshake {
             local,
             incarnation,
             peers: HashMap::new(),
+            sources: HashMap::new(),
+            unconfirmed: std::collections::BTreeSet::new(),
             out: VecDeque::new(),
             events: VecDeque::new(),
             stats: HandshakeStats::default(),
@@ -349,6 +425,7 @@ impl Handshake {
                 local,
                 remote,
                 incarnation,
+                ..
             } => PeerState::Connected {
                 local: *local,
                 remote: *remote,
@@ -377,7 +454,7 @@ impl Handshake {
             return Err(StartError::Limit);
         }
         let rto_ns = self.cfg.rto_initial_ns.max(1);
-        self.peers.insert(
+        self.set_peer(
             peer,
             Peer::Connecting(Attempt {
                 local,
@@ -394,8 +471,108 @@ impl Handshake {
     /// accepted as new, and a later `connect` starts afresh. Returns what was known.
     pub fn forget(&mut self, peer: SocketAddr) -> Option<PeerState> {
         let s = self.state(peer);
-        self.peers.remove(&peer);
+        self.take_peer(peer);
         s
+    }
+
+    /// Accepted connections from `ip`, and how many of them are unconfirmed.
+    pub fn accepted_from(&self, ip: IpAddr) -> (usize, usize) {
+        self.sources
+            .get(&ip)
+            .map_or((0, 0), |c| (c.accepted, c.unconfirmed))
+    }
+
+    /// Accepted connections whose CONFIRM has not arrived, over all sources.
+    pub fn unconfirmed_count(&self) -> usize {
+        self.unconfirmed.len()
+    }
+
+    /// Stores `p` for `peer`, replacing (and uncounting) what was there, and counts it.
+    fn set_peer(&mut self, peer: SocketAddr, p: Peer) {
+        self.take_peer(peer);
+        if let Peer::Connected {
+            origin: Origin::Accepted { unconfirmed_since },
+            ..
+        } = &p
+        {
+            let c = self.sources.entry(peer.ip()).or_default();
+            c.accepted += 1;
+            if let Some(t) = unconfirmed_since {
+                c.unconfirmed += 1;
+                self.unconfirmed.insert((*t, peer));
+            }
+        }
+        self.peers.insert(peer, p);
+    }
+
+    /// Removes `peer` and uncounts it.
+    fn take_peer(&mut self, peer: SocketAddr) -> Option<Peer> {
+        let p = self.peers.remove(&peer)?;
+        if let Peer::Connected {
+            origin: Origin::Accepted { unconfirmed_since },
+            ..
+        } = &p
+            && let Some(c) = self.sources.get_mut(&peer.ip())
+        {
+            c.accepted = c.accepted.saturating_sub(1);
+            if let Some(t) = unconfirmed_since {
+                c.unconfirmed = c.unconfirmed.saturating_sub(1);
+                self.unconfirmed.remove(&(*t, peer));
+            }
+            if c.accepted == 0 && c.unconfirmed == 0 {
+                self.sources.remove(&peer.ip());
+            }
+        }
+        Some(p)
+    }
+
+    /// Drops the oldest unconfirmed accepted connection (from `ip` only, if given) if it is
+    /// older than the grace time. Returns whether one was dropped.
+    fn expire_one(&mut self, now: Timestamp, ip: Option<IpAddr>, exclude: SocketAddr) -> bool {
+        let grace = Duration::from_nanos(self.cfg.unconfirmed_grace_ns);
+        let victim = self
+            .unconfirmed
+            .iter()
+            .take_while(|(t, _)| *t + grace <= now)
+            .find(|(_, p)| *p != exclude && ip.is_none_or(|ip| p.ip() == ip))
+            .map(|&(_, p)| p);
+        let Some(peer) = victim else { return false };
+        if let Some(Peer::Connected { local, .. }) = self.take_peer(peer) {
+            self.stats.expired += 1;
+            self.push_event(HandshakeEvent::Expired { peer, local });
+        }
+        true
+    }
+
+    /// Whether a new accepted connection from `peer` fits the accept limits (after dropping
+    /// expired unconfirmed ones to make room). The peer's own accepted connection, which the
+    /// new one would replace, does not count against it.
+    fn admit(&mut self, now: Timestamp, peer: SocketAddr) -> bool {
+        let ip = peer.ip();
+        let (own_acc, own_unc) = match self.peers.get(&peer) {
+            Some(Peer::Connected {
+                origin: Origin::Accepted { unconfirmed_since },
+                ..
+            }) => (1, usize::from(unconfirmed_since.is_some())),
+            _ => (0, 0),
+        };
+        let (acc, _) = self.accepted_from(ip);
+        if acc.saturating_sub(own_acc) >= self.cfg.max_accepted_per_source {
+            return false;
+        }
+        while self.accepted_from(ip).1.saturating_sub(own_unc)
+            >= self.cfg.max_unconfirmed_per_source
+        {
+            if !self.expire_one(now, Some(ip), peer) {
+                return false;
+            }
+        }
+        while self.unconfirmed.len().saturating_sub(own_unc) >= self.cfg.max_unconfirmed {
+            if !self.expire_one(now, None, peer) {
+                return false;
+            }
+        }
+        true
     }
 
     /// Processes one datagram addressed to [`HANDSHAKE_QPN`] from `src`. `accept` gives a
@@ -408,7 +585,6 @@ impl Handshake {
         datagram: &[u8],
         accept: &mut dyn FnMut(&QpInfo) -> Result<QpInfo, RejectReason>,
     ) {
-        let _ = now;
         let msg = match Message::parse(datagram) {
             Ok(m) => m,
             Err(ParseError::Version { kind }) => {
@@ -430,15 +606,17 @@ impl Handshake {
         let mut remote = msg.info;
         remote.addr = peer;
         match msg.kind {
-            KIND_REQUEST => self.on_request(peer, remote, &msg, accept),
+            KIND_REQUEST => self.on_request(now, peer, remote, &msg, accept),
             KIND_REPLY => self.on_reply(peer, remote, &msg),
             KIND_REJECT => self.on_reject(peer, &msg),
+            KIND_CONFIRM => self.on_confirm(peer, remote, &msg),
             _ => self.stats.malformed += 1,
         }
     }
 
     fn on_request(
         &mut self,
+        now: Timestamp,
         peer: SocketAddr,
         remote: QpInfo,
         msg: &Message,
@@ -459,7 +637,7 @@ impl Handshake {
             Some(Peer::Connecting(a)) => {
                 // Simultaneous connect: our pending QP serves the peer's request.
                 let local = a.local;
-                self.establish(peer, local, remote, msg.incarnation, false);
+                self.establish(peer, local, remote, msg.incarnation, Origin::Ours);
                 self.send_reply(peer, local, msg.incarnation, remote.qpn);
                 return;
             }
@@ -467,6 +645,7 @@ impl Handshake {
                 local,
                 remote: known,
                 incarnation,
+                ..
             }) => {
                 if msg.incarnation < *incarnation {
                     self.stats.stale += 1;
@@ -481,12 +660,21 @@ impl Handshake {
                 replaced = Some(*local);
             }
         }
+        if !self.admit(now, peer) {
+            // A refused replacement leaves the old connection standing, as below.
+            self.stats.limit_rejects += 1;
+            self.send_reject_raw(peer, msg.incarnation, remote.qpn, RejectReason::Limit);
+            return;
+        }
         match accept(&remote) {
             Ok(local) => {
                 if let Some(old_local) = replaced {
                     self.push_event(HandshakeEvent::Replaced { peer, old_local });
                 }
-                self.establish(peer, local, remote, msg.incarnation, true);
+                let origin = Origin::Accepted {
+                    unconfirmed_since: Some(now),
+                };
+                self.establish(peer, local, remote, msg.incarnation, origin);
                 self.send_reply(peer, local, msg.incarnation, remote.qpn);
             }
             Err(reason) => {
@@ -505,7 +693,62 @@ impl Handshake {
         match self.peers.get(&peer) {
             Some(Peer::Connecting(a)) if a.local.qpn == msg.echo_qpn => {
                 let local = a.local;
-                self.establish(peer, local, remote, msg.incarnation, false);
+                self.establish(peer, local, remote, msg.incarnation, Origin::Ours);
+                self.send_confirm(peer, local, msg.incarnation, remote.qpn);
+            }
+            Some(Peer::Connected {
+                local,
+                remote: known,
+                incarnation,
+                ..
+            }) if local.qpn == msg.echo_qpn
+                && known.qpn == remote.qpn
+                && *incarnation == msg.incarnation =>
+            {
+                // A duplicate REPLY (our REQUEST was repeated): confirm again, in case the
+                // first CONFIRM was lost.
+                let local = *local;
+                self.send_confirm(peer, local, msg.incarnation, remote.qpn);
+            }
+            _ => self.stats.stale += 1,
+        }
+    }
+
+    fn on_confirm(&mut self, peer: SocketAddr, remote: QpInfo, msg: &Message) {
+        if msg.echo_incarnation != self.incarnation {
+            self.stats.stale += 1;
+            return;
+        }
+        match self.peers.get(&peer) {
+            Some(Peer::Connected {
+                local,
+                remote: known,
+                incarnation,
+                origin,
+            }) if local.qpn == msg.echo_qpn
+                && known.qpn == remote.qpn
+                && *incarnation == msg.incarnation =>
+            {
+                if let Origin::Accepted {
+                    unconfirmed_since: Some(_),
+                } = *origin
+                {
+                    let (local, known, incarnation) = (*local, *known, *incarnation);
+                    self.stats.confirmed += 1;
+                    self.set_peer(
+                        peer,
+                        Peer::Connected {
+                            local,
+                            remote: known,
+                            incarnation,
+                            origin: Origin::Accepted {
+                                unconfirmed_since: None,
+                            },
+                        },
+                    );
+                }
+                // Otherwise confirmed already, or started here (simultaneous connect): nothing
+                // to do.
             }
             _ => self.stats.stale += 1,
         }
@@ -521,7 +764,7 @@ impl Handshake {
                 if a.local.qpn == msg.echo_qpn || (msg.echo_qpn == 0 && msg.reason != 0) =>
             {
                 let local = a.local;
-                self.peers.remove(&peer);
+                self.take_peer(peer);
                 self.push_event(HandshakeEvent::Failed {
                     peer,
                     local,
@@ -538,14 +781,15 @@ impl Handshake {
         local: QpInfo,
         remote: QpInfo,
         incarnation: u64,
-        accepted: bool,
+        origin: Origin,
     ) {
-        self.peers.insert(
+        self.set_peer(
             peer,
             Peer::Connected {
                 local,
                 remote,
                 incarnation,
+                origin,
             },
         );
         self.push_event(HandshakeEvent::Connected {
@@ -553,7 +797,7 @@ impl Handshake {
             local,
             remote,
             incarnation,
-            accepted,
+            accepted: origin != Origin::Ours,
         });
     }
 
@@ -576,7 +820,7 @@ impl Handshake {
             resend.push((*peer, a.local));
         }
         for (peer, local) in failed {
-            self.peers.remove(&peer);
+            self.take_peer(peer);
             self.push_event(HandshakeEvent::Failed {
                 peer,
                 local,
@@ -643,6 +887,20 @@ impl Handshake {
         self.stats.replies_sent += 1;
         let m = Message {
             kind: KIND_REPLY,
+            reason: 0,
+            incarnation: self.incarnation,
+            echo_incarnation: echo_inc,
+            features: features_of(&local),
+            echo_qpn,
+            info: local,
+        };
+        self.queue(peer, m.emit());
+    }
+
+    fn send_confirm(&mut self, peer: SocketAddr, local: QpInfo, echo_inc: u64, echo_qpn: u32) {
+        self.stats.confirms_sent += 1;
+        let m = Message {
+            kind: KIND_CONFIRM,
             reason: 0,
             incarnation: self.incarnation,
             echo_incarnation: echo_inc,
@@ -798,7 +1056,9 @@ impl Message {
             }
             _ => return Err(ParseError::Malformed),
         };
-        if !r.0.is_empty() || !matches!(kind, KIND_REQUEST | KIND_REPLY | KIND_REJECT) {
+        if !r.0.is_empty()
+            || !matches!(kind, KIND_REQUEST | KIND_REPLY | KIND_REJECT | KIND_CONFIRM)
+        {
             return Err(ParseError::Malformed);
         }
         // A QP number in the reserved range is never a real QP.
@@ -992,9 +1252,16 @@ pub(crate) struct Runtime {
 }
 
 impl Runtime {
-    fn new(local: SocketAddr, incarnation: u64, pd: PdId, send_cq: CqId, recv_cq: CqId) -> Runtime {
+    fn new(
+        cfg: HandshakeConfig,
+        local: SocketAddr,
+        incarnation: u64,
+        pd: PdId,
+        send_cq: CqId,
+        recv_cq: CqId,
+    ) -> Runtime {
         Runtime {
-            hs: Handshake::new(HandshakeConfig::default(), local, incarnation),
+            hs: Handshake::new(cfg, local, incarnation),
             pd,
             send_cq,
             recv_cq,
@@ -1097,6 +1364,16 @@ impl Runtime {
                         old_qpn: old_local.qpn,
                     });
                 }
+                HandshakeEvent::Expired { peer, local } => {
+                    // Nothing was sent to the peer on it (it never confirmed): fail what the
+                    // application posted (flushed) and drop the QP with the next retirement.
+                    self.retire(ep, peer, local.qpn);
+                    self.push(ConnectionEvent::Failed {
+                        peer,
+                        qpn: local.qpn,
+                        reason: ConnectFailure::Unconfirmed,
+                    });
+                }
                 HandshakeEvent::Failed {
                     peer,
                     local,
@@ -1181,6 +1458,17 @@ impl Device {
         send_cq: &CompletionQueue,
         recv_cq: &CompletionQueue,
     ) -> Result<(), ConnectError> {
+        self.enable_handshake_with(HandshakeConfig::default(), pd, send_cq, recv_cq)
+    }
+
+    /// [`enable_handshake`](Self::enable_handshake) with other timers and accept limits.
+    pub fn enable_handshake_with(
+        &self,
+        cfg: HandshakeConfig,
+        pd: &ProtectionDomain,
+        send_cq: &CompletionQueue,
+        recv_cq: &CompletionQueue,
+    ) -> Result<(), ConnectError> {
         // Incarnations grow across restarts: the wall clock at enable time, in ns.
         let incarnation = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -1192,6 +1480,7 @@ impl Device {
                 return Err(ConnectError::AlreadyEnabled);
             }
             *rt = Some(Runtime::new(
+                cfg,
                 dp.local_addr(),
                 incarnation,
                 pd.id(),
@@ -1402,9 +1691,12 @@ mod tests {
             }
         }
         fn deliver(&mut self, now: Timestamp, from: u16, d: &[u8]) {
+            self.deliver_from(now, addr(from), d);
+        }
+        fn deliver_from(&mut self, now: Timestamp, from: SocketAddr, d: &[u8]) {
             let (port, refuse) = (self.port, self.refuse);
             let next = &mut self.next_qpn;
-            self.hs.handle_datagram(now, addr(from), d, &mut |_| {
+            self.hs.handle_datagram(now, from, d, &mut |_| {
                 if refuse {
                     return Err(RejectReason::Refused);
                 }
@@ -1649,6 +1941,158 @@ mod tests {
         assert_eq!(b.hs.peer_count(), 1);
     }
 
+    /// A REQUEST as a flooder forges it: from `src`, claiming device port `port` and QP `qpn`.
+    fn forged_request(src: SocketAddr, port: u16, qpn: u32) -> Vec<u8> {
+        Message {
+            kind: KIND_REQUEST,
+            reason: 0,
+            incarnation: 7,
+            echo_incarnation: 0,
+            features: 0,
+            echo_qpn: 0,
+            info: QpInfo {
+                addr: SocketAddr::new(src.ip(), port),
+                qpn,
+                psn: 1,
+                seal_key: None,
+            },
+        }
+        .emit()
+    }
+
+    fn limited(port: u16, cfg: HandshakeConfig) -> Side {
+        let mut s = Side::new(port, 2);
+        s.hs = Handshake::new(cfg, addr(port), 2);
+        s
+    }
+
+    fn rejects(d: &[Vec<u8>], reason: RejectReason) -> usize {
+        d.iter()
+            .filter(|d| d[1] == KIND_REJECT && d[2] == reason.code())
+            .count()
+    }
+
+    #[test]
+    fn the_requester_confirms_an_accepted_connection() {
+        let now = Timestamp::ZERO;
+        let (mut a, mut b) = (Side::new(1000, 1), Side::new(2000, 2));
+        a.hs.connect(now, addr(2000), qp(1000, 11)).unwrap();
+        let req = a.out();
+        b.deliver(now, 1000, &req[0]);
+        assert_eq!(b.hs.accepted_from(addr(1000).ip()), (1, 1));
+        assert_eq!(b.hs.unconfirmed_count(), 1);
+        exchange(now, &mut a, &mut b);
+        assert_eq!(a.hs.stats().confirms_sent, 1);
+        assert_eq!(b.hs.stats().confirmed, 1);
+        assert_eq!(b.hs.accepted_from(addr(1000).ip()), (1, 0));
+        assert_eq!(b.hs.unconfirmed_count(), 0);
+        // A confirmed connection forgotten frees its slot.
+        b.hs.forget(addr(1000));
+        assert_eq!(b.hs.accepted_from(addr(1000).ip()), (0, 0));
+    }
+
+    #[test]
+    fn a_request_flood_from_one_source_is_bounded_and_other_peers_still_connect() {
+        let now = Timestamp::ZERO;
+        let cfg = HandshakeConfig {
+            max_unconfirmed_per_source: 4,
+            max_unconfirmed: 6,
+            unconfirmed_grace_ns: 1_000_000_000,
+            ..HandshakeConfig::default()
+        };
+        let mut b = limited(2000, cfg);
+        let flooder: SocketAddr = "10.0.0.9:5000".parse().unwrap();
+        for i in 0..100u16 {
+            b.deliver_from(
+                now,
+                flooder,
+                &forged_request(flooder, 3000 + i, 50 + u32::from(i)),
+            );
+        }
+        // Four accepted (and unconfirmed), the other 96 rejected with Limit.
+        assert_eq!(b.next_qpn, 2000 * 100 + 4);
+        assert_eq!(b.hs.accepted_from(flooder.ip()), (4, 4));
+        assert_eq!(b.hs.stats().limit_rejects, 96);
+        assert_eq!(rejects(&b.out(), RejectReason::Limit), 96);
+        // A second source fills the global unconfirmed limit (6) with two more.
+        let other: SocketAddr = "10.0.0.10:5000".parse().unwrap();
+        for i in 0..3u16 {
+            b.deliver_from(
+                now,
+                other,
+                &forged_request(other, 3000 + i, 50 + u32::from(i)),
+            );
+        }
+        assert_eq!(b.hs.unconfirmed_count(), 6);
+        assert_eq!(b.hs.accepted_from(other.ip()), (2, 2));
+        b.out();
+        // A real peer from elsewhere is refused while the unconfirmed are young...
+        let mut a = Side::new(1000, 1);
+        a.hs.connect(now, addr(2000), qp(1000, 11)).unwrap();
+        exchange(now, &mut a, &mut b);
+        assert_eq!(
+            a.events(),
+            vec![HandshakeEvent::Failed {
+                peer: addr(2000),
+                local: qp(1000, 11),
+                reason: ConnectFailure::Rejected(RejectReason::Limit),
+            }]
+        );
+        // ...and once they are past the grace time, the oldest makes room for it.
+        let later = now + Duration::from_secs(2);
+        a.hs.connect(later, addr(2000), qp(1000, 12)).unwrap();
+        exchange(later, &mut a, &mut b);
+        assert_eq!(connected(&a, 2000).0, 12);
+        assert_eq!(b.hs.stats().expired, 1);
+        let expired: Vec<_> = b
+            .events()
+            .into_iter()
+            .filter(|e| matches!(e, HandshakeEvent::Expired { .. }))
+            .collect();
+        assert_eq!(expired.len(), 1);
+        // The real peer confirmed, so it holds no unconfirmed slot: 5 forged ones remain.
+        assert_eq!(b.hs.accepted_from(addr(1000).ip()), (1, 0));
+        assert_eq!(b.hs.unconfirmed_count(), 5);
+    }
+
+    #[test]
+    fn confirmed_connections_per_source_are_bounded_too() {
+        let now = Timestamp::ZERO;
+        let cfg = HandshakeConfig {
+            max_accepted_per_source: 3,
+            ..HandshakeConfig::default()
+        };
+        let mut b = limited(2000, cfg);
+        let mut peers: Vec<Side> = (0..4).map(|i| Side::new(1000 + i, 1)).collect();
+        for (i, a) in peers.iter_mut().enumerate() {
+            a.hs.connect(now, addr(2000), qp(a.port, 11)).unwrap();
+            exchange(now, a, &mut b);
+            let ev = a.events();
+            if i < 3 {
+                assert!(
+                    matches!(ev[..], [HandshakeEvent::Connected { .. }]),
+                    "{ev:?}"
+                );
+            } else {
+                assert_eq!(
+                    ev,
+                    vec![HandshakeEvent::Failed {
+                        peer: addr(2000),
+                        local: qp(a.port, 11),
+                        reason: ConnectFailure::Rejected(RejectReason::Limit),
+                    }]
+                );
+            }
+        }
+        assert_eq!(b.hs.accepted_from(addr(1000).ip()), (3, 0));
+        // A connected peer restarting (new incarnation) replaces its own slot: not refused.
+        let mut again = Side::new(1000, 5);
+        again.hs.connect(now, addr(2000), qp(1000, 21)).unwrap();
+        exchange(now, &mut again, &mut b);
+        assert_eq!(connected(&again, 2000).0, 21);
+        assert_eq!(b.hs.accepted_from(addr(1000).ip()), (3, 0));
+    }
+
     #[test]
     fn messages_round_trip() {
         let m = Message {
@@ -1853,5 +2297,104 @@ mod device_tests {
             dev.enable_handshake(&pd, &cq, &cq),
             Err(ConnectError::AlreadyEnabled)
         );
+    }
+
+    #[test]
+    fn a_request_flood_over_loopback_uses_no_more_qps_than_the_limits() {
+        // The responder at 127.0.0.1 allows 8 unconfirmed connections per source and a long
+        // grace, so nothing expires during the test.
+        let b = {
+            let dev =
+                Device::open(DeviceConfig::udp("127.0.0.1:0".parse().unwrap()).paths(2)).unwrap();
+            let pd = dev.alloc_pd();
+            let cq = dev.create_cq();
+            let cfg = HandshakeConfig {
+                max_unconfirmed_per_source: 8,
+                unconfirmed_grace_ns: 600_000_000_000,
+                ..HandshakeConfig::default()
+            };
+            dev.enable_handshake_with(cfg, &pd, &cq, &cq).unwrap();
+            End { dev, pd, cq }
+        };
+        let pb = b.dev.local_addr();
+        let qps_before = b.dev.inner_qp_count();
+        // The flood: 500 requests from one socket at 127.0.0.3, each claiming another device
+        // port and QP, so each is a new peer to the responder.
+        let flood = std::net::UdpSocket::bind("127.0.0.3:0").unwrap();
+        let fa = flood.local_addr().unwrap();
+        for i in 0..500u32 {
+            let d = Message {
+                kind: KIND_REQUEST,
+                reason: 0,
+                incarnation: 9,
+                echo_incarnation: 0,
+                features: 0,
+                echo_qpn: 0,
+                info: QpInfo {
+                    addr: SocketAddr::new(fa.ip(), 10_000 + i as u16),
+                    qpn: 100 + i,
+                    psn: 1,
+                    seal_key: None,
+                },
+            }
+            .emit();
+            flood.send_to(&d, pb).unwrap();
+        }
+        // Every request is answered (to the port it claims, where nobody listens): 8
+        // REPLYs, the rest Limit REJECTs. Loopback loses nothing here (500 datagrams of
+        // 56 bytes fit the socket buffer); wait until the device has handled them all.
+        let deadline = std::time::Instant::now() + WAIT;
+        let st = loop {
+            let st = b.dev.handshake_stats();
+            if st.replies_sent + st.rejects_sent >= 500 || std::time::Instant::now() > deadline {
+                break st;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert_eq!((st.replies_sent, st.limit_rejects), (8, 492), "{st:?}");
+        assert_eq!(b.dev.inner_qp_count() - qps_before, 8);
+        // A real device from the flooded address is refused: its attempt fails with Limit...
+        let same = open_at("127.0.0.3:0".parse().unwrap());
+        assert_eq!(
+            same.dev.wait_connected(pb, WAIT).map(|_| ()),
+            Err(ConnectError::Failed(ConnectFailure::Rejected(
+                RejectReason::Limit
+            )))
+        );
+        // ...while peers from other addresses still connect and carry traffic.
+        for ip in ["127.0.0.2:0", "127.0.0.4:0"] {
+            let a = open_at(ip.parse().unwrap());
+            let (sa, rb) = (mr(&a), mr(&b));
+            sa.write(0, b"still up").unwrap();
+            a.dev.post_send_to(pb, send(1, &sa, 8)).unwrap();
+            let c = loop {
+                match b.dev.wait_connection_event(WAIT) {
+                    Some(ConnectionEvent::Established(c)) if c.peer == a.dev.local_addr() => {
+                        break c;
+                    }
+                    Some(_) => {}
+                    None => panic!("no connection from {ip}"),
+                }
+            };
+            b.dev
+                .post_recv_to(
+                    c.peer,
+                    RecvWr {
+                        wr_id: 2,
+                        sges: vec![rb.sge(0, 64)],
+                    },
+                )
+                .unwrap();
+            let wc = a.cq.wait(WAIT).expect("send completion");
+            assert_eq!((wc.wr_id, wc.status), (1, WcStatus::Success));
+            let wc = b.cq.wait(WAIT).expect("recv completion");
+            assert_eq!((wc.wr_id, wc.status), (2, WcStatus::Success));
+            let mut got = [0u8; 8];
+            rb.read(0, &mut got).unwrap();
+            assert_eq!(&got, b"still up");
+        }
+        // Both real requesters confirmed; the 8 forged connections stay unconfirmed.
+        let st = b.dev.handshake_stats();
+        assert_eq!(st.confirmed, 2);
     }
 }

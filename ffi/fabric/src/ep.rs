@@ -29,7 +29,7 @@ use braid::{Access, Completion, ConnectionEvent, MemoryRegion, RecvWr, SendOp, S
 
 use crate::objects::{
     Av, AvInner, Cntr, CntrInner, Cq, CqInner, Domain, DomainInner, Entry, Eq, FI_ADDR_NOTAVAIL,
-    Mr, Object, Table, fi_ops, get,
+    Mr, Net, Object, Table, fi_ops, get,
 };
 use crate::util::{
     Iov, gather, guard, guard_sz, iov_len, neg, read_iovs, scatter, to_sockaddr_in, wc_errno,
@@ -44,11 +44,22 @@ const KIND_FIN: u8 = 3;
 /// A probe: carries nothing; the receiver reposts its buffer. Sent to a peer whose rendezvous
 /// sends wait for their FIN, so that a dead peer fails the connection (and those sends).
 const KIND_PROBE: u8 = 4;
+/// An RMA event (FI_RMA_EVENT): the sender's RMA write or atomic (flag READ_EVENT: read) into
+/// the receiver's memory has completed; the receiver counts it on its remote-write (remote-
+/// read) counter. Braid's one-sided operations tell the target nothing, so the initiator of
+/// an endpoint with FI_RMA_EVENT sends this after each successful operation.
+const KIND_RMA_EVENT: u8 = 5;
 /// How often a peer with rendezvous sends outstanding is probed.
 const PROBE_EVERY: Duration = Duration::from_millis(500);
 const FLAG_TAGGED: u8 = 1;
 const FLAG_DATA: u8 = 2;
 const FLAG_ERROR: u8 = 4;
+const FLAG_READ_EVENT: u8 = 8;
+/// Marks an operation issued by an `fi_inject*` call (an internal flag bit libfabric leaves
+/// unused): such calls generate no completion. The FI_INJECT flag alone (in `fi_sendmsg`
+/// flags or the endpoint's op_flags) only frees the buffer at once; its operation completes
+/// as usual (fabtests' fi_msg_inject checks this).
+pub(crate) const INJECT_CALL: u64 = 1 << 63;
 /// Work-request ids of provider receive buffers have this bit; the rest are operation ids.
 const BOUNCE: u64 = 1 << 63;
 /// How long the provider thread sleeps between checks when nothing completes.
@@ -171,6 +182,9 @@ enum Op {
         _mrs: Vec<MemoryRegion>,
         /// Counts against the read counter (READ, fetching atomics) or the write counter.
         read: bool,
+        /// The target, and whether its memory was read (a READ) rather than written, for
+        /// the RMA event sent after success (`None`: the endpoint has no FI_RMA_EVENT).
+        event: Option<(SocketAddr, bool)>,
     },
     /// A rendezvous READ into a receive buffer.
     Read {
@@ -208,6 +222,8 @@ struct Bound {
     recv_cntr: Option<Arc<CntrInner>>,
     write_cntr: Option<Arc<CntrInner>>,
     read_cntr: Option<Arc<CntrInner>>,
+    remote_write_cntr: Option<Arc<CntrInner>>,
+    remote_read_cntr: Option<Arc<CntrInner>>,
     bound_eq: bool,
 }
 
@@ -228,6 +244,8 @@ struct State {
     unexpected_bytes: usize,
     /// FINs waiting for a provider buffer: (peer, token, error).
     fins: VecDeque<(SocketAddr, u64, bool)>,
+    /// RMA events waiting for a provider buffer: (peer, read).
+    rma_events: VecDeque<(SocketAddr, bool)>,
     conn_gen: u64,
     last_probe: std::time::Instant,
     tx_op_flags: u64,
@@ -238,6 +256,11 @@ struct State {
 /// The endpoint's shared state.
 pub(crate) struct EpInner {
     dom: Arc<DomainInner>,
+    /// The Braid device this endpoint sends and receives on: the domain's for the first
+    /// endpoint, one of its own for each further one.
+    net: Arc<Net>,
+    /// Whether `net` is the domain's (released on close).
+    primary: bool,
     caps: u64,
     st: Mutex<State>,
     watch: Option<braid::handshake::ConnectionWatch>,
@@ -346,28 +369,44 @@ pub(crate) unsafe extern "C" fn endpoint_open2(
         if caps & crate::info::PRIMARY_CAPS == 0 {
             return neg(fi::FI_EINVAL);
         }
-        // The endpoint's address is the domain's device: one endpoint per domain.
-        if d.inner
-            .eps
-            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
+        if d.inner.eps.load(Ordering::Acquire) >= crate::MAX_EPS_PER_DOMAIN {
             return neg(fi::FI_EBUSY);
         }
-        let tx_mr = match d
+        // An endpoint's address is its Braid device's, and the handshake keys connections by
+        // device address: the first endpoint takes the domain's device, each further one opens
+        // its own on the domain's interface (see the module docs).
+        let primary = d
             .inner
-            .pd
-            .alloc_mr(TX_SLOTS * SLOT_LEN, Access::LOCAL_WRITE)
-        {
+            .primary_taken
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        let net = if primary {
+            d.inner.net.clone()
+        } else {
+            match Net::open(SocketAddr::new(d.inner.spec.src.ip(), 0)) {
+                Ok(n) => Arc::new(n),
+                Err(e) => return e,
+            }
+        };
+        let release = || {
+            if primary {
+                d.inner.primary_taken.store(false, Ordering::Release);
+            }
+        };
+        let tx_mr = match net.pd.alloc_mr(TX_SLOTS * SLOT_LEN, Access::LOCAL_WRITE) {
             Ok(m) => m,
             Err(_) => {
-                d.inner.eps.fetch_sub(1, Ordering::AcqRel);
+                release();
                 return neg(fi::FI_ENOMEM);
             }
         };
+        d.inner.eps.fetch_add(1, Ordering::AcqRel);
         let auto = d.inner.spec.data_progress != fi::FI_PROGRESS_MANUAL;
         let inner = Arc::new(EpInner {
             dom: d.inner.clone(),
+            watch: net.dev.connection_watch(),
+            net,
+            primary,
             caps,
             st: Mutex::new(State {
                 bound: Bound::default(),
@@ -384,13 +423,13 @@ pub(crate) unsafe extern "C" fn endpoint_open2(
                 unexpected: [VecDeque::new(), VecDeque::new()],
                 unexpected_bytes: 0,
                 fins: VecDeque::new(),
+                rma_events: VecDeque::new(),
                 conn_gen: u64::MAX,
                 last_probe: std::time::Instant::now(),
                 tx_op_flags,
                 rx_op_flags,
                 min_multi_recv: 64,
             }),
-            watch: d.inner.dev.connection_watch(),
             stop: AtomicBool::new(false),
             ops_seq: AtomicU64::new(0),
         });
@@ -446,11 +485,14 @@ unsafe extern "C" fn ep_close(fid: *mut fi::fid) -> i32 {
             st.closed = true;
             let peers: Vec<SocketAddr> = st.peers.keys().copied().collect();
             for p in peers {
-                e.inner.dom.dev.disconnect(p);
+                e.inner.net.dev.disconnect(p);
             }
             st.peers.clear();
             st.ops.clear();
             st.bound = Bound::default();
+        }
+        if e.inner.primary {
+            e.inner.dom.primary_taken.store(false, Ordering::Release);
         }
         e.inner.dom.eps.fetch_sub(1, Ordering::AcqRel);
         // SAFETY: validated; closing gives up the handle.
@@ -523,12 +565,15 @@ unsafe extern "C" fn ep_bind(fid: *mut fi::fid, bfid: *mut fi::fid, flags: u64) 
                     Ok(c) => c,
                     Err(x) => return x,
                 };
-                // Remote-side counters (FI_REMOTE_READ/WRITE) need FI_RMA_EVENT, which
-                // Braid's one-sided operations do not report to the target.
-                let known = fi::FI_SEND as u64
+                // Remote-side counters (FI_REMOTE_READ/WRITE) need FI_RMA_EVENT (see
+                // KIND_RMA_EVENT).
+                let mut known = fi::FI_SEND as u64
                     | fi::FI_RECV as u64
                     | fi::FI_READ as u64
                     | fi::FI_WRITE as u64;
+                if e.inner.caps & fi::FI_RMA_EVENT != 0 {
+                    known |= fi::FI_REMOTE_READ as u64 | fi::FI_REMOTE_WRITE as u64;
+                }
                 if flags & !known != 0 || flags == 0 {
                     return neg(fi::FI_EBADFLAGS);
                 }
@@ -543,6 +588,12 @@ unsafe extern "C" fn ep_bind(fid: *mut fi::fid, bfid: *mut fi::fid, flags: u64) 
                 }
                 if flags & fi::FI_READ as u64 != 0 {
                     st.bound.read_cntr = Some(c.inner.clone());
+                }
+                if flags & fi::FI_REMOTE_WRITE as u64 != 0 {
+                    st.bound.remote_write_cntr = Some(c.inner.clone());
+                }
+                if flags & fi::FI_REMOTE_READ as u64 != 0 {
+                    st.bound.remote_read_cntr = Some(c.inner.clone());
                 }
                 c.inner
                     .eps
@@ -601,7 +652,7 @@ unsafe extern "C" fn ep_control(fid: *mut fi::fid, command: i32, arg: *mut c_voi
                         .name("braid-fi-progress".into())
                         .spawn(move || {
                             while !inner.stop.load(Ordering::Acquire) {
-                                inner.dom.cq.wait_ready(THREAD_WAIT);
+                                inner.net.cq.wait_ready(THREAD_WAIT);
                                 inner.progress();
                             }
                         });
@@ -802,7 +853,7 @@ unsafe extern "C" fn getname(fid: fi::fid_t, addr: *mut c_void, addrlen: *mut us
         if addrlen.is_null() {
             return neg(fi::FI_EINVAL);
         }
-        let raw = to_sockaddr_in(e.inner.dom.dev.local_addr());
+        let raw = to_sockaddr_in(e.inner.net.dev.local_addr());
         let need = std::mem::size_of::<libc::sockaddr_in>();
         // SAFETY: addrlen non-null; addr has *addrlen writable bytes by contract.
         unsafe {
@@ -896,7 +947,7 @@ impl EpInner {
             let g = w.generation();
             if g != st.conn_gen {
                 st.conn_gen = g;
-                while let Some(ev) = self.dom.dev.poll_connection_event() {
+                while let Some(ev) = self.net.dev.poll_connection_event() {
                     self.on_connection(st, ev);
                 }
             }
@@ -910,7 +961,7 @@ impl EpInner {
             qpn: 0,
         }; 32];
         loop {
-            let n = self.dom.cq.poll(&mut buf);
+            let n = self.net.cq.poll(&mut buf);
             for c in &buf[..n] {
                 self.on_completion(st, c);
             }
@@ -930,6 +981,13 @@ impl EpInner {
                 None,
             ) {
                 st.fins.push_front((peer, token, err));
+                break;
+            }
+        }
+        while let Some((peer, read)) = st.rma_events.pop_front() {
+            let flags = if read { FLAG_READ_EVENT } else { 0 };
+            if !self.send_ctrl(st, peer, KIND_RMA_EVENT, flags, 0, 0, 0, None) {
+                st.rma_events.push_front((peer, read));
                 break;
             }
         }
@@ -987,7 +1045,7 @@ impl EpInner {
     /// attempt if there is none). Returns false if that failed.
     fn add_peer(&self, st: &mut State, peer: SocketAddr) -> bool {
         let Ok(rx) = self
-            .dom
+            .net
             .pd
             .alloc_mr(RX_SLOTS * SLOT_LEN, Access::LOCAL_WRITE)
         else {
@@ -1000,11 +1058,11 @@ impl EpInner {
                 wr_id: bounce_id(id, slot),
                 sges: vec![rx.sge(u64::from(slot) * SLOT_LEN as u64, SLOT_LEN as u32)],
             };
-            if self.dom.dev.post_recv_to(peer, wr).is_err() {
+            if self.net.dev.post_recv_to(peer, wr).is_err() {
                 return false;
             }
         }
-        let Some(qpn) = self.dom.dev.local_qpn(peer) else {
+        let Some(qpn) = self.net.dev.local_qpn(peer) else {
             return false;
         };
         st.peer_ids.insert(id, peer);
@@ -1030,7 +1088,7 @@ impl EpInner {
             let id = p.id;
             st.peers.remove(&peer);
             st.peer_ids.remove(&id);
-            self.dom.dev.disconnect(peer);
+            self.net.dev.disconnect(peer);
         }
         if self.add_peer(st, peer) {
             Ok(())
@@ -1103,7 +1161,7 @@ impl EpInner {
             sges: vec![st.tx_mr.sge(off, HEADER_LEN as u32)],
             signaled: true,
         };
-        if self.dom.dev.post_send_to(peer, wr).is_err() {
+        if self.net.dev.post_send_to(peer, wr).is_err() {
             st.ops.remove(&id);
             st.free_tx.push(slot);
             return false;
@@ -1133,7 +1191,8 @@ impl EpInner {
         if inject && len > EAGER_MAX {
             return -(fi::FI_EMSGSIZE as isize);
         }
-        let report = !inject && (!st.bound.tx_selective || flags & fi::FI_COMPLETION as u64 != 0);
+        let report = flags & INJECT_CALL == 0
+            && (!st.bound.tx_selective || flags & fi::FI_COMPLETION as u64 != 0);
         self.progress_locked(&mut st);
         if let Err(e) = self.ensure_peer(&mut st, peer) {
             return e;
@@ -1186,7 +1245,7 @@ impl EpInner {
                 sges: vec![st.tx_mr.sge(off, (HEADER_LEN + len) as u32)],
                 signaled: true,
             };
-            if self.dom.dev.post_send_to(peer, wr).is_err() {
+            if self.net.dev.post_send_to(peer, wr).is_err() {
                 st.ops.remove(&id);
                 st.free_tx.push(slot);
                 return -(fi::FI_EAGAIN as isize);
@@ -1199,7 +1258,7 @@ impl EpInner {
             // SAFETY: the send contract keeps the buffer valid and unmodified until the send
             // completes; the region is dropped (deregistered) at the latest then.
             unsafe {
-                self.dom
+                self.net
                     .pd
                     .register_raw(req.iovs[0].base, len, Access::REMOTE_READ)
             }
@@ -1207,7 +1266,7 @@ impl EpInner {
             let mut v = vec![0u8; len];
             // SAFETY: the iovs describe readable application memory.
             unsafe { gather(&req.iovs, &mut v) };
-            self.dom
+            self.net
                 .pd
                 .alloc_mr(len, Access::LOCAL_WRITE | Access::REMOTE_READ)
                 .and_then(|m| {
@@ -1571,7 +1630,7 @@ impl EpInner {
             wr_id: bounce_id(peer_id, slot),
             sges: vec![p.rx.sge(u64::from(slot) * SLOT_LEN as u64, SLOT_LEN as u32)],
         };
-        if self.dom.dev.post_recv_to(peer, wr).is_err()
+        if self.net.dev.post_recv_to(peer, wr).is_err()
             && let Some(p) = st.peers.get_mut(&peer)
         {
             p.broken = true;
@@ -1607,7 +1666,7 @@ impl EpInner {
             }
             // SAFETY: the receive contract keeps the buffer valid until the receive completes;
             // the region is dropped when the READ completes.
-            match unsafe { self.dom.pd.register_raw(v.base, n, Access::LOCAL_WRITE) } {
+            match unsafe { self.net.pd.register_raw(v.base, n, Access::LOCAL_WRITE) } {
                 Ok(m) => {
                     sges.push(m.sge(0, n as u32));
                     mrs.push(m);
@@ -1658,7 +1717,7 @@ impl EpInner {
             sges,
             signaled: true,
         };
-        if self.dom.dev.post_send_to(peer, wr).is_err()
+        if self.net.dev.post_send_to(peer, wr).is_err()
             && let Some(Op::Read { recv, .. }) = st.ops.remove(&id)
         {
             st.fins.push_back((peer, token, true));
@@ -1723,10 +1782,14 @@ impl EpInner {
                 slot,
                 _mrs,
                 read,
+                event,
             } => {
                 drop(_mrs);
                 if let Some(s) = slot {
                     st.free_tx.push(s);
+                }
+                if ok && let Some(ev) = event {
+                    st.rma_events.push_back(ev);
                 }
                 let cntr = if read {
                     st.bound.read_cntr.clone()
@@ -1956,6 +2019,19 @@ impl EpInner {
                     st.ops.insert(h.token, op);
                 }
             }
+            KIND_RMA_EVENT => {
+                self.repost(st, peer_id, slot);
+                if self.caps & fi::FI_RMA_EVENT != 0 {
+                    let c = if h.flags & FLAG_READ_EVENT != 0 {
+                        &st.bound.remote_read_cntr
+                    } else {
+                        &st.bound.remote_write_cntr
+                    };
+                    if let Some(c) = c {
+                        c.add(1);
+                    }
+                }
+            }
             _ => self.repost(st, peer_id, slot),
         }
     }
@@ -2176,7 +2252,7 @@ unsafe extern "C" fn msg_inject(
         None,
         None,
         std::ptr::null_mut(),
-        fi::FI_INJECT as u64,
+        fi::FI_INJECT as u64 | INJECT_CALL,
     )
 }
 unsafe extern "C" fn msg_senddata(
@@ -2214,7 +2290,7 @@ unsafe extern "C" fn msg_injectdata(
         None,
         Some(data & 0xffff_ffff),
         std::ptr::null_mut(),
-        fi::FI_INJECT as u64,
+        fi::FI_INJECT as u64 | INJECT_CALL,
     )
 }
 
@@ -2347,7 +2423,7 @@ unsafe extern "C" fn tag_inject(
         Some(tag),
         None,
         std::ptr::null_mut(),
-        fi::FI_INJECT as u64,
+        fi::FI_INJECT as u64 | INJECT_CALL,
     )
 }
 unsafe extern "C" fn tag_senddata(
@@ -2387,7 +2463,7 @@ unsafe extern "C" fn tag_injectdata(
         Some(tag),
         Some(data & 0xffff_ffff),
         std::ptr::null_mut(),
-        fi::FI_INJECT as u64,
+        fi::FI_INJECT as u64 | INJECT_CALL,
     )
 }
 

@@ -20,7 +20,27 @@ pub(crate) const SECONDARY_CAPS: u64 = fi::FI_SEND as u64
     | fi::FI_DIRECTED_RECV
     | fi::FI_SOURCE
     | fi::FI_REMOTE_COMM
+    | fi::FI_LOCAL_COMM
+    | fi::FI_RMA_EVENT
     | fi::FI_MULTI_RECV as u64;
+/// The capabilities that belong in `tx_attr->caps` (fi_getinfo(3): primary capabilities and
+/// the transmit-side modifiers; no receive-side or domain bits).
+const TX_ATTR_CAPS: u64 =
+    PRIMARY_CAPS | fi::FI_SEND as u64 | fi::FI_READ as u64 | fi::FI_WRITE as u64;
+/// The capabilities that belong in `rx_attr->caps`.
+const RX_ATTR_CAPS: u64 = PRIMARY_CAPS
+    | fi::FI_RECV as u64
+    | fi::FI_REMOTE_READ as u64
+    | fi::FI_REMOTE_WRITE as u64
+    | fi::FI_DIRECTED_RECV
+    | fi::FI_SOURCE
+    | fi::FI_RMA_EVENT
+    | fi::FI_MULTI_RECV as u64;
+/// Secondary capabilities returned only when asked for: FI_RMA_EVENT costs a provider message
+/// per RMA operation (see `ep::KIND_RMA_EVENT`).
+const ON_REQUEST_CAPS: u64 = fi::FI_RMA_EVENT;
+/// Domain capabilities: peers on other hosts and on this one (loopback).
+const DOMAIN_CAPS: u64 = fi::FI_REMOTE_COMM | fi::FI_LOCAL_COMM;
 /// Everything it implements.
 pub(crate) const CAPS: u64 = PRIMARY_CAPS | SECONDARY_CAPS;
 /// The message ordering it guarantees: send after send (Braid RC completes and places
@@ -53,6 +73,32 @@ pub(crate) struct Spec {
     pub(crate) tx_op_flags: u64,
     pub(crate) rx_op_flags: u64,
     pub(crate) api_version: u32,
+}
+
+/// Largest region in virtual-address mode (see [`Spec::virt_addr`]).
+pub(crate) const VIRT_MR_MAX: usize = 1 << 32;
+
+/// The provider key of a region in virtual-address mode: Braid remote key, base's low bits.
+pub(crate) fn virt_key(rkey: u32, base: usize) -> u64 {
+    (u64::from(rkey) << 32) | (base as u64 & 0xffff_ffff)
+}
+
+/// The Braid remote key and offset a virtual-address-mode `key` and `addr` name.
+pub(crate) fn virt_target(key: u64, addr: u64) -> (u32, u64) {
+    let rkey = (key >> 32) as u32;
+    let base_lo = key as u32;
+    (rkey, u64::from((addr as u32).wrapping_sub(base_lo)))
+}
+
+impl Spec {
+    /// Whether remote addresses are the target's virtual addresses (FI_MR_VIRT_ADDR, or
+    /// FI_MR_BASIC) rather than offsets into the region. Braid addresses a region by remote
+    /// key and offset, so in this mode a region's provider key carries the low 32 bits of its
+    /// base address above the 32-bit Braid remote key, and the initiator turns `addr` into
+    /// the offset `(addr - base) mod 2^32`; such regions are limited to 4 GiB.
+    pub(crate) fn virt_addr(&self) -> bool {
+        self.mr_mode == fi::FI_MR_BASIC as i32 || self.mr_mode & fi::FI_MR_VIRT_ADDR as i32 != 0
+    }
 }
 
 /// `getinfo` in the provider table.
@@ -126,7 +172,7 @@ unsafe fn specs(
     // SAFETY: hints is null or valid.
     let h = unsafe { hints.as_ref() };
     let mut spec = Spec {
-        caps: CAPS,
+        caps: CAPS & !ON_REQUEST_CAPS,
         domain: String::new(),
         src: SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
         dest: None,
@@ -251,21 +297,30 @@ unsafe fn specs(
             // Message and tagged traffic needs no memory registration from the application.
             // RMA and atomics need keys the provider chooses: offered only to applications
             // that accept FI_MR_PROV_KEY (or the old FI_MR_BASIC, which implies it).
-            let prov_key = d.mr_mode & (fi::FI_MR_PROV_KEY as i32 | fi::FI_MR_BASIC as i32) != 0;
+            let basic = d.mr_mode == fi::FI_MR_BASIC as i32;
+            let prov_key = basic || d.mr_mode & fi::FI_MR_PROV_KEY as i32 != 0;
             if !prov_key {
                 if h.caps & KEYED_CAPS != 0 {
                     return Err(neg(fi::FI_ENODATA));
                 }
                 spec.caps &= !(KEYED_CAPS
+                    | fi::FI_RMA_EVENT
                     | fi::FI_READ as u64
                     | fi::FI_WRITE as u64
                     | fi::FI_REMOTE_READ as u64
                     | fi::FI_REMOTE_WRITE as u64);
             }
-            spec.mr_mode = if spec.caps & KEYED_CAPS != 0 {
-                fi::FI_MR_PROV_KEY as i32
-            } else {
+            // Remote addresses are offsets into the region unless the application asks for
+            // virtual addresses (FI_MR_VIRT_ADDR, or FI_MR_BASIC, which means it and is
+            // returned unchanged, as the spec says).
+            spec.mr_mode = if spec.caps & KEYED_CAPS == 0 {
                 0
+            } else if basic {
+                fi::FI_MR_BASIC as i32
+            } else if d.mr_mode & fi::FI_MR_VIRT_ADDR as i32 != 0 {
+                (fi::FI_MR_PROV_KEY | fi::FI_MR_VIRT_ADDR) as i32
+            } else {
+                fi::FI_MR_PROV_KEY as i32
             };
         }
         // SAFETY: as above.
@@ -377,7 +432,7 @@ pub(crate) fn alloc_info(s: &Spec) -> *mut fi::fi_info {
     // SAFETY: every pointer was just allocated (non-null, checked) and is written once.
     unsafe {
         *tx = fi::fi_tx_attr {
-            caps: s.caps & !(fi::FI_DIRECTED_RECV | fi::FI_MULTI_RECV as u64 | fi::FI_SOURCE),
+            caps: s.caps & TX_ATTR_CAPS,
             mode: 0,
             op_flags: s.tx_op_flags,
             msg_order: MSG_ORDER,
@@ -389,7 +444,7 @@ pub(crate) fn alloc_info(s: &Spec) -> *mut fi::fi_info {
             tclass: 0,
         };
         *rx = fi::fi_rx_attr {
-            caps: s.caps,
+            caps: s.caps & RX_ATTR_CAPS,
             mode: 0,
             op_flags: s.rx_op_flags,
             msg_order: MSG_ORDER,
@@ -426,10 +481,12 @@ pub(crate) fn alloc_info(s: &Spec) -> *mut fi::fi_info {
             resource_mgmt: s.resource_mgmt,
             av_type: s.av_type,
             mr_mode: s.mr_mode,
-            mr_key_size: 4,
+            // Offset mode: the Braid remote key. Virtual-address mode: the key also carries
+            // the region's base (see `Spec::virt_addr`).
+            mr_key_size: if s.virt_addr() { 8 } else { 4 },
             cq_data_size: 4,
             cq_cnt: 256,
-            ep_cnt: 1,
+            ep_cnt: crate::MAX_EPS_PER_DOMAIN,
             tx_ctx_cnt: 1,
             rx_ctx_cnt: 1,
             max_ep_tx_ctx: 1,
@@ -438,7 +495,7 @@ pub(crate) fn alloc_info(s: &Spec) -> *mut fi::fi_info {
             max_ep_srx_ctx: 0,
             cntr_cnt: 256,
             mr_iov_limit: 1,
-            caps: fi::FI_REMOTE_COMM,
+            caps: DOMAIN_CAPS,
             mode: 0,
             auth_key: std::ptr::null_mut(),
             auth_key_size: 0,
@@ -529,7 +586,11 @@ pub(crate) unsafe fn read_info(info: *const fi::fi_info) -> Option<Spec> {
     // SAFETY: as above.
     let rx = unsafe { i.rx_attr.as_ref() };
     Some(Spec {
-        caps: if i.caps == 0 { CAPS } else { i.caps & CAPS },
+        caps: if i.caps == 0 {
+            CAPS & !ON_REQUEST_CAPS
+        } else {
+            i.caps & CAPS
+        },
         // SAFETY: the name is null or a C string.
         domain: dom
             .and_then(|d| unsafe { c_str(d.name) })

@@ -7,10 +7,12 @@
 //! receive matches), `FI_RMA` (write, read, writedata) and `FI_ATOMIC` for what the engine
 //! does (64-bit sum, read, compare-and-swap), address vectors (table and map), completion
 //! queues in the context, msg, data and tagged formats with error entries, `FI_WAIT_FD` and
-//! `fi_cq_sread`, event queues, counters and memory registration with provider keys. What it
-//! does not offer (the ops exist and return `-FI_ENOSYS` or `-FI_EOPNOTSUPP`, no op pointer is
-//! NULL): connected endpoints (`FI_EP_MSG`), `FI_EP_DGRAM`, collectives, scalable endpoints,
-//! shared contexts, triggered operations, wait sets, poll sets and `FI_MR_VIRT_ADDR`.
+//! `fi_cq_sread`, event queues, counters and memory registration with provider keys (remote
+//! addresses are offsets into the region, or virtual addresses when the application asks for
+//! `FI_MR_VIRT_ADDR` or `FI_MR_BASIC`). What it does not offer (the ops exist and return
+//! `-FI_ENOSYS` or `-FI_EOPNOTSUPP`, no op pointer is NULL): connected endpoints
+//! (`FI_EP_MSG`), `FI_EP_DGRAM`, collectives, scalable endpoints, shared contexts, triggered
+//! operations, wait sets and poll sets.
 //!
 //! How it maps onto Braid: a domain is one Braid device (one UDP port on the domain's
 //! interface address) with the connection handshake enabled, so the first operation to an
@@ -24,6 +26,15 @@
 //! Progress: Braid's progress thread moves the data; the provider's matching runs inside
 //! every provider call (so `FI_PROGRESS_MANUAL` applications are served) and on one provider
 //! thread per endpoint (so `FI_PROGRESS_AUTO` holds while the application is away).
+//!
+//! Endpoints per domain: up to [`MAX_EPS_PER_DOMAIN`]. The first endpoint opened uses the
+//! domain's device; each further one opens a Braid device of its own (its own UDP port on
+//! the domain's interface, QP space, handshake and progress), because the handshake keys a
+//! connection by the peer device's address: two endpoints on one device talking to the same
+//! peer would share one QP and one stream of provider messages. Memory regions are the
+//! domain's and live on the domain's device, so their keys serve RMA and atomics aimed at
+//! the domain's first endpoint; aimed at a further endpoint they fail with `FI_EACCES`
+//! (messages, tagged messages and RMA *issued* by any endpoint work everywhere).
 //!
 //! Memory per peer: [`RX_SLOTS`] receive buffers of [`SLOT_LEN`] bytes (about 132 KiB) while a
 //! connection is up, plus the Braid QP; an endpoint holds [`TX_SLOTS`] send buffers (about
@@ -67,6 +78,8 @@ pub const RX_QUEUE: usize = 4096;
 /// provider buffer (which is not reposted) until a receive matches, so the sender is pushed
 /// back by Braid's receiver-not-ready retries instead of growing memory.
 pub const UNEXPECTED_BYTES_MAX: usize = 64 << 20;
+/// Endpoints one domain opens at once (`ep_cnt`).
+pub const MAX_EPS_PER_DOMAIN: usize = 64;
 /// Entries of scatter/gather lists accepted per operation.
 pub const IOV_LIMIT: usize = 4;
 

@@ -299,14 +299,37 @@ unsafe extern "C" fn trywait(
 /// What every object of a domain shares: the Braid device (one UDP port), its protection
 /// domain and the Braid CQ every QP of the domain reports to.
 pub(crate) struct DomainInner {
+    /// The domain's own Braid device: its memory regions live there, and the first endpoint
+    /// uses it (see [`crate::ep`] for the others).
+    pub(crate) net: Arc<Net>,
+    pub(crate) spec: Spec,
+    /// Endpoints open on the domain.
+    pub(crate) eps: AtomicUsize,
+    /// Whether an open endpoint uses `net` (the others have devices of their own).
+    pub(crate) primary_taken: AtomicBool,
+    /// Objects open on the domain besides endpoints (MRs, AVs, CQs, counters).
+    pub(crate) children: AtomicUsize,
+}
+
+/// One Braid device with the connection handshake enabled, its protection domain and the
+/// completion queue every QP the handshake creates reports to.
+pub(crate) struct Net {
     pub(crate) dev: Device,
     pub(crate) pd: ProtectionDomain,
     pub(crate) cq: CompletionQueue,
-    pub(crate) spec: Spec,
-    /// Endpoints open on the domain (at most one: it owns the device's address).
-    pub(crate) eps: AtomicUsize,
-    /// Objects open on the domain besides endpoints (MRs, AVs, CQs, counters).
-    pub(crate) children: AtomicUsize,
+}
+
+impl Net {
+    /// Opens a device at `src` (port 0: any free port) and enables the handshake.
+    pub(crate) fn open(src: SocketAddr) -> Result<Net, i32> {
+        let cfg = device_config(src)?;
+        let dev = Device::open(cfg).map_err(|_| neg(fi::FI_EADDRINUSE))?;
+        let pd = dev.alloc_pd();
+        let cq = dev.create_cq();
+        dev.enable_handshake(&pd, &cq, &cq)
+            .map_err(|_| neg(fi::FI_EOTHER))?;
+        Ok(Net { dev, pd, cq })
+    }
 }
 
 /// A domain.
@@ -398,19 +421,10 @@ unsafe extern "C" fn domain_open2(
         let Some(spec) = (unsafe { crate::info::read_info(info) }) else {
             return neg(fi::FI_EINVAL);
         };
-        let cfg = match device_config(spec.src) {
-            Ok(c) => c,
+        let net = match Net::open(spec.src) {
+            Ok(n) => Arc::new(n),
             Err(e) => return e,
         };
-        let dev = match Device::open(cfg) {
-            Ok(d) => d,
-            Err(_) => return neg(fi::FI_EADDRINUSE),
-        };
-        let pd = dev.alloc_pd();
-        let cq = dev.create_cq();
-        if dev.enable_handshake(&pd, &cq, &cq).is_err() {
-            return neg(fi::FI_EOTHER);
-        }
         let obj = Box::new(Domain {
             fid: fi::fid_domain {
                 fid: fi::fid {
@@ -423,11 +437,10 @@ unsafe extern "C" fn domain_open2(
             },
             magic: Domain::MAGIC,
             inner: Arc::new(DomainInner {
-                dev,
-                pd,
-                cq,
+                net,
                 spec,
                 eps: AtomicUsize::new(0),
+                primary_taken: AtomicBool::new(false),
                 children: AtomicUsize::new(0),
             }),
         });
@@ -565,6 +578,10 @@ unsafe extern "C" fn mr_reg(
         if mr.is_null() || (buf.is_null() && len > 0) || flags != 0 || len == 0 {
             return neg(fi::FI_EINVAL);
         }
+        if d.inner.spec.virt_addr() && len > crate::info::VIRT_MR_MAX {
+            // Virtual-address keys carry 32 bits of the base (see `Spec::virt_addr`).
+            return neg(fi::FI_EINVAL);
+        }
         let mut acc = Access::LOCAL_WRITE;
         if access & fi::FI_REMOTE_READ as u64 != 0 {
             acc = acc | Access::REMOTE_READ;
@@ -576,12 +593,16 @@ unsafe extern "C" fn mr_reg(
         // SAFETY: registering application memory is fi_mr_reg's contract: the buffer stays
         // valid until the region is closed, and while remote peers may access it the
         // application treats it as shared with the NIC (here, Braid's progress thread).
-        let region = unsafe { d.inner.pd.register_raw(buf.cast_mut().cast(), len, acc) };
+        let region = unsafe { d.inner.net.pd.register_raw(buf.cast_mut().cast(), len, acc) };
         let region = match region {
             Ok(r) => r,
             Err(_) => return neg(fi::FI_ENOMEM),
         };
-        let key = u64::from(region.rkey());
+        let key = if d.inner.spec.virt_addr() {
+            crate::info::virt_key(region.rkey(), buf as usize)
+        } else {
+            u64::from(region.rkey())
+        };
         let obj = Box::new(Mr {
             fid: fi::fid_mr {
                 fid: fi::fid {
@@ -684,13 +705,20 @@ unsafe extern "C" fn mr_close(fid: *mut fi::fid) -> i32 {
     })
 }
 
-/// Binding a region to an endpoint or counter (FI_MR_ENDPOINT) is not needed here.
-unsafe extern "C" fn mr_bind(fid: *mut fi::fid, _: *mut fi::fid, _: u64) -> i32 {
+/// Binding a region to an endpoint (FI_MR_ENDPOINT) is not needed here: accepted. Binding
+/// it to a counter (a per-region remote-write counter) is not implemented: the remote
+/// events of FI_RMA_EVENT are counted per endpoint, so such a counter would never move.
+unsafe extern "C" fn mr_bind(fid: *mut fi::fid, bfid: *mut fi::fid, _: u64) -> i32 {
     guard(|| {
         // SAFETY: validated by get().
-        match unsafe { get::<Mr>(fid) } {
-            Ok(_) => 0,
-            Err(e) => e,
+        if let Err(e) = unsafe { get::<Mr>(fid) } {
+            return e;
+        }
+        // SAFETY: bfid is null or a fid by contract; only its class is read.
+        match unsafe { bfid.as_ref() } {
+            None => neg(fi::FI_EINVAL),
+            Some(b) if b.fclass == fi::FI_CLASS_CNTR as usize => neg(fi::FI_ENOSYS),
+            Some(_) => 0,
         }
     })
 }
@@ -817,7 +845,7 @@ unsafe extern "C" fn av_insert(
     count: usize,
     fi_addr: *mut u64,
     flags: u64,
-    _context: *mut c_void,
+    context: *mut c_void,
 ) -> i32 {
     guard(|| {
         // SAFETY: validated by get().
@@ -825,7 +853,13 @@ unsafe extern "C" fn av_insert(
             Ok(a) => a,
             Err(e) => return e,
         };
-        if (addr.is_null() && count > 0) || flags & !(fi::FI_MORE as u64) != 0 {
+        if flags & !(fi::FI_MORE as u64 | fi::FI_SYNC_ERR) != 0 {
+            return neg(fi::FI_EBADFLAGS);
+        }
+        // FI_SYNC_ERR: `context` is an array of `count` ints, one result per address (0 or
+        // a positive error code).
+        let sync_err = flags & fi::FI_SYNC_ERR != 0;
+        if (addr.is_null() && count > 0) || (sync_err && context.is_null()) {
             return neg(fi::FI_EINVAL);
         }
         if count > i32::MAX as usize {
@@ -848,6 +882,16 @@ unsafe extern "C" fn av_insert(
             if !fi_addr.is_null() {
                 // SAFETY: fi_addr has `count` slots by contract.
                 unsafe { *fi_addr.add(i) = out };
+            }
+            if sync_err {
+                let code = if out == FI_ADDR_NOTAVAIL {
+                    fi::FI_EINVAL as i32
+                } else {
+                    0
+                };
+                // SAFETY: with FI_SYNC_ERR, context holds `count` ints by contract (non-null,
+                // checked).
+                unsafe { context.cast::<i32>().add(i).write_unaligned(code) };
             }
         }
         n

@@ -136,3 +136,23 @@ fn c_rma_write_read_writedata_and_atomics_verified() {
 fn c_bad_arguments_return_errors() {
     run("badargs");
 }
+
+#[test]
+fn c_rma_with_virtual_addresses_and_with_offsets() {
+    run("virtaddr");
+}
+
+#[test]
+fn c_two_endpoints_in_one_domain_each_talk_to_peers() {
+    run("multiep");
+}
+
+#[test]
+fn c_getinfo_caps_placement_and_av_sync_err() {
+    run("conform");
+}
+
+#[test]
+fn c_rma_event_counters_count_remote_writes_and_reads() {
+    run("rmaevent");
+}

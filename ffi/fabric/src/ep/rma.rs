@@ -8,8 +8,9 @@
 //!   (compare-and-swap), one element (`count` 1), on `FI_UINT64` or `FI_INT64`, at an 8-byte
 //!   aligned offset. The `valid` queries say so; every other combination is `-FI_EOPNOTSUPP`.
 //!
-//! Remote addresses are offsets into the target region (the provider does not use
-//! `FI_MR_VIRT_ADDR`), keys are the target's provider keys (its Braid remote keys). Local
+//! Remote addresses are offsets into the target region, or the target's virtual addresses
+//! when the domain runs with `FI_MR_VIRT_ADDR` (see `Spec::virt_addr` for how the key carries
+//! the region's base); keys are the target's provider keys. Local
 //! buffers need no registration: each operation registers them with Braid for its duration.
 use std::ffi::c_void;
 use std::sync::atomic::Ordering;
@@ -66,8 +67,13 @@ impl EpInner {
         let Some(peer) = st.bound.av.as_ref().and_then(|a| a.lookup(req.dest)) else {
             return EINVAL;
         };
-        let Ok(rkey) = u32::try_from(req.key) else {
-            return -(fi::FI_EKEYREJECTED as isize);
+        let (rkey, offset) = if self.dom.spec.virt_addr() {
+            crate::info::virt_target(req.key, req.addr)
+        } else {
+            let Ok(rkey) = u32::try_from(req.key) else {
+                return -(fi::FI_EKEYREJECTED as isize);
+            };
+            (rkey, req.addr)
         };
         let len = iov_len(&req.iovs);
         if len > crate::MAX_MSG_SIZE {
@@ -78,22 +84,20 @@ impl EpInner {
         if inject && (len > EAGER_MAX || matches!(req.kind, Kind::Read)) {
             return -(fi::FI_EMSGSIZE as isize);
         }
-        let report = !inject && (!st.bound.tx_selective || flags & fi::FI_COMPLETION as u64 != 0);
+        let report = flags & super::INJECT_CALL == 0
+            && (!st.bound.tx_selective || flags & fi::FI_COMPLETION as u64 != 0);
         self.progress_locked(&mut st);
         if let Err(e) = self.ensure_peer(&mut st, peer) {
             return e;
         }
-        let remote = RemoteAddr {
-            rkey,
-            offset: req.addr,
-        };
+        let remote = RemoteAddr { rkey, offset };
         let mut mrs = Vec::new();
         let mut sges = Vec::new();
         let mut slot = None;
         let register = |v: &Iov, mrs: &mut Vec<braid::MemoryRegion>, sges: &mut Vec<braid::Sge>| {
             // SAFETY: the operation's contract keeps the application buffer valid until it
             // completes; the region is dropped when the Braid work request completes.
-            let m = unsafe { self.dom.pd.register_raw(v.base, v.len, Access::LOCAL_WRITE) }
+            let m = unsafe { self.net.pd.register_raw(v.base, v.len, Access::LOCAL_WRITE) }
                 .map_err(|_| -(fi::FI_ENOMEM as isize))?;
             sges.push(m.sge(0, v.len as u32));
             mrs.push(m);
@@ -202,6 +206,8 @@ impl EpInner {
                 slot,
                 _mrs: mrs,
                 read,
+                event: (self.caps & fi::FI_RMA_EVENT != 0)
+                    .then_some((peer, matches!(req.kind, Kind::Read))),
             },
         );
         let wr = SendWr {
@@ -210,7 +216,7 @@ impl EpInner {
             sges,
             signaled: true,
         };
-        if self.dom.dev.post_send_to(peer, wr).is_err() {
+        if self.net.dev.post_send_to(peer, wr).is_err() {
             st.ops.remove(&id);
             if let Some(s) = slot {
                 st.free_tx.push(s);
@@ -413,7 +419,7 @@ unsafe extern "C" fn rma_inject(
         addr,
         key,
         std::ptr::null_mut(),
-        fi::FI_INJECT as u64,
+        fi::FI_INJECT as u64 | super::INJECT_CALL,
     )
 }
 unsafe extern "C" fn rma_writedata(
@@ -461,7 +467,7 @@ unsafe extern "C" fn rma_injectdata(
         addr,
         key,
         std::ptr::null_mut(),
-        fi::FI_INJECT as u64,
+        fi::FI_INJECT as u64 | super::INJECT_CALL,
     )
 }
 
@@ -632,7 +638,7 @@ unsafe extern "C" fn at_inject(
             addr,
             key,
             std::ptr::null_mut(),
-            fi::FI_INJECT as u64,
+            fi::FI_INJECT as u64 | super::INJECT_CALL,
         ),
         Err(e) => e,
     }
