@@ -13,5 +13,5 @@ mod cq_fd;
 mod handles;
 mod runtime;
 
-pub use config::{DatapathKind, DeviceConfig, OpenError};
+pub use config::{DatapathKind, DeviceConfig, OpenError, Progress};
 pub use handles::{CompletionQueue, Device, MemoryRegion, ProtectionDomain, QueuePair};
