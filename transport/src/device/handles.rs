@@ -80,6 +80,11 @@ impl Device {
         self.inner().datapath.kind()
     }
 
+    /// Who drives the datapath and the engine (see [`Progress`](crate::Progress)).
+    pub fn progress(&self) -> crate::Progress {
+        self.inner().progress_mode()
+    }
+
     /// Which datapath was chosen and why: for `auto`, why the faster ones were not used.
     pub fn datapath_report(&self) -> &str {
         &self.inner().report

@@ -706,6 +706,11 @@ impl Inner {
             .handle_datagram(now, meta.src, meta.ecn as u8, bytes);
     }
 
+    /// Who drives the datapath and the engine.
+    pub(super) fn progress_mode(&self) -> Progress {
+        self.mode
+    }
+
     /// Whether completion queue polls drive the device (`Progress::Inline`).
     pub(super) fn inline(&self) -> bool {
         self.mode == Progress::Inline
