@@ -79,7 +79,10 @@ pub enum Progress {
     /// looks at the queue. A thread blocked in [`CompletionQueue::wait`](crate::CompletionQueue::wait)
     /// sleeps in the datapath itself (woken by the datagram). The progress thread stays as
     /// the fallback: it backs off while pollers are active and takes over receives, timers
-    /// and ACKs within a couple of milliseconds once nobody polls.
+    /// and ACKs within a couple of milliseconds once nobody polls. An application that
+    /// sleeps in epoll on the CQ's descriptor ([`CompletionQueue::event_fd`](crate::CompletionQueue::event_fd))
+    /// does not drive while it sleeps, so it pays that back-off after each burst of polls:
+    /// it should keep `Thread`.
     Inline,
 }
 
