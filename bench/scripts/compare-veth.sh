@@ -36,6 +36,16 @@
 #              FOREIGN_WARN% of a CPU meanwhile, up to this many times; discarded attempts are
 #              kept in the JSON (.discarded); RETRY_WAIT=20 s at most of waiting before each
 #   PIN=1  also run udp-pingpong with client and server pinned to one CPU, and to two CPUs
+#   LAT_MODES="inline-busy inline-blocking"  8 B WRITE latency in matched polling modes, each
+#              next to a UDP ping-pong in the same mode (empty: skip). inline-busy: both
+#              Braid sides run to completion (--progress inline), spinning on their CQs, vs a
+#              ping-pong spinning on both sides; inline-blocking: both run to completion,
+#              sleeping in CompletionQueue::wait (in the datapath), vs a blocking ping-pong;
+#              thread-blocking: progress threads, the client sleeping on its CQ, vs a
+#              blocking ping-pong. The main table's latency rows are progress threads with
+#              the client spinning on its CQ.
+#   LAT_CONFIGS="udp xdp"  datapaths (both sides) of the LAT_MODES rows
+#   LAT_PORT  first port of the LAT_MODES braid-perf servers (default BRAID_PORT + 32)
 #   NS (namespace prefix, default bveth<pid>), CARGO_TARGET_DIR (default: <workspace>/target),
 #   NO_BUILD=1 (use the binaries already in CARGO_TARGET_DIR), ports BRAID_PORT (first of one
 #   per server datapath) UDP_PORT IPERF_PORT.
@@ -118,6 +128,16 @@ UBLAST=$TARGET/release/udp-blast
 XBLAST=$TARGET/release/xdp-blast
 if [ ! -x "$UBLAST" ] || [ ! -x "$XBLAST" ]; then die "missing $UBLAST or $XBLAST (build braid-bench first)"; fi
 
+LAT_MODES=${LAT_MODES-inline-busy inline-blocking}
+LAT_CONFIGS=${LAT_CONFIGS-udp xdp}
+LAT_PORT=${LAT_PORT:-$((BRAID_PORT + 32))}
+for m in $LAT_MODES; do
+    [[ $m =~ ^(inline-busy|inline-blocking|thread-blocking)$ ]] || die "LAT_MODES: $m is not inline-busy, inline-blocking or thread-blocking"
+done
+for d in $LAT_CONFIGS; do
+    [[ $d =~ ^(udp|uring|xdp)$ ]] || die "LAT_CONFIGS: $d is not udp, uring or xdp (both sides)"
+done
+
 # Client/server datapath of a config ("xdp" = xdp/xdp).
 cdp() { echo "${1%%/*}"; }
 sdp() { [[ $1 == */* ]] && echo "${1##*/}" || echo "$1"; }
@@ -195,6 +215,50 @@ if [ "$PIN" = 1 ] && { [ "$NCPU" -lt 2 ] || ! command -v taskset >/dev/null; }; 
     log "PIN=1 needs 2 CPUs and taskset: skipping the pinned ping-pong"
     PIN=0
 fi
+# --- latency in matched polling modes: servers --------------------------------------------
+# One braid-perf server per LAT_CONFIGS datapath and LAT_MODES mode, in that mode's server
+# settings; one busy-polling udp-pingpong server (the main one blocks) for the *-busy modes.
+lat_server_args() { # mode -> braid-perf server flags
+    case $1 in
+        inline-busy) echo "--progress inline --busy-poll" ;;
+        inline-blocking) echo "--progress inline" ;;
+        thread-blocking) echo "--progress thread" ;;
+    esac
+}
+lat_client_args() { # mode -> braid-perf client flags for write_lat
+    case $1 in
+        inline-busy) echo "--progress inline" ;;
+        inline-blocking) echo "--progress inline --lat-wait" ;;
+        thread-blocking) echo "--progress thread --lat-wait" ;;
+    esac
+}
+lat_port() { # datapath mode -> port of its server
+    local k=0 d m
+    for d in $LAT_CONFIGS; do
+        for m in $LAT_MODES; do
+            [ "$d/$m" = "$1/$2" ] && { echo $((LAT_PORT + k)); return; }
+            k=$((k + 1))
+        done
+    done
+    return 1
+}
+PING_BUSY_PORT=$((UDP_PORT + 1))
+for d in $LAT_CONFIGS; do
+    for m in $LAT_MODES; do
+        # shellcheck disable=SC2046 # the flags are words
+        ip netns exec "$NSB" "$PERF" server --bind "$IPB:$(lat_port "$d" "$m")" --datapath "$d" $(lat_server_args "$m") \
+            >"$TMP/braid-server-lat-$d-$m.log" 2>&1 &
+        pids+=($!)
+    done
+done
+if [[ " $LAT_MODES " == *-busy* ]]; then
+    ip netns exec "$NSB" "$PING" server --bind "$IPB:$PING_BUSY_PORT" --busy-poll >"$TMP/udp-server-busy.log" 2>&1 &
+    pids+=($!)
+fi
+for d in $LAT_CONFIGS; do
+    for m in $LAT_MODES; do wait_tcp "$IPB" "$(lat_port "$d" "$m")"; done
+done
+
 for d in "${server_dps[@]}"; do wait_tcp "$IPB" "$(port_of "$d")"; done
 wait_tcp "$IPB" "$IPERF_PORT"
 # The TCP probes above count as (empty) clients; give the servers a moment to move on.
@@ -482,9 +546,40 @@ more_braid() { # run: read_bw and 8 B write_bw message-rate rows
         measure braid "$1" "$cfg" write_bw "$cfg+8B" --size 8 --duration "$DURATION"
     done
 }
+# --- latency in matched polling modes: measurements ----------------------------------------
+# `braid` finds its server with port_of; while LAT_SERVER_PORT is set, that is the port of a
+# LAT_MODES server instead.
+eval "$(declare -f port_of | sed '1s/^port_of/port_of_main/')"
+port_of() { if [ -n "${LAT_SERVER_PORT:-}" ]; then echo "$LAT_SERVER_PORT"; else port_of_main "$@"; fi; }
+pingpong_mode() { # run label mode: one udp-pingpong client run in the mode's polling, one JSON line in $RAW
+    local run=$1 label=$2 port=$UDP_PORT flags=() m0 m1 foreign
+    if [[ $3 == *-busy ]]; then port=$PING_BUSY_PORT flags=(--busy-poll); fi
+    log "run $run/$RUNS: UDP ping-pong 8 B x $LAT_ITERS, ${3#*-} on both sides"
+    cpu_mark m0
+    ip netns exec "$NSA" "$PING" client "$IPB:$port" --size 8 --iters "$LAT_ITERS" --json "${flags[@]}" >"$TMP/out.json"
+    cpu_mark m1
+    foreign=$(foreign_pct "$m0" "$m1")
+    jq -c --argjson run "$run" --arg lbl "$label" --arg mode "$3" --argjson foreign "$foreign" \
+        '{run: $run, label: $lbl, lat_mode: $mode, ok: true, foreign_cpu_pct: $foreign, lat: .}' "$TMP/out.json" >>"$RAW"
+    log "  $label: $(jq -r '"p50 \(.p50_us * 10 | round / 10) us, p99.9 \(.p999_us * 10 | round / 10) us"' "$TMP/out.json")"
+}
+lat_modes_run() { # run: every LAT_MODES row once
+    local d m
+    for m in $LAT_MODES; do
+        for d in $LAT_CONFIGS; do
+            log "run $1/$RUNS: Braid $d write_lat 8 B x $LAT_ITERS, $m"
+            # shellcheck disable=SC2046 # the flags are words
+            LAT_SERVER_PORT=$(lat_port "$d" "$m") measure braid "$1" "$d" write_lat "lat:$d:$m" --size 8 --iters "$LAT_ITERS" $(lat_client_args "$m")
+        done
+        # The blocking ping-pong of the main rows serves the blocking modes of the same run too,
+        # but is measured here again so that each mode's pair is taken back to back.
+        measure pingpong_mode "$1" "lat:udp-pingpong:$m" "$m"
+    done
+}
 
 for i in $(seq "$RUNS"); do
     quiet "$i"
+    lat_modes_run "$i"
     for cfg in $CONFIGS; do
         log "run $i/$RUNS: Braid $cfg (client/server datapath): write_bw $SIZE ${DURATION}s, write_lat 8 B x $LAT_ITERS"
         measure braid "$i" "$cfg" write_bw "$cfg" --size "$SIZE" --duration "$DURATION"
@@ -762,8 +857,52 @@ desc() {
     echo '```'
 } >"$OUT_MD"
 
+# --- latency in matched polling modes: report ----------------------------------------------
+OUT_LAT_JSON=$BENCH/results/veth-latency-$DATE.json
+if [ -n "$LAT_MODES" ]; then
+    # shellcheck disable=SC2086
+    jq -s --argjson modes "$(printf '%s\n' $LAT_MODES | jq -R . | jq -s -c .)" \
+        --argjson configs "$(printf '%s\n' $LAT_CONFIGS | jq -R . | jq -s -c .)" \
+        --argjson runs "$RUNS" --argjson lat_iters "$LAT_ITERS" '
+        def median: map(select(. != null)) | sort
+            | if length == 0 then null elif length % 2 == 1 then .[length / 2 | floor]
+              else (.[length / 2 - 1] + .[length / 2]) / 2 end;
+        def div($a; $b): if $a == null or $b == null or $b == 0 then null else $a / $b end;
+        def pct($r; $k): [$r[].lat[$k]] | median;
+        . as $all
+        | def ok($lb): [$all[] | select(.label == $lb and .ok)];
+        {settings: {runs: $runs, lat_iters: $lat_iters, modes: $modes, configs: $configs},
+         rows: [$modes[] as $m | ok("lat:udp-pingpong:" + $m) as $pp | $configs[] as $d | ok("lat:" + $d + ":" + $m) as $b
+           | {mode: $m, datapath: $d, runs_ok: ($b | length),
+              failures: ([$all[] | select(.label == ("lat:" + $d + ":" + $m) and (.ok | not))] | length),
+              p50_us: pct($b; "p50_us"), p99_us: pct($b; "p99_us"), p999_us: pct($b; "p999_us"),
+              pingpong_p50_us: pct($pp; "p50_us"), pingpong_p99_us: pct($pp; "p99_us"), pingpong_p999_us: pct($pp; "p999_us")}
+           | .p50_over_pingpong_p50 = div(.p50_us; .pingpong_p50_us)
+           | .p999_over_p50 = div(.p999_us; .p50_us)
+           | .target_p50_ratio = (if .datapath == "xdp" then 1.0 else 1.5 end)
+           | .p50_target_met = (if .p50_over_pingpong_p50 == null then null else .p50_over_pingpong_p50 <= .target_p50_ratio end)
+           | .tail_target_met = (if .p999_over_p50 == null then null else .p999_over_p50 <= 3 end)],
+         runs: [$all[] | select((.label // "") | startswith("lat:"))]}' "$RAW" >"$OUT_LAT_JSON"
+    {
+        echo
+        echo "## 8 B WRITE round trip in matched polling modes"
+        echo
+        echo "Each Braid row next to a UDP ping-pong in the same polling mode, both measured in every run back to back; medians of $RUNS runs of $LAT_ITERS round trips. Targets: p50 ≤ 1.5x the ping-pong p50 on UDP sockets (≤ 1.0x on AF_XDP), p99.9 ≤ 3x p50. Raw runs: \`$(basename "$OUT_LAT_JSON")\`."
+        echo
+        echo "| mode | datapath | p50 µs | p99 µs | p99.9 µs | ping-pong p50 µs | p99 µs | p99.9 µs | p50 / ping-pong p50 (target) | p99.9 / p50 (target 3) |"
+        echo "|---|---|---|---|---|---|---|---|---|---|"
+        jq -r '
+            def f($d): if . == null then "n/a" else . * pow(10; $d) | round / pow(10; $d) | tostring end;
+            def v: if . == null then "n/a" elif . then "met" else "MISSED" end;
+            .rows[] | "| \(.mode) | \(.datapath)\(if .failures > 0 then " (\(.failures) failed)" else "" end) | \(.p50_us | f(1)) | \(.p99_us | f(1)) | \(.p999_us | f(1)) | \(.pingpong_p50_us | f(1)) | \(.pingpong_p99_us | f(1)) | \(.pingpong_p999_us | f(1)) | \(.p50_over_pingpong_p50 | f(2)) (≤ \(.target_p50_ratio): \(.p50_target_met | v)) | \(.p999_over_p50 | f(2)) (\(.tail_target_met | v)) |"' "$OUT_LAT_JSON"
+    } >"$TMP/lat-modes.md"
+    cat "$TMP/lat-modes.md" >>"$OUT_MD"
+fi
+
 echo
 sed -n '1,/^Raw runs/p' "$OUT_MD" | sed '$d'
+if [ -n "$LAT_MODES" ]; then cat "$TMP/lat-modes.md"; fi
 echo
 echo "written: $OUT_MD"
 echo "         $OUT_JSON"
+if [ -n "$LAT_MODES" ]; then echo "         $OUT_LAT_JSON"; fi

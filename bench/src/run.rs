@@ -373,14 +373,16 @@ pub fn run_bw(c: &Conn<'_>, spec: &BwSpec, check: &mut dyn Check) -> Result<BwRe
 }
 
 /// Runs a WRITE latency test: each round trip posts one signaled WRITE of `size` bytes and
-/// spins on the CQ until its completion (= the peer's ACK) arrives. `check` runs outside the
-/// timed part; `warmup` round trips are not counted.
+/// waits for its completion (= the peer's ACK): spinning on the CQ when `busy`, else
+/// sleeping in [`CompletionQueue::wait`]. `check` runs outside the timed part; `warmup`
+/// round trips are not counted.
 pub fn run_write_lat(
     c: &Conn<'_>,
     size: u32,
     iters: u64,
     warmup: u64,
     progress: bool,
+    busy: bool,
     check: &mut dyn Check,
 ) -> Result<LatResult, String> {
     if u64::from(size) > c.remote_len || size as usize > c.local.len() {
@@ -404,7 +406,7 @@ pub fn run_write_lat(
         };
         let t0 = Instant::now();
         c.qp.post_send(wr).map_err(|e| format!("post_send: {e}"))?;
-        next_completions(c.cq, &mut wcs, true)?;
+        next_completions(c.cq, &mut wcs, busy)?;
         let dt = t0.elapsed();
         check_wc(&wcs[0], i, "write")?;
         record(check.after(i, 0), &mut verified, &mut mismatches);
@@ -501,6 +503,31 @@ pub fn run_send_lat(
         lat: stats::summarize(&mut samples),
         mismatches,
     })
+}
+
+/// Keeps the passive side of a test moving on an inline-progress device (one whose CQ polls
+/// drive it, [`braid::Progress::Inline`]), in the polling mode of the active side: polls `cq`
+/// until `stop` is set, spinning when `busy`, else sleeping in [`CompletionQueue::wait`].
+/// On a thread-progress device the progress thread does this work and polling only takes
+/// CPU time, so callers need it only for inline devices. Returns the completions it took
+/// (none in WRITE and READ tests, whose passive side completes nothing).
+pub fn drive_passive(
+    cq: &CompletionQueue,
+    busy: bool,
+    stop: &std::sync::atomic::AtomicBool,
+) -> u64 {
+    use std::sync::atomic::Ordering;
+    let mut wcs = [empty_completion(); 16];
+    let mut taken = 0u64;
+    while !stop.load(Ordering::Acquire) {
+        if busy {
+            taken += cq.poll(&mut wcs) as u64;
+            std::hint::spin_loop();
+        } else if cq.wait(Duration::from_millis(20)).is_some() {
+            taken += 1;
+        }
+    }
+    taken
 }
 
 /// Slots the echo server keeps receives posted in.

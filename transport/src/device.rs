@@ -1,6 +1,8 @@
 //! The runtime: a device drives one [`Endpoint`](braid_proto::Endpoint) over a real datapath,
 //! with a progress thread for receives and timers; application threads post work and poll
-//! completions.
+//! completions. With [`Progress::Inline`] (run to completion) the threads that poll or wait
+//! on completion queues drive the datapath and the engine themselves, and the progress
+//! thread is only the fallback for when nobody polls.
 //!
 //! - `config.rs`: how a device is opened ([`DeviceConfig`], the datapath choice,
 //!   [`OpenError`]).
@@ -13,5 +15,5 @@ mod cq_fd;
 mod handles;
 mod runtime;
 
-pub use config::{DatapathKind, DeviceConfig, OpenError};
+pub use config::{DatapathKind, DeviceConfig, OpenError, Progress};
 pub use handles::{CompletionQueue, Device, MemoryRegion, ProtectionDomain, QueuePair};

@@ -52,8 +52,8 @@ pub use braid_proto::{
     SendOp, SendWr, Sge, Timestamp, WcOpcode, WcStatus,
 };
 pub use device::{
-    CompletionQueue, DatapathKind, Device, DeviceConfig, MemoryRegion, OpenError, ProtectionDomain,
-    QueuePair,
+    CompletionQueue, DatapathKind, Device, DeviceConfig, MemoryRegion, OpenError, Progress,
+    ProtectionDomain, QueuePair,
 };
 pub use handshake::{ConnectError, Connection, ConnectionEvent};
 

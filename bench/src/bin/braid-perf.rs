@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use braid::proto::cc::{ControllerFactory, DcqcnConfig, FixedWindowConfig, SwiftConfig};
 use braid::{
-    Access, DatapathKind, Device, DeviceConfig, MemoryRegion, RemoteAddr, SendOp, SendWr, WcStatus,
+    Access, DatapathKind, Device, DeviceConfig, MemoryRegion, Progress, RemoteAddr, SendOp, SendWr,
+    WcStatus,
 };
 use braid_bench::pattern;
 use braid_bench::report::{self, BwResult, ClientReport, LatResult, PathRow, QpTelemetry, RttRow};
@@ -73,6 +74,11 @@ struct Engine {
     /// one core busy).
     #[arg(long)]
     progress_busy_poll: bool,
+    /// Who drives the device: thread (the progress thread) or inline (the threads polling
+    /// the completion queues, run to completion; the progress thread is the fallback).
+    /// Default: BRAID_PROGRESS, else thread.
+    #[arg(long, value_parser = parse_progress)]
+    progress: Option<Progress>,
     /// Encrypt and authenticate the connection (AES-256-GCM, keys agreed at connect); each
     /// packet then carries 20 bytes less payload.
     #[arg(long)]
@@ -170,7 +176,8 @@ struct ServerArgs {
     /// Exit after the first client.
     #[arg(long)]
     once: bool,
-    /// Spin on the completion queue in the send_lat echo loop.
+    /// Spin on the completion queue in the send_lat echo loop (and, with --progress inline,
+    /// in the loop that drives the device during the other tests).
     #[arg(long)]
     busy_poll: bool,
     /// Largest region a client may ask for (suffixes K, M, G).
@@ -188,6 +195,11 @@ struct DatapathOnly {
     /// one core busy).
     #[arg(long)]
     progress_busy_poll: bool,
+    /// Who drives the device: thread or inline (see the client's --progress). With inline,
+    /// the server polls its completion queue during every test (spinning with --busy-poll,
+    /// else sleeping in it), as the client does.
+    #[arg(long, value_parser = parse_progress)]
+    progress: Option<Progress>,
     /// Refuse clients whose connection is not encrypted (without it, the server encrypts when
     /// the client does).
     #[arg(long)]
@@ -258,6 +270,10 @@ struct ClientArgs {
     /// Spin on the completion queue in bandwidth tests instead of sleeping on it.
     #[arg(long)]
     busy_poll: bool,
+    /// Latency tests sleep on the completion queue (CompletionQueue::wait) instead of
+    /// spinning on it.
+    #[arg(long)]
+    lat_wait: bool,
     /// No progress lines on stderr.
     #[arg(long)]
     quiet: bool,
@@ -268,6 +284,10 @@ struct ClientArgs {
 
 fn parse_datapath(s: &str) -> Result<DatapathKind, String> {
     s.parse::<DatapathKind>()
+}
+
+fn parse_progress(s: &str) -> Result<Progress, String> {
+    s.parse::<Progress>()
 }
 
 fn parse_size(s: &str) -> Result<u64, String> {
@@ -326,6 +346,9 @@ fn open_device(engine: &Engine, local: SocketAddr) -> Result<Device, String> {
         .max_datagram(engine.max_datagram);
     cfg.datapath = engine.datapath;
     cfg.busy_poll = engine.progress_busy_poll;
+    if let Some(mode) = engine.progress {
+        cfg.progress = mode;
+    }
     cfg.engine.cc = engine.controller();
     Device::open(cfg).map_err(|e| format!("opening a Braid device on {local}: {e}"))
 }
@@ -463,14 +486,27 @@ fn demo(a: &DemoArgs) -> Result<bool, String> {
         &mut Verifier::new(&cmr, &smr, a.size as usize, window, 0x33),
     )?;
     bw.push(s);
-    let lat = run::run_write_lat(
-        &conn,
-        8,
-        a.lat_iters,
-        a.lat_iters / 10 + 10,
-        false,
-        &mut Verifier::new(&cmr, &smr, 8, 1, 0x44),
-    )?;
+    // With inline progress the server device moves while something polls it, in the same
+    // mode as the client (which spins).
+    let stop = AtomicBool::new(false);
+    let lat = std::thread::scope(|s| {
+        let driver = (srv.progress() == Progress::Inline)
+            .then(|| s.spawn(|| run::drive_passive(&scq, true, &stop)));
+        let lat = run::run_write_lat(
+            &conn,
+            8,
+            a.lat_iters,
+            a.lat_iters / 10 + 10,
+            false,
+            true,
+            &mut Verifier::new(&cmr, &smr, 8, 1, 0x44),
+        );
+        stop.store(true, Ordering::Release);
+        if let Some(d) = driver {
+            let _ = d.join();
+        }
+        lat
+    })?;
     let verified = bw
         .iter()
         .all(|r| r.mismatches == 0 && r.verified_bytes == r.size * r.iterations)
@@ -615,6 +651,7 @@ fn serve_one(a: &ServerArgs, stream: TcpStream) -> Result<String, String> {
         max_datagram: hello.max_datagram,
         datapath: a.engine_dp.datapath,
         progress_busy_poll: a.engine_dp.progress_busy_poll,
+        progress: a.engine_dp.progress,
         encrypt: hello.qp.seal_key.is_some(),
         cc: "swift".into(),
         fixed_packets: 256,
@@ -658,8 +695,16 @@ fn serve_one(a: &ServerArgs, stream: TcpStream) -> Result<String, String> {
     let (echoed, done) = std::thread::scope(|s| {
         let echo = (hello.test == "send_lat")
             .then(|| s.spawn(|| run::serve_echo(&qp, &cq, &mr, size, a.busy_poll, &stop)));
+        // An inline device moves only while someone polls it (else its progress thread,
+        // the fallback, does the work, with its hand-offs): the echo loop polls in send_lat,
+        // this loop in the other tests.
+        let driver = (hello.test != "send_lat" && dev.progress() == Progress::Inline)
+            .then(|| s.spawn(|| run::drive_passive(&cq, a.busy_poll, &stop)));
         let done: Result<Done, String> = wire::recv_line(&mut reader);
         stop.store(true, Ordering::Release);
+        if let Some(d) = driver {
+            let _ = d.join();
+        }
         let echoed = match echo.map(|h| h.join()) {
             None => Ok(0),
             Some(Ok(r)) => r,
@@ -913,7 +958,15 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
             };
             let warmup = (iters / 10).clamp(10, 1000);
             let lat = if test == Test::WriteLat {
-                run::run_write_lat(&conn, size32, iters, warmup, progress, &mut NoCheck)?
+                run::run_write_lat(
+                    &conn,
+                    size32,
+                    iters,
+                    warmup,
+                    progress,
+                    !a.lat_wait,
+                    &mut NoCheck,
+                )?
             } else {
                 run::run_send_lat(&conn, size32, iters, warmup, progress)?
             };

@@ -3,7 +3,9 @@
 //! `udp-pingpong server [--bind ADDR]` echoes every datagram back to its sender until killed.
 //! `udp-pingpong client ADDR [--size 8] [--iters 20000] [--json]` sends one datagram at a time,
 //! waits for the echo, and reports RTT percentiles. Blocking receives by default (the kernel
-//! wakes the thread, as Braid's progress thread is woken); `--busy-poll` spins instead.
+//! wakes the thread, as Braid's progress thread is woken); `--busy-poll` spins instead, on
+//! either side (`server --busy-poll` spins on a nonblocking socket too), so that the
+//! baseline can be matched to each of Braid's polling modes.
 use std::io::ErrorKind;
 use std::net::{SocketAddr, UdpSocket};
 use std::process::ExitCode;
@@ -27,6 +29,9 @@ enum Cmd {
         /// Address to bind.
         #[arg(long, default_value = "127.0.0.1:18600")]
         bind: SocketAddr,
+        /// Spin on a nonblocking socket instead of blocking in recv.
+        #[arg(long)]
+        busy_poll: bool,
     },
     /// Measure round trips against a server.
     Client {
@@ -61,17 +66,25 @@ struct Report {
     lat: Latency,
 }
 
-fn server(bind: SocketAddr) -> Result<(), String> {
+fn server(bind: SocketAddr, busy: bool) -> Result<(), String> {
     let sock = UdpSocket::bind(bind).map_err(|e| format!("bind {bind}: {e}"))?;
+    if busy {
+        sock.set_nonblocking(true).map_err(|e| e.to_string())?;
+    }
     eprintln!(
-        "udp-pingpong server: echoing on {}",
-        sock.local_addr().map_err(|e| e.to_string())?
+        "udp-pingpong server: echoing on {}{}",
+        sock.local_addr().map_err(|e| e.to_string())?,
+        if busy { " (busy polling)" } else { "" }
     );
     let mut buf = vec![0u8; 65_536];
     loop {
         let (n, from) = match sock.recv_from(&mut buf) {
             Ok(x) => x,
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+            Err(e) if e.kind() == ErrorKind::WouldBlock && busy => {
+                std::hint::spin_loop();
+                continue;
+            }
             Err(e) => return Err(format!("recv: {e}")),
         };
         let _ = sock.send_to(&buf[..n], from);
@@ -174,7 +187,7 @@ fn client(
 
 fn main() -> ExitCode {
     let res = match Cli::parse().cmd {
-        Cmd::Server { bind } => server(bind),
+        Cmd::Server { bind, busy_poll } => server(bind, busy_poll),
         Cmd::Client {
             server,
             size,

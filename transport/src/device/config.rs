@@ -59,6 +59,72 @@ impl std::str::FromStr for DatapathKind {
     }
 }
 
+/// Who drives a device's datapath and engine: receiving datagrams, placing them, running
+/// timers and sending what that produces.
+///
+/// The names follow libfabric's progress models (`FI_PROGRESS_AUTO` / `FI_PROGRESS_MANUAL`)
+/// and eRPC's run-to-completion event loop.
+#[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Progress {
+    /// The device's progress thread does everything; application threads only post and take
+    /// completions from their queues. A round trip crosses two thread hand-offs per side
+    /// (application, progress thread, wire, progress thread, application).
+    #[default]
+    Thread,
+    /// Run to completion: a thread that polls or waits on a completion queue and finds it
+    /// empty drives the device itself (a receive batch without waiting, the engine, due
+    /// timers and the transmit flush), so a completion is produced on the thread that wants
+    /// it. Pollers only ever try the engine lock: if another thread is driving, the poll just
+    /// looks at the queue. A thread blocked in [`CompletionQueue::wait`](crate::CompletionQueue::wait)
+    /// sleeps in the datapath itself (woken by the datagram). The progress thread stays as
+    /// the fallback: it backs off while pollers are active and takes over receives, timers
+    /// and ACKs within a couple of milliseconds once nobody polls. An application that
+    /// sleeps in epoll on the CQ's descriptor ([`CompletionQueue::event_fd`](crate::CompletionQueue::event_fd))
+    /// does not drive while it sleeps, so it pays that back-off after each burst of polls:
+    /// it should keep `Thread`.
+    Inline,
+}
+
+impl Progress {
+    /// The name used on command lines, in reports and in `BRAID_PROGRESS`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Progress::Thread => "thread",
+            Progress::Inline => "inline",
+        }
+    }
+
+    /// The mode `BRAID_PROGRESS` names (`thread` or `inline`), else [`Progress::Thread`]:
+    /// the default of [`DeviceConfig::udp`], so that a whole test suite or application can
+    /// be run in either mode without changing its code.
+    pub fn from_env() -> Progress {
+        std::env::var("BRAID_PROGRESS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_default()
+    }
+}
+
+impl std::fmt::Display for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Progress {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "thread" | "auto" => Ok(Progress::Thread),
+            "inline" | "manual" | "rtc" => Ok(Progress::Inline),
+            other => Err(format!(
+                "unknown progress mode {other:?} (one of: thread, inline)"
+            )),
+        }
+    }
+}
+
 /// How to open a device.
 #[derive(Clone, Debug)]
 pub struct DeviceConfig {
@@ -80,6 +146,9 @@ pub struct DeviceConfig {
     /// spinning on its CQ, a peer device on the same machine) takes the CPU time they need
     /// to make progress, and everything slows down.
     pub busy_poll: bool,
+    /// Who drives the datapath and the engine (default: `BRAID_PROGRESS`, else the progress
+    /// thread; see [`Progress`]).
+    pub progress: Progress,
 }
 
 impl DeviceConfig {
@@ -92,7 +161,14 @@ impl DeviceConfig {
             deterministic_seed: false,
             interface: None,
             busy_poll: false,
+            progress: Progress::from_env(),
         }
+    }
+
+    /// Sets who drives the datapath and the engine (see [`Progress`]).
+    pub fn progress(mut self, mode: Progress) -> Self {
+        self.progress = mode;
+        self
     }
 
     /// Makes the progress thread spin on the datapath instead of sleeping (see
@@ -283,6 +359,17 @@ mod tests {
         assert_eq!("af-xdp".parse::<DatapathKind>(), Ok(DatapathKind::Xdp));
         let err = "rdma".parse::<DatapathKind>().unwrap_err();
         assert!(err.contains("\"rdma\""), "{err}");
+    }
+
+    #[test]
+    fn every_progress_name_parses_back_to_its_mode() {
+        for mode in [Progress::Thread, Progress::Inline] {
+            assert_eq!(mode.to_string(), mode.name());
+            assert_eq!(mode.name().parse::<Progress>(), Ok(mode));
+        }
+        assert_eq!("manual".parse::<Progress>(), Ok(Progress::Inline));
+        let err = "sometimes".parse::<Progress>().unwrap_err();
+        assert!(err.contains("\"sometimes\""), "{err}");
     }
 
     #[test]

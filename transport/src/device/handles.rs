@@ -38,7 +38,7 @@ impl Device {
         let ports = engine.source_ports();
         let (datapath, report) = open_datapath(&cfg, ports, engine.max_datagram)?;
         engine.max_datagram = engine.max_datagram.min(datapath.max_payload());
-        let owner = Owner::start(engine, datapath, report, cfg.busy_poll)?;
+        let owner = Owner::start(engine, datapath, report, cfg.busy_poll, cfg.progress)?;
         Ok(Device {
             owner: Arc::new(owner),
         })
@@ -78,6 +78,11 @@ impl Device {
     /// The datapath in use (`"udp"`, `"uring"`, `"xdp"`).
     pub fn datapath_kind(&self) -> &'static str {
         self.inner().datapath.kind()
+    }
+
+    /// Who drives the datapath and the engine (see [`Progress`](crate::Progress)).
+    pub fn progress(&self) -> crate::Progress {
+        self.inner().progress_mode()
     }
 
     /// Which datapath was chosen and why: for `auto`, why the faster ones were not used.
@@ -323,8 +328,16 @@ impl CompletionQueue {
         self.id
     }
 
-    /// Takes up to `out.len()` completions without waiting; returns how many.
+    /// Takes up to `out.len()` completions without waiting; returns how many. On an
+    /// inline-progress device ([`Progress::Inline`](crate::Progress::Inline)) a poll that
+    /// finds the queue empty first drives the device (receives, places, sends) unless
+    /// another thread is doing so, then looks again.
     pub fn poll(&self, out: &mut [Completion]) -> usize {
+        let n = self.shared.pop(out);
+        if n > 0 || !self.dev.inner().inline() {
+            return n;
+        }
+        self.dev.inner().drive();
         self.shared.pop(out)
     }
 
@@ -338,7 +351,7 @@ impl CompletionQueue {
             imm: None,
             qpn: 0,
         }];
-        (self.shared.pop(&mut one) == 1).then_some(one[0])
+        (self.poll(&mut one) == 1).then_some(one[0])
     }
 
     /// Waits up to `timeout` for one completion. Several threads may wait on one CQ; each
@@ -350,6 +363,12 @@ impl CompletionQueue {
                 return Some(c);
             }
             let left = deadline.checked_duration_since(Instant::now())?;
+            if self.dev.inner().inline() {
+                // Sleeps in the datapath (or, if another thread drives, briefly on the CQ's
+                // event), then drives again at the next `poll_one`.
+                self.dev.inner().wait_inline(&self.shared, left);
+                continue;
+            }
             // Sleeps on the CQ's event (arm, re-check, sleep); another waiter may take what
             // woke us, hence the loop.
             let ring = &self.shared.ring;
@@ -364,9 +383,27 @@ impl CompletionQueue {
     /// whether one is there.
     pub fn wait_ready(&self, timeout: Duration) -> bool {
         let ring = &self.shared.ring;
-        self.shared
-            .ready
-            .wait_until(|| !ring.is_empty(), Some(timeout))
+        let inner = self.dev.inner();
+        if !inner.inline() {
+            return self
+                .shared
+                .ready
+                .wait_until(|| !ring.is_empty(), Some(timeout));
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            if !ring.is_empty() {
+                return true;
+            }
+            inner.drive();
+            if !ring.is_empty() {
+                return true;
+            }
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                return false;
+            };
+            inner.wait_inline(&self.shared, left);
+        }
     }
 
     /// The device it belongs to.

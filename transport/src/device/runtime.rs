@@ -25,22 +25,36 @@
 //!   an empty CQ is seen without that lock). Waiters sleep on the CQ's [`braid_sync::Event`].
 //! - **Transmit buffers** come from a lock-free [`braid_sync::Pool`].
 //! - The datapath's `send`, which any thread may call.
+//! - **Who drives** ([`Progress`]). With `Progress::Thread` only the progress thread
+//!   receives, and timers are its job. With `Progress::Inline` (run to completion) a thread
+//!   that finds its completion queue empty drives the device itself (`Inner::drive`): it
+//!   *tries* the driver slot (`Inner::driver`, the receive and transmit buffers of whoever
+//!   drives), the transmit order lock and the engine lock, in that order, and if any is
+//!   taken it just looks at its queue again, so a poller never waits on a lock. While it
+//!   holds all three it receives one batch without waiting, places it, runs due timers and
+//!   sends what that produced. A thread blocked in `CompletionQueue::wait` with nobody else
+//!   driving sleeps in the datapath itself (`Inner::wait_inline`), woken by the datagram, by
+//!   a handed-off post (the post doorbell) or by a completion another thread publishes (the
+//!   `sleeper` doorbell). The progress thread takes the driver slot for each of its rounds,
+//!   and backs off (sleeps, out of the datapath) while a poller has been seen within
+//!   `POLLER_GRACE_NS`; a poller that finds it asleep in the datapath wakes it so it sees
+//!   that. When nobody polls any more it takes over receives, timers and ACKs again.
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, TryLockError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use braid_datapath::{Datapath, Ecn, RecvBatch};
+use braid_datapath::{Datapath, Ecn, RecvBatch, RecvMeta};
 use braid_proto::validate::{self, LocalMr};
 use braid_proto::{
     Access, Completion, CqId, Endpoint, EndpointConfig, MrKeys, PdId, PostError, RecvWr, Region,
     ResourceError, SendWr, Timestamp,
 };
-use braid_sync::{Consumer, Event, Mpsc, Pool, Producer, Ring};
+use braid_sync::{Consumer, Doorbell, Event, Mpsc, Pool, Producer, Ring};
 
-use super::OpenError;
 use super::cq_fd;
+use super::{OpenError, Progress};
 
 /// Datagrams moved per batch between the engine and the datapath.
 const BATCH: usize = 64;
@@ -60,6 +74,14 @@ const IDLE_WAIT: Duration = Duration::from_millis(50);
 const CQ_RING: usize = 4096;
 /// Work requests the hand-off ring holds; a post finding it full waits for the engine lock.
 const POST_RING: usize = 1024;
+/// How long after a poller was last seen the progress thread of an inline-progress device
+/// keeps out of the way, ns.
+const POLLER_GRACE_NS: u64 = 2_000_000;
+/// How stale the recorded poller time may get before a poller updates it, ns.
+const POLLER_SEEN_STEP_NS: u64 = 100_000;
+/// How long the backed-off progress thread sleeps before it looks again, and the longest an
+/// inline waiter sleeps in the datapath or on its CQ's event before it looks again.
+const INLINE_SLICE: Duration = Duration::from_millis(1);
 /// Transmit batches kept for reuse (each is `BATCH` datagram buffers): one per thread that
 /// sends at the same time is enough; more are allocated and freed.
 const TX_POOL: usize = 4;
@@ -114,8 +136,8 @@ impl CqSink {
     }
 
     /// Moves spilled completions into the ring while it has room, and wakes waiters if
-    /// anything new is in the ring.
-    fn publish(&mut self) {
+    /// anything new is in the ring; returns whether it did.
+    fn publish(&mut self) -> bool {
         if !self.spill.is_empty() {
             let spill = &mut self.spill;
             if self
@@ -131,7 +153,9 @@ impl CqSink {
             if let Some(fd) = self.shared.fd.get() {
                 fd.signal();
             }
+            return true;
         }
+        false
     }
 }
 
@@ -311,6 +335,51 @@ pub(super) struct Inner {
     mrs: RwLock<HashMap<u32, LocalMr>>,
     /// The engine's queue limits (`max_send_wr`, `max_recv_wr`, after clamping).
     max_wr: (usize, usize),
+    /// Who drives the datapath and the engine.
+    mode: Progress,
+    /// The buffers of whoever drives an inline-progress device (a poller, a waiter or the
+    /// progress thread): holding it is the right to receive. Taken before `tx_order` and the
+    /// engine lock; pollers only try it.
+    driver: Mutex<Driver>,
+    /// When a poller was last seen (`now` in ns, 0 for never); the progress thread of an
+    /// inline device backs off while it is recent.
+    poller_seen: AtomicU64,
+    /// Armed by an inline waiter sleeping in the datapath: whoever publishes completions
+    /// then wakes the datapath, so the waiter does not sleep past a completion another
+    /// thread produced.
+    sleeper: Doorbell,
+    /// The progress thread of an inline device is (about to be) asleep in the datapath; the
+    /// first poller to see it wakes it.
+    progress_asleep: AtomicBool,
+    /// The progress thread of an inline device is backing off (out of the datapath).
+    progress_parked: AtomicBool,
+}
+
+/// The receive and transmit buffers of the thread driving an inline-progress device.
+pub(super) struct Driver {
+    rx: RecvBatch,
+    tx: TxBatch,
+    /// When a poller last ran the timers.
+    timers_checked: Timestamp,
+}
+
+impl Driver {
+    fn new(max_payload: usize) -> Driver {
+        Driver {
+            rx: RecvBatch::new(BATCH, max_payload),
+            tx: TxBatch::new(max_payload),
+            timers_checked: Timestamp::ZERO,
+        }
+    }
+}
+
+/// Takes `m` if it is free (ignoring poisoning, as every lock here does).
+fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    match m.try_lock() {
+        Ok(g) => Some(g),
+        Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
 }
 
 /// Owns the progress thread: dropping the last handle stops it.
@@ -327,10 +396,12 @@ impl Owner {
         datapath: Box<dyn Datapath>,
         report: String,
         busy_poll: bool,
+        mode: Progress,
     ) -> Result<Owner, OpenError> {
         let ep = Endpoint::new(engine, datapath.local_addr());
         let max_wr = (ep.config().max_send_wr, ep.config().max_recv_wr);
         let (posts, posts_rx) = Mpsc::new(POST_RING);
+        let max_payload = datapath.max_payload();
         let inner = Arc::new(Inner {
             core: Mutex::new(Core {
                 ep,
@@ -348,6 +419,12 @@ impl Owner {
             posts,
             mrs: RwLock::new(HashMap::new()),
             max_wr,
+            mode,
+            driver: Mutex::new(Driver::new(max_payload)),
+            poller_seen: AtomicU64::new(0),
+            sleeper: Doorbell::new(),
+            progress_asleep: AtomicBool::new(false),
+            progress_parked: AtomicBool::new(false),
         });
         let worker = inner.clone();
         let thread = std::thread::Builder::new()
@@ -459,14 +536,19 @@ impl Inner {
 
     /// Hands completions to their queues and fills `batch` with up to `BATCH` datagrams.
     /// Returns whether the engine may have more to send.
-    fn drain(core: &mut Core, now: Timestamp, batch: &mut TxBatch) -> bool {
+    fn drain(&self, core: &mut Core, now: Timestamp, batch: &mut TxBatch) -> bool {
         while let Some((cq, c)) = core.ep.poll_completion() {
             if let Some(sink) = core.cqs.get_mut(&cq) {
                 sink.push(c);
             }
         }
+        let mut published = false;
         for sink in core.cqs.values_mut() {
-            sink.publish();
+            published |= sink.publish();
+        }
+        // An inline waiter asleep in the datapath learns of completions through it.
+        if published && self.sleeper.ring() {
+            self.datapath.wake();
         }
         batch.metas.clear();
         while batch.metas.len() < BATCH {
@@ -516,7 +598,7 @@ impl Inner {
     fn flush(&self, batch: &mut TxBatch) {
         let _order = self.tx_order.lock().unwrap_or_else(|e| e.into_inner());
         loop {
-            let more = Inner::drain(&mut self.lock(), self.now(), batch);
+            let more = self.drain(&mut self.lock(), self.now(), batch);
             self.send(batch);
             if !more {
                 break;
@@ -601,13 +683,7 @@ impl Inner {
                 now = self.now();
                 self.lock()
             });
-            if crate::handshake::is_handshake(bytes) {
-                let Core { ep, hs, .. } = &mut **core;
-                crate::handshake::on_datagram(hs, ep, now, meta.src, bytes, &*self.datapath);
-                return;
-            }
-            core.ep
-                .handle_datagram(now, meta.src, meta.ecn as u8, bytes);
+            self.deliver(core, now, meta, bytes);
         });
         match r {
             Ok(n) => n,
@@ -619,16 +695,168 @@ impl Inner {
         }
     }
 
+    /// Hands one received datagram to the handshake or the engine.
+    fn deliver(&self, core: &mut Core, now: Timestamp, meta: &RecvMeta, bytes: &[u8]) {
+        if crate::handshake::is_handshake(bytes) {
+            let Core { ep, hs, .. } = core;
+            crate::handshake::on_datagram(hs, ep, now, meta.src, bytes, &*self.datapath);
+            return;
+        }
+        core.ep
+            .handle_datagram(now, meta.src, meta.ecn as u8, bytes);
+    }
+
+    /// Who drives the datapath and the engine.
+    pub(super) fn progress_mode(&self) -> Progress {
+        self.mode
+    }
+
+    /// Whether completion queue polls drive the device (`Progress::Inline`).
+    pub(super) fn inline(&self) -> bool {
+        self.mode == Progress::Inline
+    }
+
+    /// Records that a poller is active, so the progress thread keeps out of the way. Writes
+    /// the shared word only when the recorded time is `POLLER_SEEN_STEP_NS` old, so spinning
+    /// pollers mostly just read it.
+    fn seen_poller(&self, now: Timestamp) {
+        let now = now.as_nanos().max(1);
+        if now.saturating_sub(self.poller_seen.load(Ordering::Relaxed)) >= POLLER_SEEN_STEP_NS {
+            self.poller_seen.store(now, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether a poller was seen within `POLLER_GRACE_NS`.
+    fn pollers_active(&self, now: Timestamp) -> bool {
+        let seen = self.poller_seen.load(Ordering::Relaxed);
+        seen != 0 && now.as_nanos().saturating_sub(seen) < POLLER_GRACE_NS
+    }
+
+    /// Inline progress from a thread polling a completion queue: if nobody else is driving,
+    /// receives one batch without waiting, places it, runs the timers if due (at most every
+    /// `BUSY_TIMER_CHECK_NS`) and sends what the engine has to send. Never waits for a lock:
+    /// if the driver slot, the transmit order or the engine is taken, the thread holding it
+    /// makes the progress, and this returns `false`.
+    pub(super) fn drive(&self) -> bool {
+        let now = self.now();
+        self.seen_poller(now);
+        let Some(mut drv) = try_lock(&self.driver) else {
+            // The progress thread may be asleep in the datapath with the slot: wake it, so
+            // that it sees the poller, backs off and leaves the slot to pollers.
+            if self.progress_asleep.swap(false, Ordering::AcqRel) {
+                self.datapath.wake();
+            }
+            return false;
+        };
+        let Some(_order) = try_lock(&self.tx_order) else {
+            return false;
+        };
+        let Some(mut core) = try_lock(&self.core) else {
+            return false;
+        };
+        core.take_posts();
+        let Driver {
+            rx,
+            tx,
+            timers_checked,
+        } = &mut *drv;
+        let core = &mut *core;
+        let _ = self
+            .datapath
+            .recv_with(rx, Some(Duration::ZERO), &mut |meta, bytes| {
+                self.deliver(core, now, meta, bytes);
+            });
+        if now.nanos_since(*timers_checked) >= BUSY_TIMER_CHECK_NS {
+            *timers_checked = now;
+            self.timers_locked(core, now);
+        }
+        loop {
+            let more = self.drain(core, self.now(), tx);
+            self.send(tx);
+            if !more {
+                // Posts handed off while this thread held the engine go now, not at the next
+                // poll.
+                if self.posts.is_empty() {
+                    break;
+                }
+                core.take_posts();
+            }
+        }
+        true
+    }
+
+    /// The blocking side of inline progress, after a `drive` found the queue `cq` empty:
+    /// if nobody else drives, sleeps in the datapath for up to `left` (at most
+    /// `INLINE_SLICE`, at most until the engine's next deadline), then places what arrived,
+    /// runs due timers and sends; else sleeps on the queue's event for as long. Either way the
+    /// caller looks at its queue again afterwards.
+    pub(super) fn wait_inline(&self, cq: &CqShared, left: Duration) {
+        let left = left.min(INLINE_SLICE);
+        self.seen_poller(self.now());
+        let Some(mut drv) = try_lock(&self.driver) else {
+            let ring = &cq.ring;
+            cq.ready.wait_until(|| !ring.is_empty(), Some(left));
+            return;
+        };
+        let wait = {
+            let core = self.lock();
+            match core.ep.poll_timeout() {
+                Some(t) => t.saturating_since(self.now()).min(left),
+                None => left,
+            }
+        };
+        // Armed before the last look at the queue and at the hand-off ring: a completion
+        // published or a post handed off from here on wakes the datapath.
+        self.sleeper.arm();
+        let posts_armed = self.posts.arm();
+        let sleep = posts_armed && cq.ring.is_empty();
+        let Driver { rx, tx, .. } = &mut *drv;
+        self.receive(rx, Some(if sleep { wait } else { Duration::ZERO }));
+        if posts_armed {
+            self.posts.disarm();
+        }
+        self.sleeper.disarm();
+        self.seen_poller(self.now());
+        self.run_timers();
+        self.flush(tx);
+    }
+
     /// The progress thread: until the device closes, it sleeps in the datapath until a
     /// datagram, a post or a timer needs it, places what arrived, runs due timers and sends
     /// what all that produced.
+    ///
+    /// On an inline-progress device it takes the driver slot for each round and stays out of
+    /// the datapath while pollers are active.
     fn progress(self: Arc<Inner>) {
-        let mut rx = RecvBatch::new(BATCH, self.datapath.max_payload());
-        let mut tx = TxBatch::new(self.datapath.max_payload());
+        // A thread-progress device's progress thread keeps its buffers; an inline one uses
+        // the driver slot's.
+        let mut own = (!self.inline()).then(|| Driver::new(self.datapath.max_payload()));
         let mut timers_checked = Timestamp::ZERO;
         while !self.stop.load(Ordering::Acquire) {
+            let mut slot;
+            let drv = match own.as_mut() {
+                Some(d) => d,
+                None => {
+                    if self.pollers_active(self.now()) {
+                        self.progress_parked.store(true, Ordering::Release);
+                        std::thread::sleep(INLINE_SLICE);
+                        continue;
+                    }
+                    self.progress_parked.store(false, Ordering::Release);
+                    slot = self.driver.lock().unwrap_or_else(|e| e.into_inner());
+                    &mut *slot
+                }
+            };
+            let Driver { rx, tx, .. } = drv;
             let wait = self.next_wait();
-            let received = self.receive_batches(&mut rx, &mut tx, wait);
+            let asleep = self.inline() && !wait.is_zero();
+            if asleep {
+                self.progress_asleep.store(true, Ordering::Release);
+            }
+            let received = self.receive_batches(rx, tx, wait);
+            if asleep {
+                self.progress_asleep.store(false, Ordering::Release);
+            }
             // A busy-polling thread that received nothing leaves the engine lock alone
             // (posting threads send their own packets) and checks timers only now and then.
             let now = self.now();
@@ -642,7 +870,7 @@ impl Inner {
             }
             timers_checked = now;
             self.run_timers();
-            self.flush(&mut tx);
+            self.flush(tx);
         }
     }
 
@@ -696,10 +924,15 @@ impl Inner {
     fn run_timers(&self) {
         let mut core = self.lock();
         let now = self.now();
+        self.timers_locked(&mut core, now);
+    }
+
+    /// Runs the engine's and the handshake's timers, if due, with the engine lock held.
+    fn timers_locked(&self, core: &mut Core, now: Timestamp) {
         if core.ep.poll_timeout().is_some_and(|t| t <= now) {
             core.ep.handle_timeout(now);
         }
-        let Core { ep, hs, .. } = &mut *core;
+        let Core { ep, hs, .. } = core;
         crate::handshake::on_timer(hs, ep, now, &*self.datapath);
     }
 }
@@ -708,7 +941,7 @@ impl Inner {
 mod tests {
     use super::*;
     use crate::device::{
-        CompletionQueue, Device, DeviceConfig, MemoryRegion, ProtectionDomain, QueuePair,
+        CompletionQueue, Device, DeviceConfig, MemoryRegion, Progress, ProtectionDomain, QueuePair,
     };
     use braid_proto::{SendOp, Sge, WcOpcode, WcStatus};
 
@@ -721,20 +954,57 @@ mod tests {
         qp: QueuePair,
     }
 
-    fn pair() -> (End, End) {
-        let open = || {
-            let dev = Device::open(DeviceConfig::udp("127.0.0.1:0".parse().unwrap()).paths(4))
-                .expect("open a UDP device");
-            let pd = dev.alloc_pd();
-            let cq = dev.create_cq();
-            let qp = pd.create_qp(&cq, &cq).expect("qp");
-            End { dev, pd, cq, qp }
-        };
-        let (a, b) = (open(), open());
+    fn open(cfg: DeviceConfig) -> End {
+        let dev = Device::open(cfg).expect("open a UDP device");
+        let pd = dev.alloc_pd();
+        let cq = dev.create_cq();
+        let qp = pd.create_qp(&cq, &cq).expect("qp");
+        End { dev, pd, cq, qp }
+    }
+
+    fn config(mode: Progress) -> DeviceConfig {
+        DeviceConfig::udp("127.0.0.1:0".parse().unwrap())
+            .paths(4)
+            .progress(mode)
+    }
+
+    fn connect(a: &End, b: &End) {
         a.qp.connect(b.qp.info()).unwrap();
         b.qp.connect(a.qp.info()).unwrap();
+    }
+
+    fn pair(mode: Progress) -> (End, End) {
+        let (a, b) = (open(config(mode)), open(config(mode)));
+        connect(&a, &b);
         (a, b)
     }
+
+    /// Runs a test body once per progress mode.
+    macro_rules! in_both_modes {
+        ($($name:ident),* $(,)?) => {
+            mod both_modes {
+                $(
+                    mod $name {
+                        #[test]
+                        fn thread() {
+                            super::super::$name(super::super::Progress::Thread);
+                        }
+                        #[test]
+                        fn inline() {
+                            super::super::$name(super::super::Progress::Inline);
+                        }
+                    }
+                )*
+            }
+        };
+    }
+
+    in_both_modes!(
+        posts_queued_while_the_engine_is_busy_run_in_order,
+        a_bad_post_is_refused_at_once_even_while_the_engine_is_busy,
+        a_post_checked_before_a_deregistration_is_applied_before_it,
+        threads_posting_at_once_each_get_every_completion,
+    );
 
     fn write(wr_id: u64, src: &MemoryRegion, dst: &MemoryRegion, off: u64) -> SendWr {
         SendWr {
@@ -745,9 +1015,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn posts_queued_while_the_engine_is_busy_run_in_order() {
-        let (a, b) = pair();
+    fn posts_queued_while_the_engine_is_busy_run_in_order(mode: Progress) {
+        let (a, b) = pair(mode);
         let src = a.pd.alloc_mr(64, Access::NONE).unwrap();
         let dst = b.pd.alloc_mr(64, Access::REMOTE_WRITE).unwrap();
         src.write(0, &[7; 64]).unwrap();
@@ -770,9 +1039,8 @@ mod tests {
         assert!(a.cq.poll_one().is_none());
     }
 
-    #[test]
-    fn a_bad_post_is_refused_at_once_even_while_the_engine_is_busy() {
-        let (a, b) = pair();
+    fn a_bad_post_is_refused_at_once_even_while_the_engine_is_busy(mode: Progress) {
+        let (a, b) = pair(mode);
         let src = a.pd.alloc_mr(64, Access::NONE).unwrap();
         let dst = b.pd.alloc_mr(64, Access::REMOTE_WRITE).unwrap();
         let rbuf = a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
@@ -818,9 +1086,15 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_post_checked_before_a_deregistration_is_applied_before_it() {
-        let (a, b) = pair();
+    fn a_post_checked_before_a_deregistration_is_applied_before_it(mode: Progress) {
+        let (a, b) = pair(mode);
+        if mode == Progress::Inline {
+            // Nobody but the deregistration may take the engine after the busy block below
+            // (with thread progress, the progress thread woken by the hand-off can win that
+            // race, apply the post and send it before the region goes: then the WRITE
+            // succeeds).
+            hold_progress_back(&a.dev);
+        }
         let src = a.pd.alloc_mr(64, Access::NONE).unwrap();
         let dst = b.pd.alloc_mr(64, Access::REMOTE_WRITE).unwrap();
         let lkey = src.lkey();
@@ -853,12 +1127,11 @@ mod tests {
         assert_eq!(a.qp.post_send(wr), Err(PostError::InvalidLkey));
     }
 
-    #[test]
-    fn threads_posting_at_once_each_get_every_completion() {
+    fn threads_posting_at_once_each_get_every_completion(mode: Progress) {
         // Four threads post WRITEs on one QP at once (contending for the engine, so some posts
         // take the hand-off ring): every work request completes exactly once on the CQ.
         const PER_THREAD: u64 = 200;
-        let (a, b) = pair();
+        let (a, b) = pair(mode);
         let src = Arc::new(a.pd.alloc_mr(4096, Access::NONE).unwrap());
         let dst = Arc::new(b.pd.alloc_mr(4096, Access::REMOTE_WRITE).unwrap());
         let qp = Arc::new(a.qp);
@@ -882,6 +1155,176 @@ mod tests {
         for p in posters {
             p.join().unwrap();
         }
+        assert!(a.cq.poll_one().is_none());
+    }
+
+    /// Holds the progress thread of an inline device back for good (it sees a poller that is
+    /// always recent) and waits until it is out of the datapath.
+    fn hold_progress_back(dev: &Device) {
+        let inner = dev.inner();
+        inner.poller_seen.store(u64::MAX / 2, Ordering::Relaxed);
+        inner.datapath.wake();
+        let deadline = Instant::now() + WAIT;
+        while !inner.progress_parked.load(Ordering::Acquire) {
+            assert!(
+                Instant::now() < deadline,
+                "the progress thread never backed off"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Parked, it does not take the driver slot again: this waits out a round that was
+        // already under way.
+        drop(inner.driver.lock().unwrap());
+    }
+
+    /// Waits until `cq` holds a completion without polling it (so without driving).
+    fn wait_without_polling(cq: &CompletionQueue) -> bool {
+        let ring = &cq.shared.ring;
+        cq.shared.ready.wait_until(|| !ring.is_empty(), Some(WAIT))
+    }
+
+    #[test]
+    fn an_inline_poller_gets_its_completion_while_the_progress_thread_is_held_back() {
+        // A's progress thread stays out of the datapath, so the peer's ACK can only be
+        // received by a thread polling A's queue; B is a plain thread-progress device.
+        let a = open(config(Progress::Inline));
+        let b = open(config(Progress::Thread));
+        connect(&a, &b);
+        hold_progress_back(&a.dev);
+        let src = a.pd.alloc_mr(64, Access::NONE).unwrap();
+        let dst = b.pd.alloc_mr(64, Access::REMOTE_WRITE).unwrap();
+        src.write(0, &[3; 64]).unwrap();
+        let received = a.dev.stats().rx_datagrams;
+        for i in 0..20u64 {
+            a.qp.post_send(write(i, &src, &dst, (i % 8) * 8)).unwrap();
+            let deadline = Instant::now() + WAIT;
+            let c = loop {
+                if let Some(c) = a.cq.poll_one() {
+                    break c;
+                }
+                assert!(Instant::now() < deadline, "no completion for WRITE {i}");
+                std::hint::spin_loop();
+            };
+            assert_eq!((c.wr_id, c.status), (i, WcStatus::Success));
+        }
+        assert!(a.dev.stats().rx_datagrams > received);
+        assert!(a.dev.inner().progress_parked.load(Ordering::Acquire));
+        let mut got = [0u8; 64];
+        dst.read(0, &mut got).unwrap();
+        assert_eq!(got, [3; 64]);
+        // A blocking wait drives the same way (it sleeps in the datapath itself).
+        a.qp.post_send(write(20, &src, &dst, 0)).unwrap();
+        let c =
+            a.cq.wait(WAIT)
+                .expect("a completion through the blocking wait");
+        assert_eq!((c.wr_id, c.status), (20, WcStatus::Success));
+    }
+
+    #[test]
+    fn on_an_inline_device_nobody_polls_and_the_progress_thread_takes_over() {
+        let mut cfg = config(Progress::Inline);
+        cfg.engine.rto_initial_ns = 1_000_000;
+        cfg.engine.retry_limit = 2;
+        cfg.engine.retry_timeout_ns = 20_000_000;
+        let a = open(cfg.clone());
+        let b = open(cfg);
+        connect(&a, &b);
+        let src = a.pd.alloc_mr(64, Access::NONE).unwrap();
+        let dst = b.pd.alloc_mr(64, Access::REMOTE_WRITE).unwrap();
+        // Someone polled a moment ago, then stopped.
+        assert!(a.cq.poll_one().is_none());
+        // Receives: the ACK is taken by the progress thread.
+        a.qp.post_send(write(1, &src, &dst, 0)).unwrap();
+        assert!(wait_without_polling(&a.cq), "the ACK was never received");
+        let c = a.cq.shared.pop(&mut [empty(); 1]);
+        assert_eq!(c, 1);
+        // Timers: with the peer gone, only retransmit timeouts can end the WRITE, with
+        // RetryExceeded.
+        let rkey = dst.remote(0);
+        drop(b);
+        let wr = SendWr {
+            wr_id: 2,
+            op: SendOp::Write(rkey),
+            sges: vec![src.sge(0, 8)],
+            signaled: true,
+        };
+        a.qp.post_send(wr).unwrap();
+        assert!(
+            wait_without_polling(&a.cq),
+            "the retransmit timer never fired"
+        );
+        let mut out = [empty(); 1];
+        assert_eq!(a.cq.shared.pop(&mut out), 1);
+        assert_eq!((out[0].wr_id, out[0].status), (2, WcStatus::RetryExceeded));
+    }
+
+    fn empty() -> braid_proto::Completion {
+        braid_proto::Completion {
+            wr_id: u64::MAX,
+            status: WcStatus::Flushed,
+            opcode: WcOpcode::Send,
+            byte_len: 0,
+            imm: None,
+            qpn: 0,
+        }
+    }
+
+    #[test]
+    fn many_inline_pollers_get_every_completion_once_in_posting_order() {
+        // Four threads spin on one CQ of an inline device (so they contend for driving it)
+        // while a fifth posts WRITEs: each completion reaches exactly one poller, and each
+        // poller sees its share in posting order.
+        const TOTAL: u64 = 2000;
+        let (a, b) = pair(Progress::Inline);
+        let src = a.pd.alloc_mr(64, Access::NONE).unwrap();
+        let dst = b.pd.alloc_mr(64, Access::REMOTE_WRITE).unwrap();
+        let done = AtomicUsize::new(0);
+        let got: Vec<Vec<u64>> = std::thread::scope(|s| {
+            let pollers: Vec<_> = (0..4)
+                .map(|_| {
+                    let (cq, done) = (&a.cq, &done);
+                    s.spawn(move || {
+                        let mut mine = Vec::new();
+                        let mut out = [empty(); 8];
+                        let deadline = Instant::now() + WAIT;
+                        while done.load(Ordering::Acquire) < TOTAL as usize {
+                            assert!(Instant::now() < deadline, "completions stopped");
+                            let n = cq.poll(&mut out);
+                            for c in &out[..n] {
+                                assert_eq!(c.status, WcStatus::Success);
+                                mine.push(c.wr_id);
+                            }
+                            done.fetch_add(n, Ordering::AcqRel);
+                        }
+                        mine
+                    })
+                })
+                .collect();
+            let deadline = Instant::now() + WAIT;
+            for i in 0..TOTAL {
+                loop {
+                    match a.qp.post_send(write(i, &src, &dst, (i % 8) * 8)) {
+                        Ok(()) => break,
+                        Err(PostError::QueueFull) => {
+                            assert!(Instant::now() < deadline, "the send queue never drained");
+                            std::thread::yield_now();
+                        }
+                        Err(e) => panic!("post {i}: {e:?}"),
+                    }
+                }
+            }
+            pollers.into_iter().map(|p| p.join().unwrap()).collect()
+        });
+        let mut all: Vec<u64> = Vec::new();
+        for mine in &got {
+            assert!(
+                mine.windows(2).all(|w| w[0] < w[1]),
+                "a poller saw completions out of posting order"
+            );
+            all.extend(mine);
+        }
+        all.sort_unstable();
+        assert_eq!(all, (0..TOTAL).collect::<Vec<_>>());
         assert!(a.cq.poll_one().is_none());
     }
 }
