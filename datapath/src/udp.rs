@@ -912,6 +912,108 @@ mod tests {
         assert_eq!(ports.len(), usize::from(MAX_PATHS));
     }
 
+    /// CPU time of the calling thread, ns.
+    fn thread_cpu_ns() -> u64 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: writes one timespec into `ts`, which is live and exclusively borrowed.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    }
+
+    /// Streams `total` 1400-byte datagrams in batches of 64, in runs of `run` per path over
+    /// 4 paths, from a sender with GSO `gso` to a receiver with GRO `gro` (receiving in
+    /// another thread); returns (sender CPU ns, receiver CPU ns) per datagram received and
+    /// the fraction received. CPU time, not wall time, so a loaded machine skews it less.
+    fn cpu_per_datagram(gso: bool, gro: bool, run: usize, total: usize) -> (f64, f64, f64) {
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicUsize;
+        let config = |gso, gro| UdpConfig {
+            gso,
+            gro,
+            ..UdpConfig::new("127.0.0.1:0".parse().unwrap(), 4)
+        };
+        let a = UdpDatapath::bind(config(gso, false)).unwrap();
+        let b = Arc::new(UdpDatapath::bind(config(false, gro)).unwrap());
+        let stop = Arc::new(AtomicBool::new(false));
+        let received = Arc::new(AtomicUsize::new(0));
+        let receiver = {
+            let (b, stop, received) = (Arc::clone(&b), Arc::clone(&stop), Arc::clone(&received));
+            std::thread::spawn(move || {
+                let start = thread_cpu_ns();
+                let mut scratch = RecvBatch::new(64, 2048);
+                while !stop.load(Ordering::Relaxed) {
+                    let n = b
+                        .recv_with(
+                            &mut scratch,
+                            Some(Duration::from_millis(20)),
+                            &mut |_, _| {},
+                        )
+                        .unwrap();
+                    received.fetch_add(n, Ordering::Relaxed);
+                }
+                thread_cpu_ns() - start
+            })
+        };
+        let payload = vec![0x5au8; 1400];
+        let batch: Vec<Transmit<'_>> = (0..64)
+            .map(|i| Transmit {
+                dest: b.local_addr(),
+                path: ((i / run) % 4) as u16,
+                ecn: Ecn::Ect0,
+                contents: &payload,
+            })
+            .collect();
+        let start = thread_cpu_ns();
+        let mut sent = 0;
+        while sent < total {
+            sent += a.send(&batch).unwrap();
+            // Keep the receiver's socket buffer from overflowing: at most ~2000 in flight
+            // (for at most 50 ms, in case some were dropped after all).
+            let waiting = Instant::now();
+            while sent.saturating_sub(received.load(Ordering::Relaxed)) > 2000
+                && waiting.elapsed() < Duration::from_millis(50)
+            {
+                std::thread::yield_now();
+            }
+        }
+        let tx_ns = thread_cpu_ns() - start;
+        std::thread::sleep(Duration::from_millis(100));
+        stop.store(true, Ordering::Relaxed);
+        b.wake();
+        let rx_ns = receiver.join().unwrap();
+        let got = received.load(Ordering::Relaxed).max(1);
+        (
+            tx_ns as f64 / got as f64,
+            rx_ns as f64 / got as f64,
+            got as f64 / sent as f64,
+        )
+    }
+
+    #[test]
+    #[ignore = "measurement: cargo test -p braid-datapath --release cpu_per_datagram -- --ignored --nocapture"]
+    fn measure_cpu_per_datagram_with_and_without_gso_gro() {
+        // Alternating rounds; runs of 16 datagrams per path (a 16-datagram burst) and of 1
+        // (per-packet spraying, where GSO finds nothing to coalesce).
+        for round in 0..3 {
+            for (gso, gro, run) in [
+                (false, false, 16),
+                (true, false, 16),
+                (true, true, 16),
+                (true, true, 1),
+            ] {
+                let (tx, rx, frac) = cpu_per_datagram(gso, gro, run, 200_000);
+                println!(
+                    "round {round} gso={gso:<5} gro={gro:<5} run={run:>2}: sender {tx:>6.0} ns, \
+                     receiver {rx:>6.0} ns CPU per datagram ({:.1}% received)",
+                    frac * 100.0
+                );
+            }
+        }
+    }
+
     #[test]
     fn truncated_datagrams_are_dropped() {
         let a = loopback(1);
