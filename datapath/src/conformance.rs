@@ -3,8 +3,10 @@
 //! source port of their path and arrive intact, ECN codepoints survive both ways (IPv4 and
 //! IPv6), a wake-up ends a blocking receive and is remembered when it comes first,
 //! unreachable destinations are skipped without failing the batch, and datagrams up to the
-//! configured maximum pass. Backend-specific behaviour (io_uring's buffer ring and GSO,
-//! sendmmsg chunking) stays in the backend's own tests. AF_XDP needs a veth pair in a
+//! configured maximum pass, and segmentation offload (GSO runs on send, GRO splitting on
+//! receive) delivers every datagram by itself, with a counter proving it happened.
+//! Backend-specific behaviour (io_uring's buffer ring, sendmmsg chunking) stays in the
+//! backend's own tests. AF_XDP needs a veth pair in a
 //! namespace and has its own suite in `xdp::tests`.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -13,7 +15,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::udp::UdpConfig;
+use crate::udp::{OffloadStats, UdpConfig};
 use crate::{Datapath, Ecn, RecvBatch, RecvMeta, Transmit};
 
 /// A datapath backend under test.
@@ -23,6 +25,37 @@ pub(crate) trait Backend: Datapath + Sized + 'static {
     fn bind(config: UdpConfig) -> io::Result<Self>;
     /// The local address datagrams on `path` leave from.
     fn source_of(&self, path: u16) -> Option<SocketAddr>;
+    /// Messages against datagrams sent and received so far.
+    fn stats(&self) -> OffloadStats;
+    /// Whether sends use UDP GSO now.
+    fn gso_on(&self) -> bool;
+    /// Whether receives use UDP GRO.
+    fn gro_on(&self) -> bool;
+}
+
+/// Binds on IPv4 loopback with GSO and GRO as asked.
+fn loopback_with<B: Backend>(paths: u16, gso: bool, gro: bool) -> B {
+    let config = UdpConfig {
+        gso,
+        gro,
+        ..UdpConfig::new("127.0.0.1:0".parse().unwrap(), paths)
+    };
+    B::bind(config).unwrap()
+}
+
+/// Whether this kernel does UDP GSO and GRO for `B`; if not, says SKIPPED (outside CI, where
+/// that fails instead).
+fn offload_available<B: Backend>(test: &str) -> bool {
+    let probe: B = loopback(1);
+    if probe.gso_on() && probe.gro_on() {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{test}: UDP GSO/GRO unavailable under CI"
+    );
+    eprintln!("SKIPPED {test}: this kernel lacks UDP GSO or GRO");
+    false
 }
 
 fn loopback<B: Backend>(paths: u16) -> B {
@@ -264,6 +297,169 @@ pub(crate) fn large_datagrams_pass_on_loopback<B: Backend>() {
     assert_eq!(meta.ecn, Ecn::Ect1);
 }
 
+/// A mixed batch (three paths, two destinations, runs of equal sizes with a short last one,
+/// a run longer than 64 segments, ECN changes, single datagrams between runs) arrives
+/// complete and intact from the right source ports, with GSO on and off and GRO on and off
+/// at the receivers; with GSO on the same-path runs went out as fewer messages than
+/// datagrams, with it off one message per datagram.
+pub(crate) fn mixed_batch_arrives_intact_with_gso_on_and_off<B: Backend>() {
+    let offload = offload_available::<B>("mixed_batch_arrives_intact_with_gso_on_and_off");
+    for (gso, gro) in [(true, true), (true, false), (false, true), (false, false)] {
+        if (gso || gro) && !offload {
+            continue;
+        }
+        let a: B = loopback_with(4, gso, false);
+        let b1: B = loopback_with(1, false, gro);
+        let b2: B = loopback_with(1, false, gro);
+        // (destination, path, ecn, length) per datagram, in batch order.
+        let mut plan: Vec<(u8, u16, Ecn, usize)> = Vec::new();
+        // 100 x 1000 bytes on one path: longer than a 64-segment message.
+        plan.extend((0..100).map(|_| (1, 0, Ecn::Ect0, 1000)));
+        // 7 x 700 then a short 300 on path 1, then an ECN change on the same path.
+        plan.extend((0..7).map(|_| (1, 1, Ecn::Ect0, 700)));
+        plan.push((1, 1, Ecn::Ect0, 300));
+        plan.extend((0..5).map(|_| (1, 1, Ecn::Ce, 700)));
+        // Path 2, alternating destinations (no run longer than one), then a run to b2.
+        plan.extend((0..6).map(|k| (1 + (k % 2) as u8, 2, Ecn::NotEct, 400)));
+        plan.extend((0..30).map(|_| (2, 2, Ecn::Ect1, 1472)));
+        // Single datagrams of growing size on path 3 (a longer one never joins a run).
+        plan.extend((0..10).map(|k| (2, 3, Ecn::NotEct, 100 + k * 10)));
+        let payloads: Vec<Vec<u8>> = plan
+            .iter()
+            .enumerate()
+            .map(|(i, &(_, _, _, len))| numbered(i as u32, len))
+            .collect();
+        let dest = |d: u8| {
+            if d == 1 {
+                b1.local_addr()
+            } else {
+                b2.local_addr()
+            }
+        };
+        let batch: Vec<Transmit<'_>> = plan
+            .iter()
+            .zip(&payloads)
+            .map(|(&(d, path, ecn, _), p)| Transmit {
+                dest: dest(d),
+                path,
+                ecn,
+                contents: p,
+            })
+            .collect();
+        send_all(&a, &batch);
+        let to_b1 = plan.iter().filter(|p| p.0 == 1).count();
+        let mut got = recv_all(&b1, to_b1);
+        got.extend(recv_all(&b2, plan.len() - to_b1));
+        let case = format!("{} gso={gso} gro={gro}", B::KIND);
+        assert_eq!(got.len(), plan.len(), "{case}: datagrams lost");
+        let mut seen = BTreeSet::new();
+        for (meta, bytes) in &got {
+            let i = index_of(bytes);
+            let (_, path, ecn, len) = plan[i];
+            assert_eq!(meta.len, len, "{case}: datagram {i} length");
+            assert_eq!(bytes, &payloads[i], "{case}: datagram {i} damaged");
+            assert_eq!(meta.ecn, ecn, "{case}: datagram {i} ECN");
+            assert_eq!(
+                meta.src,
+                a.source_of(path).unwrap(),
+                "{case}: datagram {i} path"
+            );
+            assert!(seen.insert(i), "{case}: datagram {i} delivered twice");
+        }
+        let sent = a.stats();
+        assert_eq!(sent.datagrams_sent, plan.len() as u64, "{case}");
+        if gso {
+            // Runs: 64 + 36 (path 0), 8 (7 + short), 5, six singles, 30, ten singles.
+            assert_eq!(sent.messages_sent, 2 + 1 + 1 + 6 + 1 + 10, "{case}");
+        } else {
+            assert_eq!(sent.messages_sent, plan.len() as u64, "{case}");
+        }
+        let received = |b: &B| b.stats();
+        for b in [&b1, &b2] {
+            let r = received(b);
+            if !gro {
+                assert_eq!(r.messages_received, r.datagrams_received, "{case}");
+            }
+        }
+        let total: u64 = [&b1, &b2]
+            .iter()
+            .map(|b| received(b).datagrams_received)
+            .sum();
+        assert_eq!(total, plan.len() as u64, "{case}");
+    }
+}
+
+/// A GSO run received with GRO on arrives coalesced (fewer receive buffers than datagrams)
+/// and is split again: every segment comes out by itself, in order, with its own length and
+/// the sender's path as source, also when the caller takes fewer datagrams per call than a
+/// run holds.
+pub(crate) fn gro_splits_coalesced_runs_into_datagrams<B: Backend>() {
+    if !offload_available::<B>("gro_splits_coalesced_runs_into_datagrams") {
+        return;
+    }
+    let a: B = loopback_with(2, true, false);
+    let b: B = loopback_with(1, false, true);
+    let lens: Vec<usize> = (0..20).map(|_| 500).chain([123]).collect();
+    let payloads: Vec<Vec<u8>> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| numbered(i as u32, len))
+        .collect();
+    let batch: Vec<Transmit<'_>> = payloads
+        .iter()
+        .map(|p| Transmit {
+            dest: b.local_addr(),
+            path: 1,
+            ecn: Ecn::Ect0,
+            contents: p,
+        })
+        .collect();
+    for round in 0..2 {
+        send_all(&a, &batch);
+        // Three per call: the 21-datagram run is handed over across seven calls.
+        let mut scratch = RecvBatch::new(3, 2048);
+        let mut order = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while order.len() < lens.len() && Instant::now() < deadline {
+            let n = if round == 0 {
+                b.recv_with(
+                    &mut scratch,
+                    Some(Duration::from_millis(100)),
+                    &mut |meta, bytes| {
+                        assert_eq!(meta.len, bytes.len());
+                        assert_eq!(meta.src, a.source_of(1).unwrap());
+                        assert_eq!(meta.ecn, Ecn::Ect0);
+                        let i = index_of(bytes);
+                        assert_eq!(bytes, &payloads[i][..], "datagram {i} damaged");
+                        order.push(i);
+                    },
+                )
+                .unwrap()
+            } else {
+                let n = b
+                    .recv(&mut scratch, Some(Duration::from_millis(100)))
+                    .unwrap();
+                for (meta, bytes) in scratch.iter() {
+                    assert_eq!(meta.src, a.source_of(1).unwrap());
+                    let i = index_of(bytes);
+                    assert_eq!(bytes, &payloads[i][..], "datagram {i} damaged");
+                    order.push(i);
+                }
+                n
+            };
+            assert!(n <= 3, "{n} datagrams handed over past the limit of 3");
+        }
+        assert_eq!(order, (0..lens.len()).collect::<Vec<_>>(), "round {round}");
+    }
+    let r = b.stats();
+    assert_eq!(r.datagrams_received, 2 * lens.len() as u64);
+    assert!(
+        r.messages_received < r.datagrams_received,
+        "GRO coalesced nothing: {r:?}"
+    );
+    assert_eq!(a.stats().messages_sent, 2, "each round is one GSO message");
+}
+
 /// One `#[test]` per conformance check for `$backend`.
 macro_rules! conformance_tests {
     ($backend:ty) => {
@@ -297,6 +493,14 @@ macro_rules! conformance_tests {
             #[test]
             fn large_datagrams_pass_on_loopback() {
                 c::large_datagrams_pass_on_loopback::<$backend>();
+            }
+            #[test]
+            fn mixed_batch_arrives_intact_with_gso_on_and_off() {
+                c::mixed_batch_arrives_intact_with_gso_on_and_off::<$backend>();
+            }
+            #[test]
+            fn gro_splits_coalesced_runs_into_datagrams() {
+                c::gro_splits_coalesced_runs_into_datagrams::<$backend>();
             }
         }
     };

@@ -29,6 +29,9 @@ pub const MAX_DATAGRAM: usize = 65_507;
 /// (the engine, congestion control) can name it too.
 pub use braid_time::Ecn;
 
+/// Message and datagram counts of the socket backends (what segmentation offload saved).
+pub use udp::OffloadStats;
+
 /// One datagram to send.
 #[derive(Debug, Clone, Copy)]
 pub struct Transmit<'a> {

@@ -401,9 +401,18 @@ impl<const N: usize> Control<N> {
 /// bytes (`msg_flags`: the receive's flags, which say if the area was truncated). Stops at
 /// the first malformed message; `NotEct` if there is none.
 pub(crate) fn read_ecn(control: &[u8], msg_flags: libc::c_int) -> Ecn {
+    read_control(control, msg_flags).0
+}
+
+/// What the control messages of one receive say: the ECN codepoint (as [`read_ecn`]) and,
+/// if the kernel coalesced several datagrams into this one buffer (UDP GRO), their segment
+/// size from the `UDP_GRO` message: every datagram but the last is that long. Stops at the
+/// first malformed message; a truncated area (`MSG_CTRUNC`) says nothing.
+pub(crate) fn read_control(control: &[u8], msg_flags: libc::c_int) -> (Ecn, Option<usize>) {
     let mut ecn = Ecn::NotEct;
+    let mut segment = None;
     if msg_flags & libc::MSG_CTRUNC != 0 {
-        return ecn;
+        return (ecn, segment);
     }
     let mut at = 0;
     while let Some(head) = control.get(at..at + mem::size_of::<libc::cmsghdr>()) {
@@ -430,25 +439,50 @@ pub(crate) fn read_ecn(control: &[u8], msg_flags: libc::c_int) -> Ecn {
                 let tclass = libc::c_int::from_ne_bytes([data[0], data[1], data[2], data[3]]);
                 ecn = Ecn::from_tos(tclass.to_le_bytes()[0]);
             }
+            (libc::SOL_UDP, libc::UDP_GRO) if data.len() >= 4 => {
+                let size = libc::c_int::from_ne_bytes([data[0], data[1], data[2], data[3]]);
+                segment = usize::try_from(size).ok().filter(|&s| s > 0);
+            }
             _ => {}
         }
         at += cmsg_align(len);
     }
-    ecn
+    (ecn, segment)
 }
 
-/// The arrays one `sendmmsg` call points into, for up to `C` datagrams with `CTRL` bytes of
-/// control space each. Holds only the payloads' addresses: the lifetime `'a` keeps them
-/// borrowed. The pointers between the arrays are set in [`send`](Self::send), right before
-/// the call, so moving the scratch is harmless.
+/// The segments of one received buffer of `len` bytes that the kernel coalesced with
+/// segment size `segment` (UDP GRO; `None`: one datagram): `(offset, length)` of each, in
+/// order, the last possibly shorter. An empty buffer is one empty datagram.
+pub(crate) fn segments(len: usize, segment: Option<usize>) -> impl Iterator<Item = (usize, usize)> {
+    let step = segment.filter(|&s| s > 0 && s < len).unwrap_or(len.max(1));
+    let count = if len == 0 { 1 } else { len.div_ceil(step) };
+    (0..count).map(move |k| {
+        let at = k * step;
+        (at, step.min(len - at))
+    })
+}
+
+/// The arrays one `sendmmsg` call points into, for up to `C` messages carrying up to `C`
+/// datagrams in all, with `CTRL` bytes of control space per message. A message is one
+/// datagram, or a UDP GSO run of several (one iovec each) that the kernel (or the NIC) cuts
+/// into datagrams of the first one's length (the last may be shorter). Holds only the
+/// payloads' addresses: the lifetime `'a` keeps them borrowed. The pointers between the
+/// arrays and the control messages are set in [`send`](Self::send), right before the call,
+/// so moving the scratch is harmless.
 pub(crate) struct SendMmsg<'a, const C: usize, const CTRL: usize> {
     hdrs: [libc::mmsghdr; C],
     iovs: [libc::iovec; C],
     addrs: [libc::sockaddr_storage; C],
     addr_lens: [libc::socklen_t; C],
     control: [Control<CTRL>; C],
-    control_lens: [usize; C],
+    /// Per message: the TOS/TCLASS message to send, if any.
+    tos: [Option<(Family, Ecn)>; C],
+    /// Per message: its first iovec and how many (datagrams) it carries.
+    spans: [(usize, usize); C],
+    /// Messages queued.
     len: usize,
+    /// Iovecs (datagrams) queued.
+    slots: usize,
     payloads: PhantomData<&'a [u8]>,
 }
 
@@ -461,25 +495,36 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
             addrs: [zeroed(); C],
             addr_lens: [0; C],
             control: [Control::new(); C],
-            control_lens: [0; C],
+            tos: [None; C],
+            spans: [(0, 0); C],
             len: 0,
+            slots: 0,
             payloads: PhantomData,
         }
     }
 
-    /// Forgets the queued datagrams.
+    /// Forgets the queued messages.
     pub(crate) fn clear(&mut self) {
         self.len = 0;
+        self.slots = 0;
     }
 
-    /// Queued datagrams.
+    /// Queued messages.
     pub(crate) fn len(&self) -> usize {
         self.len
     }
 
-    /// Queues `contents` for `dest` with ECN codepoint `ecn`. Returns `false` (and queues
-    /// nothing) if the scratch is full, `dest` cannot be addressed from a socket of this
-    /// family (`ipv6_socket`), or the control message does not fit.
+    /// Datagrams carried by the first `messages` queued messages.
+    pub(crate) fn datagrams_in(&self, messages: usize) -> usize {
+        self.spans[..messages.min(self.len)]
+            .iter()
+            .map(|&(_, n)| n)
+            .sum()
+    }
+
+    /// Queues a new message: `contents` for `dest` with ECN codepoint `ecn`. Returns `false`
+    /// (and queues nothing) if the scratch is full or `dest` cannot be addressed from a
+    /// socket of this family (`ipv6_socket`).
     pub(crate) fn push(
         &mut self,
         dest: SocketAddr,
@@ -488,38 +533,65 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
         ecn: Ecn,
     ) -> bool {
         let n = self.len;
-        if n >= C {
+        if n >= C || self.slots >= C {
             return false;
         }
         let Some((addr_len, family)) = encode_addr(dest, ipv6_socket, &mut self.addrs[n]) else {
             return false;
         };
-        let tos = (ecn != Ecn::NotEct).then_some((family, ecn));
-        let Some(control_len) = self.control[n].write_send(tos, None) else {
-            return false;
-        };
         self.addr_lens[n] = addr_len;
-        self.control_lens[n] = control_len;
-        self.iovs[n] = libc::iovec {
+        self.tos[n] = (ecn != Ecn::NotEct).then_some((family, ecn));
+        self.spans[n] = (self.slots, 1);
+        self.iovs[self.slots] = libc::iovec {
             iov_base: contents.as_ptr() as *mut libc::c_void,
             iov_len: contents.len(),
         };
+        self.slots += 1;
         self.len += 1;
         true
     }
 
-    /// `sendmmsg` of the queued datagrams on `fd`: how many the kernel took (possibly 0),
-    /// or the OS error. The queue is left as it is.
+    /// Adds `contents` as one more GSO segment to the last queued message (same destination
+    /// and ECN). The caller keeps the run valid for the kernel: every segment but the last
+    /// as long as the first, at most 64 segments and 65507 bytes. Returns `false` (and adds
+    /// nothing) if there is no message or no room.
+    pub(crate) fn add_segment(&mut self, contents: &'a [u8]) -> bool {
+        if self.len == 0 || self.slots >= C {
+            return false;
+        }
+        self.iovs[self.slots] = libc::iovec {
+            iov_base: contents.as_ptr() as *mut libc::c_void,
+            iov_len: contents.len(),
+        };
+        self.slots += 1;
+        self.spans[self.len - 1].1 += 1;
+        true
+    }
+
+    /// `sendmmsg` of the queued messages on `fd`: how many messages the kernel took
+    /// (possibly 0; [`datagrams_in`](Self::datagrams_in) counts their datagrams), or the OS
+    /// error, which concerns the first message. The queue is left as it is.
     pub(crate) fn send(&mut self, fd: RawFd) -> io::Result<usize> {
         for i in 0..self.len {
+            let (first, count) = self.spans[i];
+            // GSO: the kernel cuts the run into datagrams of the first segment's length.
+            let segment = (count > 1)
+                .then(|| u16::try_from(self.iovs[first].iov_len).ok())
+                .flatten();
+            // CTRL holds both messages (checked by the callers' sizes); without them the
+            // datagram would still go out, only unmarked (and a run as one datagram, which
+            // the callers never queue without a segment size).
+            let control_len = self.control[i]
+                .write_send(self.tos[i], segment)
+                .unwrap_or(0);
             let mut hdr: libc::msghdr = zeroed();
             hdr.msg_name = (&mut self.addrs[i] as *mut libc::sockaddr_storage).cast();
             hdr.msg_namelen = self.addr_lens[i];
-            hdr.msg_iov = &mut self.iovs[i];
-            hdr.msg_iovlen = 1;
-            if self.control_lens[i] > 0 {
+            hdr.msg_iov = &mut self.iovs[first];
+            hdr.msg_iovlen = count as _;
+            if control_len > 0 {
                 hdr.msg_control = self.control[i].as_mut_ptr();
-                hdr.msg_controllen = self.control_lens[i] as _;
+                hdr.msg_controllen = control_len as _;
             }
             self.hdrs[i] = libc::mmsghdr {
                 msg_hdr: hdr,
@@ -527,8 +599,10 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
             };
         }
         // SAFETY: the first `len` headers were just pointed at this scratch's own address,
-        // iovec and control arrays (which stay put while `&mut self` is held) and the iovecs
-        // at payloads borrowed for `'a`; `len <= C`. The kernel only reads them.
+        // control and iovec arrays (each header's `count` iovecs lie inside `iovs`: spans
+        // are built by `push`/`add_segment`, which stop at C), which stay put while `&mut
+        // self` is held, and the iovecs at payloads borrowed for `'a`; `len <= C`. The kernel
+        // only reads them.
         let r = unsafe { libc::sendmmsg(fd, self.hdrs.as_mut_ptr(), self.len as libc::c_uint, 0) };
         if r < 0 {
             Err(io::Error::last_os_error())
@@ -548,6 +622,12 @@ pub(crate) struct RecvMmsg<const C: usize, const CTRL: usize> {
     /// Datagrams the last [`recv`](Self::recv) received.
     received: usize,
 }
+
+// SAFETY: the raw pointers in the headers and iovecs point into this struct's own arrays or
+// at the caller's buffers; they are rewritten before every `recvmmsg` in `recv`, which
+// holds `&mut self`, and never dereferenced by us. Moving the arrays to another thread
+// shares nothing.
+unsafe impl<const C: usize, const CTRL: usize> Send for RecvMmsg<C, CTRL> {}
 
 impl<const C: usize, const CTRL: usize> RecvMmsg<C, CTRL> {
     /// Empty scratch.
@@ -623,6 +703,17 @@ impl<const C: usize, const CTRL: usize> RecvMmsg<C, CTRL> {
             ecn: read_ecn(control, m.msg_hdr.msg_flags),
         })
     }
+
+    /// Like [`meta`](Self::meta), and the GRO segment size of received buffer `i` (`None`
+    /// when it holds one datagram): `len` is then the whole coalesced buffer.
+    pub(crate) fn meta_gro(&self, i: usize) -> Option<(RecvMeta, Option<usize>)> {
+        let meta = self.meta(i)?;
+        let m = &self.hdrs[i];
+        // `msg_controllen` is a size_t on glibc and a socklen_t on musl.
+        #[allow(clippy::unnecessary_cast)]
+        let control = self.control[i].bytes(m.msg_hdr.msg_controllen as usize);
+        Some((meta, read_control(control, m.msg_hdr.msg_flags).1))
+    }
 }
 
 #[cfg(test)]
@@ -683,6 +774,48 @@ mod tests {
         let second = cmsg_space(4);
         bytes[second..second + mem::size_of::<usize>()].copy_from_slice(&usize::MAX.to_ne_bytes());
         assert_eq!(read_ecn(&bytes, 0), Ecn::Ect1);
+    }
+
+    #[test]
+    fn gro_segment_size_is_read_beside_the_codepoint() {
+        let mut c = Control::<72>::new();
+        // A TOS message, then a UDP_GRO message with segment size 1400 (the kernel reports
+        // it as an int).
+        let used = c.write_send(Some((Family::V4, Ecn::Ce)), None).unwrap();
+        let used = used
+            + c.write_message(used, libc::SOL_UDP, libc::UDP_GRO, &1400i32.to_ne_bytes())
+                .unwrap();
+        assert_eq!(read_control(c.bytes(used), 0), (Ecn::Ce, Some(1400)));
+        assert_eq!(
+            read_control(c.bytes(used), libc::MSG_CTRUNC),
+            (Ecn::NotEct, None)
+        );
+        // Cut inside the GRO message's data (before its padding): the codepoint stands, the
+        // size is not read.
+        let cut = used - cmsg_space(4) + cmsg_len(4) - 1;
+        assert_eq!(read_control(&c.bytes(used)[..cut], 0), (Ecn::Ce, None));
+        let zero = c
+            .write_message(0, libc::SOL_UDP, libc::UDP_GRO, &0i32.to_ne_bytes())
+            .unwrap();
+        assert_eq!(read_control(c.bytes(zero), 0), (Ecn::NotEct, None));
+    }
+
+    #[test]
+    fn coalesced_buffers_split_into_their_segments() {
+        let split = |len, seg| segments(len, seg).collect::<Vec<_>>();
+        assert_eq!(
+            split(3000, Some(1000)),
+            [(0, 1000), (1000, 1000), (2000, 1000)]
+        );
+        assert_eq!(
+            split(2123, Some(1000)),
+            [(0, 1000), (1000, 1000), (2000, 123)]
+        );
+        assert_eq!(split(500, Some(1000)), [(0, 500)]);
+        assert_eq!(split(500, None), [(0, 500)]);
+        assert_eq!(split(0, None), [(0, 0)]);
+        assert_eq!(split(0, Some(100)), [(0, 0)]);
+        assert_eq!(split(65_000, Some(1)).len(), 65_000);
     }
 
     #[test]

@@ -100,6 +100,10 @@ struct Cli {
     /// datagram).
     #[arg(long, default_value_t = 0)]
     rx_batch_ns: u64,
+    /// Burst spraying: consecutive new packets a connection sends on one path before it
+    /// draws the next (1: a path per packet).
+    #[arg(long, default_value_t = 1)]
+    burst: u16,
     /// Override Swift's base target delay (above the minimum), µs.
     #[arg(long)]
     swift_target_us: Option<u64>,
@@ -247,6 +251,7 @@ fn main() -> ExitCode {
         max_datagram: cli.max_datagram,
         rto_min_ns: cli.rto_min_us * 1000,
         rx_batch_ns: cli.rx_batch_ns,
+        burst: cli.burst,
         ..EngineKnobs::default()
     };
     println!(

@@ -93,6 +93,10 @@ struct Engine {
     /// Swift's headroom above the lowest measured delay, µs (default: the runtime's).
     #[arg(long)]
     swift_headroom_us: Option<u64>,
+    /// Burst spraying: new packets sent on one path before the next path draw (1: a path
+    /// per packet); longer bursts let the datapath send them as one UDP GSO message.
+    #[arg(long, default_value_t = 1)]
+    burst: u16,
 }
 
 impl Engine {
@@ -350,6 +354,7 @@ fn open_device(engine: &Engine, local: SocketAddr) -> Result<Device, String> {
         cfg.progress = mode;
     }
     cfg.engine.cc = engine.controller();
+    cfg.engine.burst = engine.burst;
     Device::open(cfg).map_err(|e| format!("opening a Braid device on {local}: {e}"))
 }
 
@@ -656,6 +661,7 @@ fn serve_one(a: &ServerArgs, stream: TcpStream) -> Result<String, String> {
         cc: "swift".into(),
         fixed_packets: 256,
         swift_headroom_us: None,
+        burst: 1,
     };
     if a.engine_dp.encrypt && !engine.encrypt {
         return refuse(

@@ -729,9 +729,13 @@ impl Testbed4 {
             }
         }
 
-        // hostA and its link to routerL.
+        // hostA and its link to routerL. `gso_max_segs 1` makes the kernel cut a UDP GSO
+        // run into its datagrams at the hosts' own devices, as a NIC without segmentation
+        // offload does, so the routers forward (and count, and shape) separate datagrams
+        // as on a wire instead of passing the run through the veths whole.
         let mut cmds = vec![veth_commands(&host_a_end, &left_a, &router_l)];
         cmds.extend(end_commands(&host_a_end, &left_a));
+        cmds.push(format!("link set {} gso_max_segs 1", host_a_end.ifname));
         batch(&host_a, &cmds)?;
         // routerL: its side of hostA's link, and the four path links to routerR.
         let mut cmds = end_commands(&left_a, &host_a_end);
@@ -747,7 +751,9 @@ impl Testbed4 {
             cmds.extend(end_commands(&right[k], &left[k]));
         }
         batch(&router_r, &cmds)?;
-        batch(&host_b, &end_commands(&host_b_end, &right_b))?;
+        let mut cmds = end_commands(&host_b_end, &right_b);
+        cmds.push(format!("link set {} gso_max_segs 1", host_b_end.ifname));
+        batch(&host_b, &cmds)?;
 
         // Per-interface rp_filter too (the effective value is the larger of all and the
         // interface's).

@@ -8,6 +8,7 @@
 //! - `encryption`: encrypted QPs: agreement at connect; tampered, replayed and forged
 //!   datagrams; encrypted devices over UDP.
 //! - `loopback`: devices over real UDP on 127.0.0.1, in one process and across two.
+mod burst;
 mod encryption;
 mod fabric;
 mod fault_matrix;

@@ -58,6 +58,12 @@ pub struct EndpointConfig {
     pub max_send_wr: usize,
     /// Receive queue depth per QP (at most [`MAX_RECV_WR`]).
     pub max_recv_wr: usize,
+    /// Burst spraying: how many consecutive new packets a QP sends on one path before it
+    /// draws the next path (by the paths' weights). 1, the default, draws a path for every
+    /// packet; a larger burst lets the datapath hand a run of same-path datagrams to the
+    /// kernel as one UDP GSO send. 0 is read as 1. Retransmissions, ACKs and NAKs always draw
+    /// their own path. A QP may override it with [`QpOptions::burst`].
+    pub burst: u16,
     /// Congestion controller factory. The default is Swift (delay-based, `braid_cc::Swift`)
     /// with `SwiftConfig::software_host()` settings.
     pub cc: Arc<dyn ControllerFactory>,
@@ -79,6 +85,7 @@ impl Default for EndpointConfig {
             rnr_timer_ns: 200_000,
             max_send_wr: 4096,
             max_recv_wr: 4096,
+            burst: 1,
             cc: Arc::new(SwiftConfig::software_host()),
         }
     }
@@ -151,6 +158,9 @@ pub struct QpOptions {
     /// `Success` before the refusal arrived. What it gains: a receive's completion does not
     /// wait for unrelated earlier traffic (a large WRITE, a lost packet's repair).
     pub unordered: bool,
+    /// This QP's burst size, overriding [`EndpointConfig::burst`] (which `None`, the
+    /// default, keeps): consecutive new packets sent on one path per path draw.
+    pub burst: Option<u16>,
 }
 
 impl QpOptions {
@@ -170,6 +180,15 @@ impl QpOptions {
             ..QpOptions::default()
         }
     }
+
+    /// These options with a burst of `packets` new packets per path draw (see
+    /// [`EndpointConfig::burst`]).
+    pub fn with_burst(self, packets: u16) -> QpOptions {
+        QpOptions {
+            burst: Some(packets),
+            ..self
+        }
+    }
 }
 
 impl core::fmt::Debug for QpOptions {
@@ -178,6 +197,7 @@ impl core::fmt::Debug for QpOptions {
         f.debug_struct("QpOptions")
             .field("encrypted", &self.seal_secret.is_some())
             .field("unordered", &self.unordered)
+            .field("burst", &self.burst)
             .finish()
     }
 }

@@ -170,7 +170,7 @@ impl Qp {
             cc,
             seal: QpSeal::new(opts.seal_secret),
             counters: Counters::new(cfg.paths),
-            route: Route::new(cfg.paths),
+            route: Route::new(cfg.paths, opts.burst.unwrap_or(cfg.burst)),
             rec: Recovery::new(psn),
             req: Requester::new(),
             rsp: Responder::new(opts.unordered),

@@ -20,6 +20,11 @@ pub(crate) struct Route {
     pub(crate) last_paced: (Timestamp, u32),
     /// New packets are waiting only for the pacer (its next send time is a deadline).
     pub(crate) paced_out: bool,
+    /// New packets per path draw (burst spraying), at least 1.
+    pub(crate) burst: u16,
+    /// The path of the current burst, and how many more new packets it carries.
+    pub(crate) burst_path: u8,
+    pub(crate) burst_left: u16,
 }
 
 impl PortSet {
@@ -83,7 +88,7 @@ impl PortSet {
 }
 
 impl Route {
-    pub(crate) fn new(paths: u16) -> Route {
+    pub(crate) fn new(paths: u16, burst: u16) -> Route {
         Route {
             paths: PathSet::new(paths),
             port_map: (0..paths).collect(),
@@ -91,6 +96,9 @@ impl Route {
             pacer: Pacer::new(),
             last_paced: (Timestamp::ZERO, 0),
             paced_out: false,
+            burst: burst.max(1),
+            burst_path: 0,
+            burst_left: 0,
         }
     }
 }
@@ -126,6 +134,18 @@ impl Qp {
     /// A path for a new packet, drawn by the paths' weights.
     pub(crate) fn next_path(&mut self, sh: &mut Shared) -> u8 {
         self.route.paths.pick(sh.rng.next_u32()) as u8
+    }
+
+    /// A path for a new data packet: drawn as [`next_path`](Self::next_path) does once per
+    /// burst of `route.burst` consecutive new packets, which all leave on it, so the datapath
+    /// can coalesce them (UDP GSO). With a burst of 1 this is `next_path`, draw for draw.
+    pub(crate) fn next_burst_path(&mut self, sh: &mut Shared) -> u8 {
+        if self.route.burst_left == 0 {
+            self.route.burst_path = self.next_path(sh);
+            self.route.burst_left = self.route.burst;
+        }
+        self.route.burst_left -= 1;
+        self.route.burst_path
     }
     /// The earliest time a new packet may leave. The pacer fixed it from the controller's rate
     /// when the last packet left; the rate may have risen since, or pacing stopped (a window of

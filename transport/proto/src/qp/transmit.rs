@@ -307,7 +307,7 @@ impl Qp {
         }
         let what = self.next_new_packet(sh)?;
         let psn = self.rec.next_psn.get();
-        let path = self.next_path(sh);
+        let path = self.next_burst_path(sh);
         let len = self.emit(&what, psn, path, 0, now, buf)?;
         self.rec.next_psn += 1;
         self.rec.sent.push_back(SentPkt {

@@ -301,6 +301,8 @@ pub struct EngineKnobs {
     /// arrive within one interval are handed to the engine together (as a batched receive
     /// does), so one ACK covers them. 0 hands each datagram over as it arrives.
     pub rx_batch_ns: u64,
+    /// Burst spraying ([`EndpointConfig::burst`]): new packets per path draw. Default 1.
+    pub burst: u16,
 }
 
 impl Default for EngineKnobs {
@@ -311,6 +313,7 @@ impl Default for EngineKnobs {
             rto_initial_ns: 200_000,
             retry_limit: 15,
             rx_batch_ns: 0,
+            burst: 1,
         }
     }
 }
@@ -445,6 +448,7 @@ impl Scenario {
             rto_initial_ns: self.engine.rto_initial_ns,
             rto_min_ns: self.engine.rto_min_ns,
             retry_limit: self.engine.retry_limit,
+            burst: self.engine.burst,
             cc: self.mode.cc.factory(),
             ..EndpointConfig::default()
         }
