@@ -62,14 +62,25 @@ impl CqFd {
 
     /// Makes the descriptor not readable until the next signal.
     fn clear(&self) {
-        // Cleared before the read: a signal that comes after the swap writes again, and the
-        // read below either takes that write (and the caller's poll then sees what it
-        // announced) or leaves the descriptor readable.
-        self.signaled.swap(false, Ordering::AcqRel);
+        self.clear_with(|| {});
+    }
+
+    /// [`clear`](Self::clear), running `between` after the read and before the flag is
+    /// dropped: where a concurrent [`signal`](Self::signal) may land (the tests put one
+    /// there).
+    ///
+    /// The read comes first. A signal before the flag is dropped sees it still set and writes
+    /// nothing, but its completions were published before it, so the caller's poll after this
+    /// clear sees them; every signal after the drop writes again. The other order (drop, then
+    /// read) lost wake-ups: a signal between the two wrote, the read took its write, and the
+    /// flag stayed set over an empty counter, so no later signal wrote.
+    fn clear_with(&self, between: impl FnOnce()) {
         let mut buf = [0u8; 8];
         // SAFETY: reads at most 8 bytes into a live local buffer from a descriptor this
         // struct owns; it is non-blocking, so an empty counter returns EAGAIN at once.
         let _ = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        between();
+        self.signaled.swap(false, Ordering::AcqRel);
     }
 
     fn raw(&self) -> RawFd {
@@ -136,6 +147,27 @@ mod tests {
 
     fn open() -> Device {
         Device::open(DeviceConfig::udp("127.0.0.1:0".parse().unwrap()).paths(2)).unwrap()
+    }
+
+    /// A signal that lands inside a clear (a completion published while the application
+    /// clears) must not swallow the wake-up of the next one.
+    #[test]
+    fn a_signal_during_a_clear_leaves_the_next_signal_working() {
+        let fd = super::CqFd::new().unwrap();
+        for round in 0..3 {
+            fd.signal();
+            assert!(readable(fd.raw(), 0), "round {round}: signalled");
+            fd.clear_with(|| fd.signal());
+            // The caller now polls the CQ dry (seeing what the middle signal announced) and
+            // waits again; the next completion must wake it.
+            assert!(!readable(fd.raw(), 0), "round {round}: cleared");
+            fd.signal();
+            assert!(
+                readable(fd.raw(), 0),
+                "round {round}: the next signal wakes"
+            );
+            fd.clear();
+        }
     }
 
     #[test]
