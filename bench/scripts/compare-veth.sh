@@ -56,6 +56,8 @@
 #              send(); 8 B datagrams in sendmmsg batches of 64 (the message-rate reference)
 #   BURST      datagrams per GSO burst of the ceiling (default 16 KiB worth: 11 at 1472 B, 2 at
 #              8972 B): the same burst size as Braid's
+#   BRAID_BURST  Braid's burst spraying (braid-perf --burst: new packets per path draw, so
+#              each burst leaves as one GSO message); default BURST; 1 = a path per packet
 #   XDP_RAW=1  the AF_XDP frame rate through Braid's own AF_XDP datapath with no protocol
 #              (xdp-blast), MAX_DGRAM and XDP_RAW_SMALL (64) byte payloads
 #   READ_CONFIGS="udp uring xdp"  Braid read_bw SIZE rows (empty: skip)
@@ -85,6 +87,7 @@ UDP_PORT=${UDP_PORT:-18600}
 IPERF_PORT=${IPERF_PORT:-15201}
 CEILING=${CEILING:-1}
 BURST=${BURST:-$(((16384 + MAX_DGRAM / 2) / MAX_DGRAM))}
+BRAID_BURST=${BRAID_BURST:-$BURST}
 XDP_RAW=${XDP_RAW:-1}
 XDP_RAW_SMALL=${XDP_RAW_SMALL:-64}
 READ_CONFIGS=${READ_CONFIGS-udp uring xdp}
@@ -352,7 +355,7 @@ braid() {
     before=$(snap)
     cpu_mark m0
     run_limited "$lim" ip netns exec "$NSA" "$PERF" client "$IPB:$port" --datapath "$c" --test "$test" \
-        --paths "$PATHS" --max-datagram "$MAX_DGRAM" --json --quiet "$@" \
+        --paths "$PATHS" --max-datagram "$MAX_DGRAM" --burst "$BRAID_BURST" --json --quiet "$@" \
         >"$TMP/out.json" 2>"$TMP/err.txt" || rc=$?
     cpu_mark m1
     after=$(snap)

@@ -63,8 +63,16 @@ pub struct Hello {
     pub paths: u16,
     /// Largest datagram (both sides use the same: it sizes the receive buffers).
     pub max_datagram: usize,
+    /// New packets per path draw (burst spraying; both sides use the same, so READ
+    /// responses leave in bursts as WRITEs do). Absent from older clients: 1.
+    #[serde(default = "one")]
+    pub burst: u16,
     /// The client's QP.
     pub qp: WireQp,
+}
+
+fn one() -> u16 {
+    1
 }
 
 /// The server's answer.

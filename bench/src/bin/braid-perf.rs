@@ -94,7 +94,8 @@ struct Engine {
     #[arg(long)]
     swift_headroom_us: Option<u64>,
     /// Burst spraying: new packets sent on one path before the next path draw (1: a path
-    /// per packet); longer bursts let the datapath send them as one UDP GSO message.
+    /// per packet); longer bursts let the datapath send them as one UDP GSO message. A
+    /// server uses its client's setting.
     #[arg(long, default_value_t = 1)]
     burst: u16,
 }
@@ -661,7 +662,7 @@ fn serve_one(a: &ServerArgs, stream: TcpStream) -> Result<String, String> {
         cc: "swift".into(),
         fixed_packets: 256,
         swift_headroom_us: None,
-        burst: 1,
+        burst: hello.burst,
     };
     if a.engine_dp.encrypt && !engine.encrypt {
         return refuse(
@@ -908,6 +909,7 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
         region_len: remote_len.max(8),
         paths: a.engine.paths,
         max_datagram: a.engine.max_datagram,
+        burst: a.engine.burst,
         qp: qp.info().into(),
     };
     wire::send_line(&mut writer, &hello)?;
