@@ -254,10 +254,8 @@ for d in $LAT_CONFIGS; do
         pids+=($!)
     done
 done
-if [[ " $LAT_MODES " == *-busy* ]]; then
-    ip netns exec "$NSB" "$PING" server --bind "$IPB:$PING_BUSY_PORT" --busy-poll >"$TMP/udp-server-busy.log" 2>&1 &
-    pids+=($!)
-fi
+# The busy ping-pong server spins a CPU while it lives, so it runs only for its own rows
+# (pingpong_mode), not beside every other measurement.
 for d in $LAT_CONFIGS; do
     for m in $LAT_MODES; do wait_tcp "$IPB" "$(lat_port "$d" "$m")"; done
 done
@@ -555,12 +553,21 @@ more_braid() { # run: read_bw and 8 B write_bw message-rate rows
 eval "$(declare -f port_of | sed '1s/^port_of/port_of_main/')"
 port_of() { if [ -n "${LAT_SERVER_PORT:-}" ]; then echo "$LAT_SERVER_PORT"; else port_of_main "$@"; fi; }
 pingpong_mode() { # run label mode: one udp-pingpong client run in the mode's polling, one JSON line in $RAW
-    local run=$1 label=$2 port=$UDP_PORT flags=() m0 m1 foreign
-    if [[ $3 == *-busy ]]; then port=$PING_BUSY_PORT flags=(--busy-poll); fi
+    local run=$1 label=$2 port=$UDP_PORT flags=() m0 m1 foreign busy_pid=
+    if [[ $3 == *-busy ]]; then
+        port=$PING_BUSY_PORT flags=(--busy-poll)
+        ip netns exec "$NSB" "$PING" server --bind "$IPB:$PING_BUSY_PORT" --busy-poll >>"$TMP/udp-server-busy.log" 2>&1 &
+        busy_pid=$!
+        wait_udp "$PING_BUSY_PORT" || true
+    fi
     log "run $run/$RUNS: UDP ping-pong 8 B x $LAT_ITERS, ${3#*-} on both sides"
     cpu_mark m0
     ip netns exec "$NSA" "$PING" client "$IPB:$port" --size 8 --iters "$LAT_ITERS" --json "${flags[@]}" >"$TMP/out.json"
     cpu_mark m1
+    if [ -n "$busy_pid" ]; then
+        kill "$busy_pid" 2>/dev/null || true
+        wait "$busy_pid" 2>/dev/null || true
+    fi
     foreign=$(foreign_pct "$m0" "$m1")
     jq -c --argjson run "$run" --arg lbl "$label" --arg mode "$3" --argjson foreign "$foreign" \
         '{run: $run, label: $lbl, lat_mode: $mode, ok: true, foreign_cpu_pct: $foreign, lat: .}' "$TMP/out.json" >>"$RAW"
