@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
 
-use braid::{Access, CompletionQueue, Device, DeviceConfig, MemoryRegion, ProtectionDomain};
+use braid::{
+    Access, CompletionQueue, Device, DeviceConfig, MemoryRegion, Progress, ProtectionDomain,
+};
 
 use crate::ep::EpInner;
 use crate::fi;
@@ -365,7 +367,8 @@ static MR_OPS: Table<fi::fi_ops_mr> = Table(fi::fi_ops_mr {
 
 /// Settings read from the environment: `BRAID_FI_PATHS` (paths per connection, default 4),
 /// `BRAID_FI_DATAPATH` (`udp`, `uring`, `xdp`, `auto`; default `udp`),
-/// `BRAID_FI_MAX_DATAGRAM` (default 1472).
+/// `BRAID_FI_MAX_DATAGRAM` (default 1472), `BRAID_PROGRESS` (`thread` or `inline`; default
+/// inline).
 fn device_config(src: SocketAddr) -> Result<DeviceConfig, i32> {
     let mut cfg = DeviceConfig::udp(src).paths(
         std::env::var("BRAID_FI_PATHS")
@@ -384,6 +387,13 @@ fn device_config(src: SocketAddr) -> Result<DeviceConfig, i32> {
     }
     // Eager messages wait in the receiver's provider buffers, which the provider reposts as
     // it runs: a sender that finds none retries (receiver not ready) rather than failing.
+    // The provider drives the device in every call (fi_cq_read, posts) and, for
+    // FI_PROGRESS_AUTO, from its own thread, so its polls drive the datapath and the engine
+    // too (run to completion) instead of waiting for the device's progress thread, which stays
+    // as the fallback while nobody polls. `BRAID_PROGRESS=thread` restores the hand-off.
+    if std::env::var_os("BRAID_PROGRESS").is_none() {
+        cfg = cfg.progress(Progress::Inline);
+    }
     cfg.engine.rnr_retry_limit = 1_000_000;
     cfg.engine.rnr_timer_ns = 100_000;
     // A peer that is merely slow (a loaded host) stays connected: the engine's retry budget
