@@ -3,6 +3,7 @@
 //! shapes, and the bootstrap messages `braid-perf client` and `server` exchange over TCP.
 #![warn(missing_docs)]
 
+pub mod blast;
 pub mod fabric;
 pub mod pattern;
 pub mod report;

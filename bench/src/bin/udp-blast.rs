@@ -44,9 +44,6 @@ const RX_BUFFER_BYTES: usize = 65_536;
 /// Socket buffer sizes asked for (with `SO_*BUFFORCE` as root, else capped by the sysctls).
 const SOCKET_BUFFER_BYTES: usize = 16 << 20;
 
-/// The longest `--first-wait` accepted, seconds.
-const FIRST_WAIT_S_MAX: f64 = 3600.0;
-
 #[derive(Parser)]
 #[command(
     name = "udp-blast",
@@ -180,13 +177,7 @@ fn recv(
     first_wait: f64,
     json: bool,
 ) -> Result<Report, String> {
-    if !(idle > 0.0 && idle < 60.0) {
-        return Err("--idle must be between 0 and 60 seconds".into());
-    }
-    if !(first_wait > 0.0 && first_wait <= FIRST_WAIT_S_MAX) {
-        return Err("--first-wait must be between 0 and 3600 seconds".into());
-    }
-    let first_wait = Duration::from_secs_f64(first_wait);
+    let (idle, first_wait) = braid_bench::blast::receiver_waits(idle, first_wait)?;
     let sock = UdpSocket::bind(bind).map_err(|e| format!("bind {bind}: {e}"))?;
     let fd = sock.as_raw_fd();
     grow_buffers(&sock, true);
@@ -200,7 +191,6 @@ fn recv(
             if gro { "on" } else { "off" }
         );
     }
-    let idle = Duration::from_secs_f64(idle);
     sock.set_read_timeout(Some(Duration::from_millis(50)))
         .map_err(|e| e.to_string())?;
 
@@ -478,34 +468,17 @@ fn main() -> ExitCode {
             json,
         ),
     };
-    match res {
-        Ok(r) if json => match serde_json::to_string(&r) {
-            Ok(s) => {
-                println!("{s}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("udp-blast: error: {e}");
-                ExitCode::FAILURE
-            }
-        },
-        Ok(r) => {
-            println!(
-                "{}: {} datagrams, {} bytes in {:.3} s: {:.2} Gbit/s, {:.0} datagrams/s ({} syscalls, {} send errors)",
-                r.test,
-                r.datagrams,
-                r.bytes,
-                r.seconds,
-                r.gbps,
-                r.datagrams_per_s,
-                r.syscalls,
-                r.send_errors
-            );
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("udp-blast: error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    braid_bench::blast::finish("udp-blast", res, json, |r| {
+        format!(
+            "{}: {} datagrams, {} bytes in {:.3} s: {:.2} Gbit/s, {:.0} datagrams/s ({} syscalls, {} send errors)",
+            r.test,
+            r.datagrams,
+            r.bytes,
+            r.seconds,
+            r.gbps,
+            r.datagrams_per_s,
+            r.syscalls,
+            r.send_errors
+        )
+    })
 }

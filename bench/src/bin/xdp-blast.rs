@@ -29,9 +29,6 @@ const FRAME_HEADERS: u64 = 42;
 /// The most datagrams handed to one `send` call.
 const MAX_BATCH: usize = 1024;
 
-/// The longest `--first-wait` accepted, seconds.
-const FIRST_WAIT_S_MAX: f64 = 3600.0;
-
 #[derive(Parser)]
 #[command(
     name = "xdp-blast",
@@ -147,13 +144,7 @@ fn bind(local: SocketAddr, paths: u16) -> Result<XdpDatapath, String> {
 }
 
 fn recv(local: SocketAddr, idle: f64, first_wait: f64) -> Result<Report, String> {
-    if !(idle > 0.0 && idle < 60.0) {
-        return Err("--idle must be between 0 and 60 seconds".into());
-    }
-    if !(first_wait > 0.0 && first_wait <= FIRST_WAIT_S_MAX) {
-        return Err("--first-wait must be between 0 and 3600 seconds".into());
-    }
-    let first_wait = Duration::from_secs_f64(first_wait);
+    let (idle, first_wait) = braid_bench::blast::receiver_waits(idle, first_wait)?;
     let dp = bind(local, 1)?;
     eprintln!(
         "xdp-blast: receiving on {local} ({}, {} queue(s), frames of {} B)",
@@ -161,7 +152,6 @@ fn recv(local: SocketAddr, idle: f64, first_wait: f64) -> Result<Report, String>
         dp.queues(),
         dp.frame_size()
     );
-    let idle = Duration::from_secs_f64(idle);
     // Only the length matters: it bounds the datagrams one call hands out.
     let mut scratch = RecvBatch::new(256, 0);
     let started_wait = Instant::now();
@@ -319,27 +309,10 @@ fn main() -> ExitCode {
             json,
         ),
     };
-    match res {
-        Ok(r) if json => match serde_json::to_string(&r) {
-            Ok(s) => {
-                println!("{s}");
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("xdp-blast: error: {e}");
-                ExitCode::FAILURE
-            }
-        },
-        Ok(r) => {
-            println!(
-                "{} on {}: {} datagrams of {} B in {:.3} s: {:.3} Mpps, {:.2} Gbit/s payload, {:.2} Gbit/s frames",
-                r.test, r.interface, r.datagrams, r.size, r.seconds, r.mpps, r.gbps, r.frame_gbps
-            );
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("xdp-blast: error: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    braid_bench::blast::finish("xdp-blast", res, json, |r| {
+        format!(
+            "{} on {}: {} datagrams of {} B in {:.3} s: {:.3} Mpps, {:.2} Gbit/s payload, {:.2} Gbit/s frames",
+            r.test, r.interface, r.datagrams, r.size, r.seconds, r.mpps, r.gbps, r.frame_gbps
+        )
+    })
 }
