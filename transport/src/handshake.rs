@@ -871,36 +871,30 @@ impl Handshake {
 
     fn send_request(&mut self, peer: SocketAddr, local: QpInfo) {
         self.stats.requests_sent += 1;
-        let m = Message {
-            kind: KIND_REQUEST,
-            reason: 0,
-            incarnation: self.incarnation,
-            echo_incarnation: 0,
-            features: features_of(&local),
-            echo_qpn: 0,
-            info: local,
-        };
-        self.queue(peer, m.emit());
+        self.send_info(KIND_REQUEST, peer, local, 0, 0);
     }
 
     fn send_reply(&mut self, peer: SocketAddr, local: QpInfo, echo_inc: u64, echo_qpn: u32) {
         self.stats.replies_sent += 1;
-        let m = Message {
-            kind: KIND_REPLY,
-            reason: 0,
-            incarnation: self.incarnation,
-            echo_incarnation: echo_inc,
-            features: features_of(&local),
-            echo_qpn,
-            info: local,
-        };
-        self.queue(peer, m.emit());
+        self.send_info(KIND_REPLY, peer, local, echo_inc, echo_qpn);
     }
 
     fn send_confirm(&mut self, peer: SocketAddr, local: QpInfo, echo_inc: u64, echo_qpn: u32) {
         self.stats.confirms_sent += 1;
+        self.send_info(KIND_CONFIRM, peer, local, echo_inc, echo_qpn);
+    }
+
+    /// Queues a message of `kind` that carries this side's QP (request, reply, confirm).
+    fn send_info(
+        &mut self,
+        kind: u8,
+        peer: SocketAddr,
+        local: QpInfo,
+        echo_inc: u64,
+        echo_qpn: u32,
+    ) {
         let m = Message {
-            kind: KIND_CONFIRM,
+            kind,
             reason: 0,
             incarnation: self.incarnation,
             echo_incarnation: echo_inc,
