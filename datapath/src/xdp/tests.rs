@@ -128,6 +128,17 @@ impl Testbed {
         self.in_b(|| UdpDatapath::bind(UdpConfig::new(local, paths)))
             .expect("UdpDatapath::bind in B")
     }
+
+    /// [`udp_b`](Self::udp_b) for datagrams of up to `max_payload` bytes (jumbo MTUs).
+    fn udp_b_max(&self, paths: u16, max_payload: usize) -> UdpDatapath {
+        let local = SocketAddr::V4(SocketAddrV4::new(B_IP, UDP_PORT));
+        let config = UdpConfig {
+            max_payload,
+            ..UdpConfig::new(local, paths)
+        };
+        self.in_b(|| UdpDatapath::bind(config))
+            .expect("UdpDatapath::bind in B")
+    }
 }
 
 impl Drop for Testbed {
@@ -628,14 +639,7 @@ fn a_3000_byte_mtu_uses_4096_byte_frames() {
     let xdp = bed.xdp_a(xdp_config(16));
     assert_eq!(xdp.frame_size(), 4096);
     assert_eq!(xdp.max_payload(), 2972);
-    let udp = {
-        let local = SocketAddr::V4(SocketAddrV4::new(B_IP, UDP_PORT));
-        let config = UdpConfig {
-            max_payload: 2972,
-            ..UdpConfig::new(local, 16)
-        };
-        bed.in_b(|| UdpDatapath::bind(config)).expect("udp B")
-    };
+    let udp = bed.udp_b_max(16, 2972);
     exchange(&xdp, &|p| xdp.path_local_addr(p), &udp, 2972);
     exchange(&udp, &|p| udp.path_local_addr(p), &xdp, 2972);
 }
@@ -664,14 +668,7 @@ fn a_9000_byte_mtu_sends_and_receives_multi_buffer_frames() {
     // 9014-byte frames in buffers of 4096 - 256 bytes of headroom.
     assert_eq!(xdp.frags(), 3);
     assert_eq!(xdp.max_payload(), 8972);
-    let udp = {
-        let local = SocketAddr::V4(SocketAddrV4::new(B_IP, UDP_PORT));
-        let config = UdpConfig {
-            max_payload: 8972,
-            ..UdpConfig::new(local, 16)
-        };
-        bed.in_b(|| UdpDatapath::bind(config)).expect("udp B")
-    };
+    let udp = bed.udp_b_max(16, 8972);
     // Chained TX descriptors reach the kernel's UDP stack whole, and frames the kernel
     // splits over several RX buffers are gathered back, at every size up to the MTU.
     exchange(&xdp, &|p| xdp.path_local_addr(p), &udp, 8972);
@@ -701,14 +698,7 @@ fn frames_longer_than_the_bind_time_mtu_are_rejected_without_stalling() {
     assert_eq!(xdp.frags(), 3);
     // The MTU grows after bind: 12014-byte frames arrive in chains of 4 buffers.
     bed.set_mtu(12000);
-    let udp = {
-        let local = SocketAddr::V4(SocketAddrV4::new(B_IP, UDP_PORT));
-        let config = UdpConfig {
-            max_payload: 11972,
-            ..UdpConfig::new(local, 1)
-        };
-        bed.in_b(|| UdpDatapath::bind(config)).expect("udp B")
-    };
+    let udp = bed.udp_b_max(1, 11972);
     let big = payload(1, 11972);
     let small = payload(2, 100);
     for contents in [&big[..], &small[..]] {
