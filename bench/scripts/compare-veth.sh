@@ -88,6 +88,10 @@ IPERF_PORT=${IPERF_PORT:-15201}
 CEILING=${CEILING:-1}
 BURST=${BURST:-$(((16384 + MAX_DGRAM / 2) / MAX_DGRAM))}
 BRAID_BURST=${BRAID_BURST:-$BURST}
+# braid-perf's default is 1, so it is passed only when it differs (older binaries, without
+# the flag, can then be measured with BRAID_BURST=1 for a before/after).
+BURST_ARGS=()
+[ "$BRAID_BURST" = 1 ] || BURST_ARGS=(--burst "$BRAID_BURST")
 XDP_RAW=${XDP_RAW:-1}
 XDP_RAW_SMALL=${XDP_RAW_SMALL:-64}
 READ_CONFIGS=${READ_CONFIGS-udp uring xdp}
@@ -353,7 +357,7 @@ braid() {
     before=$(snap)
     cpu_mark m0
     run_limited "$lim" ip netns exec "$NSA" "$PERF" client "$IPB:$port" --datapath "$c" --test "$test" \
-        --paths "$PATHS" --max-datagram "$MAX_DGRAM" --burst "$BRAID_BURST" --json --quiet "$@" \
+        --paths "$PATHS" --max-datagram "$MAX_DGRAM" "${BURST_ARGS[@]}" --json --quiet "$@" \
         >"$TMP/out.json" 2>"$TMP/err.txt" || rc=$?
     cpu_mark m1
     after=$(snap)
