@@ -76,6 +76,21 @@ impl RecvBatch {
         }
     }
 
+    /// Copies one received datagram into the next free slot. Returns false (the datagram is
+    /// dropped) when every slot is taken or it is longer than the slot.
+    pub fn push(&mut self, meta: &RecvMeta, bytes: &[u8]) -> bool {
+        let Some(dst) = self
+            .bufs
+            .get_mut(self.metas.len())
+            .and_then(|buf| buf.get_mut(..bytes.len()))
+        else {
+            return false;
+        };
+        dst.copy_from_slice(bytes);
+        self.metas.push(*meta);
+        true
+    }
+
     /// The datagrams received by the last call: metadata and payload.
     pub fn iter(&self) -> impl Iterator<Item = (&RecvMeta, &[u8])> {
         self.metas

@@ -348,18 +348,11 @@ impl Datapath for UdpDatapath {
     fn recv(&self, batch: &mut RecvBatch, timeout: Option<Duration>) -> io::Result<usize> {
         batch.metas.clear();
         if let Some(gro) = &self.gro {
-            let RecvBatch { bufs, metas } = batch;
-            let limit = bufs.len();
+            let limit = batch.bufs.len();
             self.receive_gro(&mut lock(gro), limit, timeout, &mut |meta, bytes| {
-                let slot = metas.len();
-                if let Some(buf) = bufs.get_mut(slot)
-                    && let Some(dst) = buf.get_mut(..bytes.len())
-                {
-                    dst.copy_from_slice(bytes);
-                    metas.push(*meta);
-                }
+                batch.push(meta, bytes);
             })?;
-            return Ok(metas.len());
+            return Ok(batch.metas.len());
         }
         if !self.wait_readable(timeout)? || batch.bufs.is_empty() {
             return Ok(0);

@@ -448,18 +448,11 @@ impl Datapath for UringDatapath {
     /// dropped.
     fn recv(&self, batch: &mut RecvBatch, timeout: Option<Duration>) -> io::Result<usize> {
         batch.metas.clear();
-        let RecvBatch { bufs, metas } = batch;
-        let limit = bufs.len();
+        let limit = batch.bufs.len();
         self.receive(limit, timeout, &mut |meta, bytes| {
-            let slot = metas.len();
-            if let Some(buf) = bufs.get_mut(slot)
-                && let Some(dst) = buf.get_mut(..bytes.len())
-            {
-                dst.copy_from_slice(bytes);
-                metas.push(*meta);
-            }
+            batch.push(meta, bytes);
         })?;
-        Ok(metas.len())
+        Ok(batch.metas.len())
     }
 
     fn wake(&self) {

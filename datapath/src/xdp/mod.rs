@@ -1271,14 +1271,8 @@ impl Datapath for XdpDatapath {
     fn recv(&self, batch: &mut RecvBatch, timeout: Option<Duration>) -> io::Result<usize> {
         batch.metas.clear();
         let limit = batch.bufs.len().min(RX_BATCH_MAX);
-        let RecvBatch { bufs, metas } = batch;
         self.serve(limit, timeout, &mut |meta, bytes| {
-            if let Some(buf) = bufs.get_mut(metas.len())
-                && bytes.len() <= buf.len()
-            {
-                buf[..bytes.len()].copy_from_slice(bytes);
-                metas.push(*meta);
-            }
+            batch.push(meta, bytes);
         })?;
         Ok(batch.metas.len())
     }
