@@ -5,9 +5,8 @@
 //!
 //! Without gcc or libfabric-dev they print `SKIPPED` loudly; under CI (the `CI` variable set)
 //! they fail instead (`./scripts/libfabric.sh deps` installs both).
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// Bounds the wait for a program that hangs (a hang is a failure); asserts nothing about speed.
@@ -33,15 +32,12 @@ fn require_toolchain(test: &str) -> bool {
     true
 }
 
-fn scratch() -> PathBuf {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "braid-fi-c-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
+/// A fresh folder for one program's binary and provider copy, removed when the test ends.
+fn scratch() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("braid-fi-c-")
+        .tempdir()
+        .expect("scratch dir")
 }
 
 /// Builds `c/<name>.c`, runs it against the provider and checks it passed.
@@ -49,7 +45,8 @@ fn run(name: &str) {
     if !require_toolchain(name) {
         return;
     }
-    let dir = scratch();
+    let scratch = scratch();
+    let dir = scratch.path();
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("c")
         .join(format!("{name}.c"));

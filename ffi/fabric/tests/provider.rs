@@ -5,9 +5,8 @@
 //! variable set), which installs it (`./scripts/libfabric.sh deps`). The namespace test also
 //! needs root.
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// Longest a fi_pingpong pair may run before the test gives up on it (a hang is a failure,
@@ -39,9 +38,17 @@ fn require_tools(test: &str) -> bool {
 }
 
 /// A fresh folder holding only the provider library (libfabric loads every `*fi.so` of a
-/// provider path).
-fn provider_dir() -> PathBuf {
-    static N: AtomicU32 = AtomicU32::new(0);
+/// provider path); removed when the test is done with it.
+struct ProviderDir(tempfile::TempDir);
+
+impl std::ops::Deref for ProviderDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        self.0.path()
+    }
+}
+
+fn provider_dir() -> ProviderDir {
     let exe = std::env::current_exe().expect("test binary path");
     // target/<profile>/deps/<test> → target/<profile>/deps/libbraid_fi.so: the library this
     // test run built (cargo compiles the lib with all its crate types, the cdylib included,
@@ -51,14 +58,12 @@ fn provider_dir() -> PathBuf {
         .map(|d| d.join("libbraid_fi.so"))
         .expect("target folder");
     assert!(lib.exists(), "{} was not built", lib.display());
-    let dir = std::env::temp_dir().join(format!(
-        "braid-fi-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    std::fs::copy(&lib, dir.join("libbraid_fi.so")).expect("copy provider");
-    dir
+    let dir = tempfile::Builder::new()
+        .prefix("braid-fi-")
+        .tempdir()
+        .expect("temp dir");
+    std::fs::copy(&lib, dir.path().join("libbraid_fi.so")).expect("copy provider");
+    ProviderDir(dir)
 }
 
 /// A TCP port free right now, for fi_pingpong's control connection.
