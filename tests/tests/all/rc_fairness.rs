@@ -403,6 +403,103 @@ fn a_lost_revocation_nak_is_repeated() {
     assert_eq!(a_stats.rtos, 0, "{a_stats:?}");
 }
 
+/// The verbs pattern "the requester reports a READ, then the responder's application frees
+/// the source": a READ fully answered, reported at the requester, and the responder
+/// deregisters the region before the acknowledgement of its responses has arrived. The QP
+/// carries on (it used to fail, and every later request got a remote operation error).
+#[test]
+fn deregistering_a_region_whose_read_completed_keeps_the_qp() {
+    let mut c = Cluster::new(23, 2, &EndpointConfig::default(), LinkConfig::default());
+    let (a, b) = c.connect(0, 1);
+    let len = 64usize << 10;
+    let a_dst = c.alloc_mr(&a, len, Access::LOCAL_WRITE);
+    let b_src = c.alloc_mr(&b, len, Access::REMOTE_READ);
+    let b_dst = c.alloc_mr(&b, len, Access::REMOTE_WRITE);
+    let want = pattern(len, 5);
+    b_src.region.write(0, &want).expect("in bounds");
+    post(
+        &mut c,
+        &a,
+        1,
+        SendOp::Read(RemoteAddr {
+            rkey: b_src.keys.rkey,
+            offset: 0,
+        }),
+        vec![sge(&a_dst, 0, len as u32)],
+    );
+    assert!(c.run_until(1_000_000, |c| c.cq_len(a.node, a.cq) >= 1));
+    let unacked = |c: &Cluster| {
+        let s = c.ep(1).qp_stats(b.qp.qpn).expect("qp");
+        s.in_flight_bytes
+    };
+    assert!(unacked(&c) > 0, "the responses were acknowledged already");
+    c.ep_mut(1).deregister(b_src.keys.lkey).expect("registered");
+    let st = |c: &Cluster| c.ep(1).qp_stats(b.qp.qpn).expect("qp").state;
+    assert_eq!(st(&c), braid::proto::QpState::Connected);
+    post(
+        &mut c,
+        &a,
+        2,
+        SendOp::Write(RemoteAddr {
+            rkey: b_dst.keys.rkey,
+            offset: 0,
+        }),
+        vec![sge(&a_dst, 0, len as u32)],
+    );
+    let got = take(&mut c, &a, 2);
+    let st_a: Vec<_> = got.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(st_a, vec![(1, WcStatus::Success), (2, WcStatus::Success)]);
+    assert_eq!(read_all(&a_dst.region), want);
+    assert_eq!(read_all(&b_dst.region), want);
+    c.drive_bounded(1_000_000);
+    assert_eq!(st(&c), braid::proto::QpState::Connected);
+}
+
+fn is_read_response(d: &[u8]) -> bool {
+    braid::proto::wire::Packet::parse(d)
+        .is_ok_and(|p| p.header.kind == braid::proto::wire::Kind::ReadResponse)
+}
+
+/// A READ response sent, then its region deregistered, then the response turns out lost:
+/// it is not built again from the region; the READ fails with a remote access error, and
+/// nothing more is sent from the region.
+#[test]
+fn a_read_response_lost_after_deregistration_refuses_the_read() {
+    let mut c = Cluster::new(24, 2, &EndpointConfig::default(), LinkConfig::default());
+    let (a, b) = c.connect(0, 1);
+    let a_dst = c.alloc_mr(&a, 512, Access::LOCAL_WRITE);
+    let b_src = c.alloc_mr(&b, 512, Access::REMOTE_READ);
+    b_src.region.write(0, &[0x5a; 512]).expect("in bounds");
+    c.drop_sent(1, 1, is_read_response);
+    post(
+        &mut c,
+        &a,
+        1,
+        SendOp::Read(RemoteAddr {
+            rkey: b_src.keys.rkey,
+            offset: 0,
+        }),
+        vec![sge(&a_dst, 0, 512)],
+    );
+    let sent = |c: &Cluster| c.ep(1).qp_stats(b.qp.qpn).expect("qp").packets_sent;
+    assert!(c.run_until(1_000_000, |c| sent(c) >= 1));
+    c.ep_mut(1).deregister(b_src.keys.lkey).expect("registered");
+    let at_deregistration = sent(&c);
+    assert_eq!(
+        c.ep(1).qp_stats(b.qp.qpn).expect("qp").state,
+        braid::proto::QpState::Connected,
+        "nothing needs the region yet"
+    );
+    let got = take(&mut c, &a, 1);
+    assert_eq!(c.dropped_sent(), 1, "the response was not dropped");
+    let st: Vec<_> = got.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(st, vec![(1, WcStatus::RemoteAccessError)]);
+    assert!(read_all(&a_dst.region).iter().all(|&x| x == 0));
+    let b_stats = c.ep(1).qp_stats(b.qp.qpn).expect("qp");
+    assert_eq!(b_stats.state, braid::proto::QpState::Error);
+    assert_eq!(b_stats.packets_sent, at_deregistration);
+}
+
 /// A WRITE whose local source is deregistered before it went out fails with a local
 /// protection error, and its source memory is not read.
 #[test]

@@ -39,6 +39,11 @@ pub(crate) enum SentWhat {
         msn: u32,
         original: u64,
     },
+    /// A READ response sent from a region deregistered since (see `revoke`): it cannot be
+    /// built again, so should it need resending, the READ is refused instead.
+    Revoked {
+        msn: u32,
+    },
 }
 
 #[derive(Debug)]

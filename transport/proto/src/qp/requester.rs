@@ -367,7 +367,7 @@ impl Qp {
         }
         let msn = match self.rec.sent[i].what {
             SentWhat::Req { msn, .. } if msn == n.msn => msn,
-            SentWhat::ReadResp { .. } | SentWhat::AtomicResp { .. } => {
+            SentWhat::ReadResp { .. } | SentWhat::AtomicResp { .. } | SentWhat::Revoked { .. } => {
                 // The requester gave up on this response: stop sending it.
                 let mut none = AckFeedback::NONE;
                 self.packet_acked(i, now, &mut none);

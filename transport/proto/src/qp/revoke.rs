@@ -6,13 +6,17 @@
 //! is swept here, once per deregistration (it is rare, so the sweep's cost, linear in the QP's
 //! queues, stays off the per-packet path):
 //!
-//! - **Responses being served** (a READ's response still queued, or sent and not yet
-//!   acknowledged, which a retransmission would read again): the responder refuses that READ
-//!   with a remote access NAK and moves the QP to the error state, as verbs does for a fatal
-//!   access error. The requester completes that READ with `RemoteAccessError` and flushes what
-//!   follows; the response bytes it already placed are what the region held before
-//!   deregistration, never anything written after. Atomic responses carry their value, not
-//!   the region, and are unaffected.
+//! - **Responses being served** (a READ's response still queued): the responder refuses that
+//!   READ with a remote access NAK and moves the QP to the error state, as verbs does for a
+//!   fatal access error. The requester completes that READ with `RemoteAccessError` and
+//!   flushes what follows; the response bytes it already placed are what the region held
+//!   before deregistration, never anything written after. Atomic responses carry their
+//!   value, not the region, and are unaffected.
+//! - **Responses sent and not yet acknowledged** (all of a READ's response may have arrived:
+//!   its requester may even have reported it, and its application deregistered the region
+//!   on that news): they forget the region ([`SentWhat::Revoked`]) and the QP carries on. Only
+//!   if one of them turns out lost, so that a retransmission would read the region again, is
+//!   that READ refused as above, then.
 //! - **This QP's own work requests** whose local buffers lie in the region (gather sources,
 //!   READ and atomic destinations, posted receives), and that have not finished: the first
 //!   gets `LocalProtectionError`, as verbs reports a work request whose memory registration
@@ -42,31 +46,26 @@ impl Qp {
         if self.state != QpState::Connected && self.state != QpState::Init {
             return false; // in error: its queues were drained, nothing holds the region
         }
-        // The oldest READ whose responses still depend on the region: sent ones first (they
-        // are older than any queued job).
-        let sent = self.rec.sent.iter().find_map(|p| match &p.what {
-            SentWhat::ReadResp { msn, region: r, .. } if !p.acked && Arc::ptr_eq(r, region) => {
-                Some(*msn)
-            }
+        // A READ whose response is still queued is refused; if an older one has responses
+        // sent and not yet acknowledged, that one instead, so the refusal names the oldest
+        // READ the region held up (sent responses are older than any queued job).
+        let queued = self.rsp.resp.iter().find_map(|j| match j {
+            RespJob::Read { msn, region: r, .. } if Arc::ptr_eq(r, region) => Some(*msn),
             _ => None,
         });
-        let refused = sent.or_else(|| {
-            self.rsp.resp.iter().find_map(|j| match j {
-                RespJob::Read { msn, region: r, .. } if Arc::ptr_eq(r, region) => Some(*msn),
-                _ => None,
-            })
-        });
+        let mut oldest_sent = None;
+        for p in self.rec.sent.iter_mut().filter(|p| !p.acked) {
+            if let SentWhat::ReadResp { msn, region: r, .. } = &p.what
+                && Arc::ptr_eq(r, region)
+            {
+                oldest_sent = oldest_sent.or(Some(*msn));
+                p.what = SentWhat::Revoked { msn: *msn };
+            }
+        }
+        let refused = queued.map(|q| oldest_sent.unwrap_or(q));
         let mut fail = false;
         if let Some(msn) = refused {
-            // Queued even if the NAK queue is full: this one carries the verdict. It is repeated
-            // like every NAK (a lost one costs the requester a round trip, not its retry
-            // budget), but it names a message, so no later acceptance stops the repeats.
-            let nak = wire::Nak {
-                psn: 0,
-                msn,
-                syndrome: Syndrome::RemoteAccess,
-            };
-            self.rsp.naks.push_back((nak, Until::Repeated));
+            self.queue_refusal(msn);
             fail = true;
         }
         if let Some(w) = self
@@ -93,6 +92,26 @@ impl Qp {
             self.enter_error(sh);
         }
         fail
+    }
+
+    /// A READ response sent from a revoked region was lost: refuses that READ and fails the
+    /// QP, as a revocation does for a response still queued (see the module documentation).
+    pub(crate) fn refuse_revoked(&mut self, msn: u32, sh: &mut Shared) {
+        self.queue_refusal(msn);
+        self.enter_error(sh);
+    }
+
+    /// Queues the remote access NAK that refuses READ `msn`.
+    fn queue_refusal(&mut self, msn: u32) {
+        // Queued even if the NAK queue is full: this one carries the verdict. It is repeated
+        // like every NAK (a lost one costs the requester a round trip, not its retry budget),
+        // but it names a message, so no later acceptance stops the repeats.
+        let nak = wire::Nak {
+            psn: 0,
+            msn,
+            syndrome: Syndrome::RemoteAccess,
+        };
+        self.rsp.naks.push_back((nak, Until::Repeated));
     }
 
     /// A fatal NAK for a READ or atomic this side sent and the peer accepted (so the request

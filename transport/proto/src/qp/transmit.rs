@@ -124,6 +124,8 @@ impl Qp {
                 });
                 self.seal.emit(buf, &h, &body, 0, |_| {}).ok()
             }
+            // Never resent: `send_retransmission` refuses its READ instead.
+            SentWhat::Revoked { .. } => None,
         }
     }
     /// The next datagram of this QP, in this order: a NAK (new, or a repeat that is due), an
@@ -237,6 +239,12 @@ impl Qp {
                 self.rec.sent[i].acked = true;
                 self.rec.sent[i].lost = false;
                 continue;
+            }
+            if let SentWhat::Revoked { msn } = self.rec.sent[i].what {
+                // Lost after its region went: the requester misses part of that READ.
+                self.refuse_revoked(msn, sh);
+                let nak = self.due_nak(now)?;
+                return self.send_nak(nak, peer, now, buf, sh);
             }
             let path = self
                 .route
