@@ -61,7 +61,12 @@
 #   XDP_RAW=1  the AF_XDP frame rate through Braid's own AF_XDP datapath with no protocol
 #              (xdp-blast), MAX_DGRAM and XDP_RAW_SMALL (64) byte payloads
 #   READ_CONFIGS="udp uring xdp"  Braid read_bw SIZE rows (empty: skip)
-#   MSG_CONFIGS="udp uring xdp"   Braid 8 B write_bw message-rate rows (empty: skip)
+#   SEND_CONFIGS="udp uring xdp"  Braid send_bw SIZE rows (the server keeps receives posted;
+#                                 next to WRITE of the same size) (empty: skip)
+#   MSG_CONFIGS="udp uring xdp"   Braid 8 B write_bw message-rate rows, every WRITE signaled,
+#                                 and unsignaled ones (empty: skip)
+#   CQ_MOD=16  the unsignaled rows signal every CQ_MOD-th WRITE (braid-perf --cq-mod, as
+#              perftest's); next to the kernel 8 B datagram rate; 1: skip those rows
 #   BLAST_PORT (udp-blast / xdp-blast receiver port, default 18700)
 #   RESULTS_NAME (file name of the results without .md/.json, default veth-<date>)
 #   MTU=1500   of both veth ends (9000: jumbo frames; AF_XDP then uses multi-buffer frames);
@@ -95,7 +100,9 @@ BURST_ARGS=()
 XDP_RAW=${XDP_RAW:-1}
 XDP_RAW_SMALL=${XDP_RAW_SMALL:-64}
 READ_CONFIGS=${READ_CONFIGS-udp uring xdp}
+SEND_CONFIGS=${SEND_CONFIGS-udp uring xdp}
 MSG_CONFIGS=${MSG_CONFIGS-udp uring xdp}
+CQ_MOD=${CQ_MOD:-16}
 BLAST_PORT=${BLAST_PORT:-18700}
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 export CARGO_TARGET_DIR=$TARGET
@@ -540,15 +547,23 @@ ceilings() { # run
         measure blast "$1" "xdp-raw-$XDP_RAW_SMALL" xdp "" --size "$XDP_RAW_SMALL" --paths "$PATHS"
     fi
 }
-more_braid() { # run: read_bw and 8 B write_bw message-rate rows
+more_braid() { # run: read_bw, send_bw and 8 B write_bw message-rate rows
     local cfg
     for cfg in $READ_CONFIGS; do
         log "run $1/$RUNS: Braid $cfg read_bw $SIZE ${DURATION}s"
         measure braid "$1" "$cfg" read_bw "$cfg+read" --size "$SIZE" --duration "$DURATION"
     done
+    for cfg in $SEND_CONFIGS; do
+        log "run $1/$RUNS: Braid $cfg send_bw $SIZE ${DURATION}s"
+        measure braid "$1" "$cfg" send_bw "$cfg+send" --size "$SIZE" --duration "$DURATION"
+    done
     for cfg in $MSG_CONFIGS; do
         log "run $1/$RUNS: Braid $cfg write_bw 8 B ${DURATION}s (message rate)"
         measure braid "$1" "$cfg" write_bw "$cfg+8B" --size 8 --duration "$DURATION"
+        if [ "$CQ_MOD" != 1 ]; then
+            log "run $1/$RUNS: Braid $cfg write_bw 8 B ${DURATION}s, every ${CQ_MOD}th signaled (message rate)"
+            measure braid "$1" "$cfg" write_bw "$cfg+8B-unsignaled" --size 8 --duration "$DURATION" --cq-mod "$CQ_MOD"
+        fi
     done
 }
 # --- latency in matched polling modes: measurements ----------------------------------------
@@ -698,9 +713,11 @@ jq -s \
 # shellcheck disable=SC2086 # word splitting of the lists is intended
 read_json=$(printf '%s\n' $READ_CONFIGS | jq -R 'select(length > 0)' | jq -s -c .)
 # shellcheck disable=SC2086
+send_json=$(printf '%s\n' $SEND_CONFIGS | jq -R 'select(length > 0)' | jq -s -c .)
+# shellcheck disable=SC2086
 msg_json=$(printf '%s\n' $MSG_CONFIGS | jq -R 'select(length > 0)' | jq -s -c .)
 jq -s --slurpfile res "$OUT_JSON" --arg burst "$BURST" --arg dg "$MAX_DGRAM" --arg small "$XDP_RAW_SMALL" \
-    --argjson reads "$read_json" --argjson msgs "$msg_json" --argjson runs "$RUNS" '
+    --argjson reads "$read_json" --argjson sends "$send_json" --argjson msgs "$msg_json" --argjson runs "$RUNS" '
     def median: map(select(. != null)) | sort
         | if length == 0 then null elif length % 2 == 1 then .[length / 2 | floor]
           else (.[length / 2 - 1] + .[length / 2]) / 2 end;
@@ -723,16 +740,23 @@ jq -s --slurpfile res "$OUT_JSON" --arg burst "$BURST" --arg dg "$MAX_DGRAM" --a
     | $res[0].median.braid as $b
     | ([$reads[] | . as $k | {key: $k, value: {read_bw_gbps: med($k + "+read"; "read_bw"; .bw_gbps),
                                    read_bw_failures: ([$all[] | select(.label == ($k + "+read") and (.ok | not))] | length)}}] | from_entries) as $rd
+    | ([$sends[] | . as $k | {key: $k, value: {send_bw_gbps: med($k + "+send"; "send_bw"; .bw_gbps),
+                                   send_bw_failures: ([$all[] | select(.label == ($k + "+send") and (.ok | not))] | length)}}] | from_entries) as $sd
     | ([$msgs[] | . as $k | {key: $k, value: {write_8b_msg_per_s: med($k + "+8B"; "write_bw"; .msg_rate),
-                                   write_8b_failures: ([$all[] | select(.label == ($k + "+8B") and (.ok | not))] | length)}}] | from_entries) as $mr
+                                   write_8b_failures: ([$all[] | select(.label == ($k + "+8B") and (.ok | not))] | length),
+                                   write_8b_unsignaled_msg_per_s: med($k + "+8B-unsignaled"; "write_bw"; .msg_rate),
+                                   write_8b_unsignaled_failures: ([$all[] | select(.label == ($k + "+8B-unsignaled") and (.ok | not))] | length)}}] | from_entries) as $mr
     | $res[0] + {ceiling: {
-        burst: ($burst | tonumber), kernel_udp: $c, braid_read: $rd, braid_msg_rate: $mr,
+        burst: ($burst | tonumber), kernel_udp: $c, braid_read: $rd, braid_send: $sd, braid_msg_rate: $mr,
         ratio: {
           braid_write_over_udp_gso_gro: ($b | map_values(div(.write_bw_gbps; $c[$gro].gbps))),
           braid_write_over_tcp: ($b | map_values(div(.write_bw_gbps; $tcp))),
           braid_read_over_tcp: ($rd | map_values(div(.read_bw_gbps; $tcp))),
           braid_read_over_write: ($rd | with_entries(.key as $k | .value = div(.value.read_bw_gbps; $b[$k].write_bw_gbps?))),
+          braid_send_over_write: ($sd | with_entries(.key as $k | .value = div(.value.send_bw_gbps; $b[$k].write_bw_gbps?))),
+          braid_send_over_tcp: ($sd | map_values(div(.send_bw_gbps; $tcp))),
           braid_8b_msg_rate_over_udp_8b_rate: ($mr | map_values(div(.write_8b_msg_per_s; $c["kernel-udp-8B-sendmmsg64"].datagrams_per_s))),
+          braid_8b_unsignaled_msg_rate_over_udp_8b_rate: ($mr | map_values(div(.write_8b_unsignaled_msg_per_s; $c["kernel-udp-8B-sendmmsg64"].datagrams_per_s))),
           xdp_write_over_xdp_raw: div($b.xdp.write_bw_gbps?; $c[$raw].gbps),
           udp_gso_gro_over_tcp: div($c[$gro].gbps; $tcp)},
         ratio_per_run: {
@@ -769,14 +793,14 @@ mv "$TMP/with-ceiling.json" "$OUT_JSON"
         echo "| $d | $(cr "$k.gbps" 2) | $(cr "$k.datagrams_per_s / 1000" 0) | $(cr "$k.sent_gbps" 2) | $(cr "$k.delivered_share" 3) |"
     done
     echo
-    echo "| Braid datapath | WRITE $SIZE / UDP GSO+GRO ceiling | READ $SIZE Gbit/s | READ / iperf3 TCP | 8 B WRITE msg/s | / kernel 8 B datagrams/s |"
-    echo "|---|---|---|---|---|---|"
-    for l in $(jq -r '[.median.braid | keys_unsorted[]] + [.ceiling.braid_read | keys[]] + [.ceiling.braid_msg_rate | keys[]] | unique | .[]' "$OUT_JSON"); do
-        echo "| $l | $(cr ".ratio.braid_write_over_udp_gso_gro[\"$l\"]" 3) | $(cr ".braid_read[\"$l\"].read_bw_gbps" 3) | $(cr ".ratio.braid_read_over_tcp[\"$l\"]" 3) | $(cr ".braid_msg_rate[\"$l\"].write_8b_msg_per_s" 0) | $(cr ".ratio.braid_8b_msg_rate_over_udp_8b_rate[\"$l\"]" 3) |"
+    echo "| Braid datapath | WRITE $SIZE / UDP GSO+GRO ceiling | READ $SIZE Gbit/s | READ / iperf3 TCP | SEND $SIZE Gbit/s | SEND / WRITE | SEND / iperf3 TCP | 8 B WRITE msg/s | / kernel 8 B datagrams/s | 8 B WRITE msg/s, every ${CQ_MOD}th signaled | / kernel 8 B datagrams/s |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|"
+    for l in $(jq -r '[.median.braid | keys_unsorted[]] + [.ceiling.braid_read | keys[]] + [.ceiling.braid_send | keys[]] + [.ceiling.braid_msg_rate | keys[]] | unique | .[]' "$OUT_JSON"); do
+        echo "| $l | $(cr ".ratio.braid_write_over_udp_gso_gro[\"$l\"]" 3) | $(cr ".braid_read[\"$l\"].read_bw_gbps" 3) | $(cr ".ratio.braid_read_over_tcp[\"$l\"]" 3) | $(cr ".braid_send[\"$l\"].send_bw_gbps" 3) | $(cr ".ratio.braid_send_over_write[\"$l\"]" 3) | $(cr ".ratio.braid_send_over_tcp[\"$l\"]" 3) | $(cr ".braid_msg_rate[\"$l\"].write_8b_msg_per_s" 0) | $(cr ".ratio.braid_8b_msg_rate_over_udp_8b_rate[\"$l\"]" 3) | $(cr ".braid_msg_rate[\"$l\"].write_8b_unsignaled_msg_per_s" 0) | $(cr ".ratio.braid_8b_unsignaled_msg_rate_over_udp_8b_rate[\"$l\"]" 3) |"
     done
     echo
-    echo "SEND bandwidth: braid-perf has no send_bw test (its SEND test is send_lat), so no SEND row."
-    echo "8 B WRITE message rate: braid-perf write_bw --size 8, every work request signaled (braid-perf has no unsignaled mode)."
+    echo "SEND bandwidth: braid-perf send_bw --size $SIZE, the server keeps twice the client's window of receives posted and reposts each as it completes."
+    echo "8 B WRITE message rate: braid-perf write_bw --size 8, every work request signaled, and with --cq-mod $CQ_MOD (only every ${CQ_MOD}th signaled, as perftest's --cq-mod; the others complete with it)."
     echo
     echo "Bandwidth targets (ratio of medians; per run in brackets):"
     echo
@@ -854,8 +878,8 @@ desc() {
         | if $l == "iperf3-tcp" then "- iperf3 TCP: \(list(.bw_gbps | f(2)))"
           elif ($l | startswith("udp-pingpong")) then "- \($l) p50: \(list(.lat.p50_us | f(1)))"
           elif .[0].test == "ceiling" then "- \($l): delivered Gbit/s \(list(.bw_gbps | f(2))), kdatagrams/s \(list(.datagrams_per_s / 1000 | round))"
-          elif .[0].test == "read_bw" then "- Braid \($l): bw \(list(.bw_gbps | f(3)))"
-          elif ($l | endswith("+8B")) then "- Braid \($l): msg/s \(list(.msg_rate | round))"
+          elif .[0].test == "read_bw" or .[0].test == "send_bw" then "- Braid \($l): bw \(list(.bw_gbps | f(3)))"
+          elif ($l | endswith("+8B")) or ($l | endswith("+8B-unsignaled")) then "- Braid \($l): msg/s \(list(.msg_rate | round))"
           else "- Braid \($l): bw \([.[] | select(.test == "write_bw")] | list(.bw_gbps | f(3)))"
              + (if any(.[]; .test == "write_lat") then ", p50 \([.[] | select(.test == "write_lat")] | list(.lat.p50_us | f(1)))" else "" end)
           end' "$OUT_JSON"

@@ -2,8 +2,10 @@
 //!
 //! Bandwidth loops keep a bounded window of outstanding work requests: message `m` uses slot
 //! `m % window`, at byte offset `slot * size` in both the local and the remote region, and is
-//! posted only once message `m - window` has completed. Every work request is signaled and
-//! completions arrive in posting order, so the completion of `m` frees slot `m % window`.
+//! posted only once message `m - window` has completed. Completions arrive in posting order,
+//! so the completion of `m` frees slot `m % window`, and with only every n-th work request
+//! signaled (`BwSpec::signal_every`, perftest's `--cq-mod`) the completion of `m` frees the
+//! slots of every message up to `m`.
 use std::time::{Duration, Instant};
 
 use braid::{
@@ -58,6 +60,8 @@ pub enum BwOp {
     Write,
     /// RDMA READ from the remote slot into the local slot.
     Read,
+    /// SEND from the local slot into a receive the peer posted (see [`serve_recvs`]).
+    Send,
 }
 
 impl BwOp {
@@ -66,6 +70,7 @@ impl BwOp {
         match self {
             BwOp::Write => "write",
             BwOp::Read => "read",
+            BwOp::Send => "send",
         }
     }
 }
@@ -85,6 +90,9 @@ pub struct BwSpec {
     pub busy_poll: bool,
     /// Print a progress line per second to stderr.
     pub progress: bool,
+    /// Signal only every n-th work request (and the last one), as perftest's `--cq-mod`:
+    /// 1 signals all. At most the window (a larger value is clamped to it).
+    pub signal_every: u32,
 }
 
 /// Content checks around each message: `before` prepares message `msg` in slot offset `off`
@@ -309,15 +317,20 @@ pub fn run_bw(c: &Conn<'_>, spec: &BwSpec, check: &mut dyn Check) -> Result<BwRe
     if window == 0 {
         return Err(format!("regions too small for {size}-byte messages"));
     }
+    // A group of `every` work requests ends in a signaled one; a window smaller than the
+    // group would wait for a completion that is never asked for. With `every` at most the
+    // window, the outstanding requests always hold a signaled one.
+    let every = u64::from(spec.signal_every.max(1)).min(window as u64);
     let mut wcs = vec![empty_completion(); MAX_WINDOW];
     let (mut posted, mut done, mut verified, mut mismatches) = (0u64, 0u64, 0u64, 0u64);
     let mut progress = Progress::new(spec.progress, format!("{} {size} B", spec.op.name()));
     let start = Instant::now();
     let mut end = start;
     loop {
+        // A timed run that ran out finishes its group, so its last post is signaled.
         let more = match spec.limit {
             Limit::Iters(n) => posted < n,
-            Limit::Duration(d) => start.elapsed() < d,
+            Limit::Duration(d) => start.elapsed() < d || !posted.is_multiple_of(every),
         };
         if more {
             let cap = match spec.limit {
@@ -334,12 +347,13 @@ pub fn run_bw(c: &Conn<'_>, spec: &BwSpec, check: &mut dyn Check) -> Result<BwRe
                 let op = match spec.op {
                     BwOp::Write => SendOp::Write(remote),
                     BwOp::Read => SendOp::Read(remote),
+                    BwOp::Send => SendOp::Send,
                 };
                 let wr = SendWr {
                     wr_id: posted,
                     op,
                     sges: vec![c.local.sge(off, spec.size)],
-                    signaled: true,
+                    signaled: (posted + 1).is_multiple_of(every) || posted + 1 == cap,
                 };
                 c.qp.post_send(wr).map_err(|e| format!("post_send: {e}"))?;
                 posted += 1;
@@ -352,10 +366,18 @@ pub fn run_bw(c: &Conn<'_>, spec: &BwSpec, check: &mut dyn Check) -> Result<BwRe
         }
         let n = next_completions(c.cq, &mut wcs, spec.busy_poll)?;
         for wc in &wcs[..n] {
-            check_wc(wc, done, spec.op.name())?;
-            let off = (done % window as u64) * size;
-            record(check.after(done, off), &mut verified, &mut mismatches);
-            done += 1;
+            // Unsignaled work requests complete silently with the next signaled one.
+            let want = if every == 1 {
+                done
+            } else {
+                wc.wr_id.clamp(done, posted.saturating_sub(1))
+            };
+            check_wc(wc, want, spec.op.name())?;
+            while done <= wc.wr_id {
+                let off = (done % window as u64) * size;
+                record(check.after(done, off), &mut verified, &mut mismatches);
+                done += 1;
+            }
         }
         end = Instant::now();
         progress.tick(done, size);
@@ -742,4 +764,219 @@ pub fn run_send_bw_local(
     res.verified_bytes = verified;
     res.mismatches = mismatches;
     Ok(res)
+}
+
+/// Most receives the passive side of a remote SEND bandwidth test keeps posted.
+pub const RECV_SLOTS_MAX: usize = 2 * MAX_WINDOW;
+
+/// Posts the receives of the passive side of a SEND bandwidth test: one per slot of `size`
+/// bytes in `mr`, at most [`RECV_SLOTS_MAX`]. Returns the slot count.
+pub fn post_recv_slots(qp: &QueuePair, mr: &MemoryRegion, size: u32) -> Result<usize, String> {
+    let size64 = u64::from(size.max(1));
+    let slots = ((mr.len() as u64 / size64) as usize).min(RECV_SLOTS_MAX);
+    if slots == 0 {
+        return Err(format!("region too small for {size}-byte receives"));
+    }
+    for k in 0..slots as u64 {
+        qp.post_recv(RecvWr {
+            wr_id: k,
+            sges: vec![mr.sge(k * size64, size)],
+        })
+        .map_err(|e| format!("post_recv: {e}"))?;
+    }
+    Ok(slots)
+}
+
+/// The passive side of a SEND bandwidth test: takes the receive completions of the slots
+/// [`post_recv_slots`] posted and posts each slot's receive again at once, until `stop` is
+/// set (spinning on `cq` when `busy`, else sleeping on it). With twice the sender's window
+/// in slots, the sender does not outrun the reposting. Returns the receives completed.
+pub fn serve_recvs(
+    qp: &QueuePair,
+    cq: &CompletionQueue,
+    mr: &MemoryRegion,
+    size: u32,
+    slots: usize,
+    busy: bool,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Result<u64, String> {
+    use std::sync::atomic::Ordering;
+    let size64 = u64::from(size.max(1));
+    let slots = slots.max(1) as u64;
+    let mut wcs = vec![empty_completion(); 32];
+    let mut received = 0u64;
+    while !stop.load(Ordering::Acquire) {
+        let n = if busy {
+            cq.poll(&mut wcs)
+        } else {
+            match cq.wait(Duration::from_millis(20)) {
+                Some(c) => {
+                    wcs[0] = c;
+                    1 + cq.poll(&mut wcs[1..])
+                }
+                None => 0,
+            }
+        };
+        for wc in &wcs[..n] {
+            if wc.opcode != WcOpcode::Recv {
+                continue;
+            }
+            check_wc(wc, received, "recv")?;
+            if wc.byte_len != size {
+                return Err(format!(
+                    "recv {} has {} bytes, want {size}",
+                    wc.wr_id, wc.byte_len
+                ));
+            }
+            let off = (wc.wr_id % slots) * size64;
+            qp.post_recv(RecvWr {
+                wr_id: wc.wr_id + slots,
+                sges: vec![mr.sge(off, size)],
+            })
+            .map_err(|e| format!("post_recv: {e}"))?;
+            received += 1;
+        }
+        if busy && n == 0 {
+            std::hint::spin_loop();
+        }
+    }
+    Ok(received)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use braid::{Access, Device, DeviceConfig};
+
+    use super::*;
+
+    /// Two connected devices on 127.0.0.1 and what a test loop needs of them.
+    struct Loop {
+        devs: [Device; 2],
+    }
+
+    fn pair() -> Loop {
+        let lo: SocketAddr = ([127, 0, 0, 1], 0).into();
+        let open = || Device::open(DeviceConfig::udp(lo).paths(4)).expect("device");
+        Loop {
+            devs: [open(), open()],
+        }
+    }
+
+    fn spec(op: BwOp, size: u32, limit: Limit, window: usize, every: u32) -> BwSpec {
+        BwSpec {
+            op,
+            size,
+            limit,
+            window,
+            busy_poll: false,
+            progress: false,
+            signal_every: every,
+        }
+    }
+
+    #[test]
+    fn unsignaled_writes_complete_with_the_next_signaled_one() {
+        let l = pair();
+        let (pa, pb) = (l.devs[0].alloc_pd(), l.devs[1].alloc_pd());
+        let (ca, cb) = (l.devs[0].create_cq(), l.devs[1].create_cq());
+        let qa = pa.create_qp(&ca, &ca).unwrap();
+        let qb = pb.create_qp(&cb, &cb).unwrap();
+        qa.connect(qb.info()).unwrap();
+        qb.connect(qa.info()).unwrap();
+        let window = 8;
+        let src = pa.alloc_mr(window * 64, Access::LOCAL_WRITE).unwrap();
+        let dst = pb.alloc_mr(window * 64, Access::ALL).unwrap();
+        let conn = Conn {
+            qp: &qa,
+            cq: &ca,
+            local: &src,
+            rkey: dst.rkey(),
+            remote_len: dst.len() as u64,
+        };
+        // 103 messages in groups of 5 (the last one cut short): every message verified.
+        let mut v = Verifier::new(&src, &dst, 64, window, 7);
+        let r = run_bw(
+            &conn,
+            &spec(BwOp::Write, 64, Limit::Iters(103), window, 5),
+            &mut v,
+        )
+        .unwrap();
+        assert_eq!((r.iterations, r.mismatches), (103, 0));
+        assert_eq!(r.verified_bytes, 103 * 64);
+        // Only the signaled ones left completions: nothing more is queued.
+        assert_eq!(ca.poll(&mut [empty_completion(); 4]), 0);
+        // A timed run stops on a group boundary; a group wider than the window is clamped.
+        let r = run_bw(
+            &conn,
+            &spec(
+                BwOp::Write,
+                64,
+                Limit::Duration(Duration::from_millis(50)),
+                window,
+                32,
+            ),
+            &mut NoCheck,
+        )
+        .unwrap();
+        assert!(r.iterations > 0);
+        assert_eq!(r.iterations % window as u64, 0, "{} messages", r.iterations);
+        assert_eq!(ca.poll(&mut [empty_completion(); 4]), 0);
+    }
+
+    #[test]
+    fn send_bandwidth_lands_in_reposted_receives() {
+        let l = pair();
+        let (pa, pb) = (l.devs[0].alloc_pd(), l.devs[1].alloc_pd());
+        let (ca, cb) = (l.devs[0].create_cq(), l.devs[1].create_cq());
+        let qa = pa.create_qp(&ca, &ca).unwrap();
+        let qb = pb.create_qp(&cb, &cb).unwrap();
+        let size = 3000u32;
+        let window = 4;
+        let src = pa
+            .alloc_mr(window * size as usize, Access::LOCAL_WRITE)
+            .unwrap();
+        let dst = pb
+            .alloc_mr(2 * window * size as usize, Access::ALL)
+            .unwrap();
+        let slots = post_recv_slots(&qb, &dst, size).unwrap();
+        assert_eq!(slots, 2 * window);
+        qa.connect(qb.info()).unwrap();
+        qb.connect(qa.info()).unwrap();
+        let conn = Conn {
+            qp: &qa,
+            cq: &ca,
+            local: &src,
+            rkey: 0,
+            remote_len: dst.len() as u64,
+        };
+        let stop = AtomicBool::new(false);
+        let (sent, received) = std::thread::scope(|s| {
+            let rx = s.spawn(|| serve_recvs(&qb, &cb, &dst, size, slots, false, &stop));
+            let sent = run_bw(
+                &conn,
+                &spec(BwOp::Send, size, Limit::Iters(200), window, 1),
+                &mut NoCheck,
+            );
+            stop.store(true, Ordering::Release);
+            (sent, rx.join().unwrap())
+        });
+        let sent = sent.unwrap();
+        assert_eq!((sent.op.as_str(), sent.iterations), ("send", 200));
+        // Every SEND completed, so each receive completion was queued at the receiver before
+        // the sender saw its ACK: those the loop did not take before it stopped are left.
+        let mut wcs = [empty_completion(); 32];
+        let mut left = 0;
+        loop {
+            let n = cb.poll(&mut wcs);
+            if n == 0 {
+                break;
+            }
+            assert!(wcs[..n].iter().all(|wc| wc.status == WcStatus::Success));
+            left += n as u64;
+        }
+        assert_eq!(received.unwrap() + left, 200);
+    }
 }

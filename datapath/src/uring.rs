@@ -267,7 +267,12 @@ impl UringDatapath {
     ) -> io::Result<usize> {
         let mut rx = lock(&self.rx);
         rx.arm()?;
-        if rx.stash.is_none() && rx.ring.completion().is_empty() {
+        let spin = timeout == Some(Duration::ZERO);
+        if rx.stash.is_none()
+            && rx.ring.completion().is_empty()
+            && (!spin || rx.kernel_may_hold_completions())
+        {
+            rx.enters += 1;
             let waited = match timeout {
                 None => rx.ring.submit_and_wait(1),
                 Some(t) => {
@@ -285,6 +290,8 @@ impl UringDatapath {
                 Err(e) => return Err(e),
             }
         } else if !rx.ring.submission().is_empty() {
+            // Newly armed operations, or a spinning receive that found nothing waiting.
+            rx.enters += 1;
             submit_retrying(&rx.ring)?;
         }
         let (messages, datagrams, handed) = rx.reap(limit, f)?;
@@ -310,6 +317,14 @@ impl UringDatapath {
     #[cfg(test)]
     fn arms(&self) -> u64 {
         lock(&self.rx).arms
+    }
+
+    /// How many `io_uring_enter` calls `recv` made, and whether the ring can tell deferred
+    /// completions without one (TASKRUN_FLAG).
+    #[cfg(test)]
+    fn receive_enters(&self) -> (u64, bool) {
+        let rx = lock(&self.rx);
+        (rx.enters, rx.taskrun_flag)
     }
 }
 
@@ -669,6 +684,10 @@ struct Rx {
     stash: Option<(cqueue::Entry, usize)>,
     /// How many times the multishot receive was armed.
     arms: u64,
+    /// The ring was set up with IORING_SETUP_TASKRUN_FLAG (see `kernel_may_hold_completions`).
+    taskrun_flag: bool,
+    /// `io_uring_enter` calls made by `receive` (for the zero-timeout test).
+    enters: u64,
 }
 
 impl Rx {
@@ -679,17 +698,24 @@ impl Rx {
         // an IPI for every arriving datagram; the work runs when the thread next enters the
         // kernel or returns to user mode (waiting in `recv` wakes it as before), which saves
         // the receiver an interrupt per datagram (docs/design-notes.md, "COOP_TASKRUN").
-        let ring = IoUring::builder()
+        // TASKRUN_FLAG (same kernel) raises IORING_SQ_TASKRUN while such work waits, so a
+        // zero-timeout receive can see without a syscall that nothing arrived.
+        let (ring, taskrun_flag) = match IoUring::builder()
             .setup_cqsize(cq_entries)
             .setup_coop_taskrun()
+            .setup_taskrun_flag()
             .build(RX_SQ_ENTRIES)
-            .or_else(|e| match e.raw_os_error() {
-                Some(libc::EINVAL) => IoUring::builder()
+        {
+            Ok(ring) => (ring, true),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                let ring = IoUring::builder()
                     .setup_cqsize(cq_entries)
-                    .build(RX_SQ_ENTRIES),
-                _ => Err(e),
-            })
-            .map_err(|e| unavailable("io_uring_setup", &e))?;
+                    .build(RX_SQ_ENTRIES)
+                    .map_err(|e| unavailable("io_uring_setup", &e))?;
+                (ring, false)
+            }
+            Err(e) => return Err(unavailable("io_uring_setup", &e)),
+        };
         if !ring.params().is_feature_ext_arg() {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
@@ -728,7 +754,17 @@ impl Rx {
             wake_armed: false,
             stash: None,
             arms: 0,
+            taskrun_flag,
+            enters: 0,
         })
+    }
+
+    /// Whether the kernel may hold completions this ring has not seen: work deferred by
+    /// COOP_TASKRUN (which only an `io_uring_enter` runs) or an overflowed completion queue.
+    /// Without TASKRUN_FLAG the ring cannot tell, so the answer is always yes.
+    fn kernel_may_hold_completions(&mut self) -> bool {
+        let sq = self.ring.submission();
+        !self.taskrun_flag || sq.taskrun() || sq.cq_overflow()
     }
 
     /// Checks that the kernel takes a multishot RECVMSG (Linux 6.0), by arming one on a
@@ -1393,6 +1429,51 @@ mod tests {
             .unwrap();
         }
         received
+    }
+
+    /// A spinning poller's zero-timeout receive on an idle ring makes no `io_uring_enter`
+    /// when the kernel flags deferred completions (TASKRUN_FLAG), and still receives every
+    /// datagram that arrives while it spins.
+    #[test]
+    fn zero_timeout_recv_skips_the_syscall_when_nothing_is_pending() {
+        let a = loopback(1);
+        let b = UringDatapath::bind(no_gro_config(1)).unwrap();
+        let mut batch = RecvBatch::new(8, 2048);
+        // The first call arms the multishot receive and the wake-up poll.
+        assert_eq!(b.recv(&mut batch, Some(Duration::ZERO)).unwrap(), 0);
+        let (armed, taskrun_flag) = b.receive_enters();
+        for _ in 0..100 {
+            assert_eq!(b.recv(&mut batch, Some(Duration::ZERO)).unwrap(), 0);
+        }
+        let (idle, _) = b.receive_enters();
+        if taskrun_flag {
+            assert_eq!(idle, armed, "idle zero-timeout receives entered the kernel");
+        } else {
+            assert_eq!(
+                idle,
+                armed + 100,
+                "without TASKRUN_FLAG every receive enters"
+            );
+        }
+        let payloads: Vec<[u8; 4]> = (0..20u32).map(|i| i.to_be_bytes()).collect();
+        let sends: Vec<Transmit<'_>> = payloads
+            .iter()
+            .map(|p| Transmit {
+                dest: b.local_addr(),
+                path: 0,
+                ecn: Ecn::NotEct,
+                contents: p,
+            })
+            .collect();
+        send_all(&a, &sends);
+        let mut got = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while got.len() < payloads.len() && std::time::Instant::now() < deadline {
+            b.recv(&mut batch, Some(Duration::ZERO)).unwrap();
+            got.extend(batch.iter().map(|(_, bytes)| bytes.to_vec()));
+        }
+        let want: Vec<Vec<u8>> = payloads.iter().map(|p| p.to_vec()).collect();
+        assert_eq!(got, want);
     }
 
     #[test]

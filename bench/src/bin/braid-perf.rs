@@ -222,6 +222,9 @@ enum Test {
     /// RDMA READ bandwidth.
     #[value(name = "read_bw", alias = "read-bw")]
     ReadBw,
+    /// SEND bandwidth (the server keeps receives posted and reposts each as it completes).
+    #[value(name = "send_bw", alias = "send-bw")]
+    SendBw,
     /// SEND ping-pong (the server echoes).
     #[value(name = "send_lat", alias = "send-lat")]
     SendLat,
@@ -236,6 +239,7 @@ impl Test {
             Test::WriteBw => "write_bw",
             Test::WriteLat => "write_lat",
             Test::ReadBw => "read_bw",
+            Test::SendBw => "send_bw",
             Test::SendLat => "send_lat",
             Test::Sweep => "sweep",
         }
@@ -272,6 +276,11 @@ struct ClientArgs {
     /// Check data: read_bw checks every message; write_bw reads the window back at the end.
     #[arg(long)]
     verify: bool,
+    /// Bandwidth tests signal only every N-th work request (and the last), as perftest's
+    /// --cq-mod; the others complete with it. With 8 B WRITEs this measures the message
+    /// rate. At most the window.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    cq_mod: u32,
     /// Spin on the completion queue in bandwidth tests instead of sleeping on it.
     #[arg(long)]
     busy_poll: bool,
@@ -466,6 +475,7 @@ fn demo(a: &DemoArgs) -> Result<bool, String> {
         window,
         busy_poll: a.busy_poll,
         progress: false,
+        signal_every: 1,
     };
     let mut bw = Vec::new();
     let w = run::run_bw(
@@ -689,6 +699,14 @@ fn serve_one(a: &ServerArgs, stream: TcpStream) -> Result<String, String> {
     {
         return refuse(&mut writer, e);
     }
+    let recv_slots = if hello.test == "send_bw" {
+        match run::post_recv_slots(&qp, &mr, size) {
+            Ok(n) => n,
+            Err(e) => return refuse(&mut writer, e),
+        }
+    } else {
+        0
+    };
     qp.connect(hello.qp.into()).map_err(|e| e.to_string())?;
     let welcome = Welcome {
         qp: Some(WireQp::from(qp.info())),
@@ -700,12 +718,20 @@ fn serve_one(a: &ServerArgs, stream: TcpStream) -> Result<String, String> {
     wire::send_line(&mut writer, &welcome)?;
     let stop = AtomicBool::new(false);
     let (echoed, done) = std::thread::scope(|s| {
-        let echo = (hello.test == "send_lat")
-            .then(|| s.spawn(|| run::serve_echo(&qp, &cq, &mr, size, a.busy_poll, &stop)));
+        let echo =
+            match hello.test.as_str() {
+                "send_lat" => {
+                    Some(s.spawn(|| run::serve_echo(&qp, &cq, &mr, size, a.busy_poll, &stop)))
+                }
+                "send_bw" => Some(s.spawn(|| {
+                    run::serve_recvs(&qp, &cq, &mr, size, recv_slots, a.busy_poll, &stop)
+                })),
+                _ => None,
+            };
         // An inline device moves only while someone polls it (else its progress thread,
         // the fallback, does the work, with its hand-offs): the echo loop polls in send_lat,
-        // this loop in the other tests.
-        let driver = (hello.test != "send_lat" && dev.progress() == Progress::Inline)
+        // the receive loop in send_bw, this loop in the other tests.
+        let driver = (echo.is_none() && dev.progress() == Progress::Inline)
             .then(|| s.spawn(|| run::drive_passive(&cq, a.busy_poll, &stop)));
         let done: Result<Done, String> = wire::recv_line(&mut reader);
         stop.store(true, Ordering::Release);
@@ -715,7 +741,7 @@ fn serve_one(a: &ServerArgs, stream: TcpStream) -> Result<String, String> {
         let echoed = match echo.map(|h| h.join()) {
             None => Ok(0),
             Some(Ok(r)) => r,
-            Some(Err(_)) => Err("echo thread panicked".to_string()),
+            Some(Err(_)) => Err(format!("{} thread panicked", hello.test)),
         };
         (echoed, done)
     });
@@ -737,10 +763,10 @@ fn serve_one(a: &ServerArgs, stream: TcpStream) -> Result<String, String> {
         st.tx_datagrams,
         st.rx_datagrams,
         st.retransmits,
-        if hello.test == "send_lat" {
-            format!(", {echoed} echoes")
-        } else {
-            String::new()
+        match hello.test.as_str() {
+            "send_lat" => format!(", {echoed} echoes"),
+            "send_bw" => format!(", {echoed} receives"),
+            _ => String::new(),
         }
     ))
 }
@@ -857,7 +883,7 @@ fn sweep_sizes(max: u64, pow2: bool) -> Vec<u64> {
 fn client(a: &ClientArgs) -> Result<bool, String> {
     let test = a.test;
     let size = a.size.unwrap_or(match test {
-        Test::WriteBw | Test::ReadBw => 64 << 10,
+        Test::WriteBw | Test::ReadBw | Test::SendBw => 64 << 10,
         Test::Sweep => 8 << 20,
         Test::WriteLat | Test::SendLat => 8,
     });
@@ -881,6 +907,12 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
                 .max()
                 .unwrap_or(size);
             (l, l)
+        }
+        // Twice the window of receive slots at the server (see run::serve_recvs).
+        Test::SendBw => {
+            let w = window_of(size) as u64;
+            let slots = (2 * w).min(run::RECV_SLOTS_MAX as u64);
+            (w * size, slots * size)
         }
         Test::WriteLat => (size, size),
         Test::SendLat => (2 * align8(size), run::ECHO_SLOTS as u64 * align8(size)),
@@ -996,18 +1028,27 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
         } else {
             let default_secs = if test == Test::Sweep { 1.0 } else { 5.0 };
             let limit = limit_of(a.iters, a.duration.unwrap_or(default_secs))?;
-            let op = if test == Test::ReadBw {
-                BwOp::Read
-            } else {
-                BwOp::Write
+            let op = match test {
+                Test::ReadBw => BwOp::Read,
+                Test::SendBw => BwOp::Send,
+                _ => BwOp::Write,
             };
             if !a.json {
                 let title = match test {
-                    Test::ReadBw => "RDMA READ bandwidth",
-                    Test::Sweep => "RDMA WRITE bandwidth sweep",
-                    _ => "RDMA WRITE bandwidth",
+                    Test::ReadBw => "RDMA READ bandwidth".to_string(),
+                    Test::SendBw => {
+                        "SEND bandwidth (the server reposts each receive as it completes)"
+                            .to_string()
+                    }
+                    Test::Sweep => "RDMA WRITE bandwidth sweep".to_string(),
+                    _ => "RDMA WRITE bandwidth".to_string(),
                 };
-                report::print_bw_header(title);
+                let title = if a.cq_mod > 1 {
+                    format!("{title}, every {}th work request signaled", a.cq_mod)
+                } else {
+                    title
+                };
+                report::print_bw_header(&title);
             }
             for &s in &sizes {
                 let window = window_of(s);
@@ -1018,6 +1059,7 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
                     window,
                     busy_poll: a.busy_poll,
                     progress,
+                    signal_every: a.cq_mod,
                 };
                 let mut r = if a.verify && op == BwOp::Read {
                     let mut chk = ReadCheck {
@@ -1028,7 +1070,7 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
                         scratch: vec![0; s as usize],
                     };
                     run::run_bw(&conn, &spec, &mut chk)?
-                } else if a.verify {
+                } else if a.verify && op == BwOp::Write {
                     let mut chk = WriteFill {
                         local: &mr,
                         buf: vec![0; s as usize],

@@ -337,6 +337,34 @@ mod tests {
         }
     }
 
+    /// Copies of many words, at every alignment, with remainders of every word count: `read`
+    /// and `write` agree with a plain byte array.
+    #[test]
+    fn long_copies_match_a_byte_array_at_any_alignment() {
+        let size = 200usize;
+        let r = Region::new(size);
+        let mut oracle = vec![0x5Au8; size];
+        r.fill(0, size as u64, 0x5A).unwrap();
+        for off in 0..10usize {
+            for len in [
+                0, 1, 7, 8, 9, 24, 31, 32, 33, 40, 63, 64, 65, 72, 100, 150, 190,
+            ] {
+                if off + len > size {
+                    continue;
+                }
+                let data: Vec<u8> = (0..len)
+                    .map(|i| (i as u8).wrapping_mul(13) ^ (off as u8).wrapping_add(len as u8))
+                    .collect();
+                r.write(off as u64, &data).unwrap();
+                oracle[off..off + len].copy_from_slice(&data);
+                assert_eq!(r.to_vec(0, size).unwrap(), oracle, "write {off}+{len}");
+                let mut back = vec![0u8; len];
+                r.read(off as u64, &mut back).unwrap();
+                assert_eq!(back, data, "read {off}+{len}");
+            }
+        }
+    }
+
     #[test]
     fn bounds_and_alignment_are_checked() {
         let r = Region::new(16);

@@ -50,6 +50,20 @@ impl Shared {
         offset: u64,
         len: u64,
     ) -> Result<Arc<Region>, Syndrome> {
+        self.remote_region_ref(pd, rkey, need, offset, len)
+            .map(Arc::clone)
+    }
+
+    /// [`remote_region`](Self::remote_region) borrowed: for an access that ends before the
+    /// borrow does (a WRITE's placement), so no reference count is touched per packet.
+    pub(crate) fn remote_region_ref(
+        &self,
+        pd: u32,
+        rkey: u32,
+        need: Access,
+        offset: u64,
+        len: u64,
+    ) -> Result<&Arc<Region>, Syndrome> {
         let mr = self
             .rkeys
             .get(&rkey)
@@ -61,7 +75,7 @@ impl Shared {
         mr.region
             .check(offset, len)
             .map_err(|_| Syndrome::RemoteAccess)?;
-        Ok(mr.region.clone())
+        Ok(&mr.region)
     }
 
     pub(crate) fn random_nonzero(&mut self) -> u32 {

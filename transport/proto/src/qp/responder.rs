@@ -302,7 +302,7 @@ impl Qp {
         sh: &mut Shared,
     ) -> Result<(), Option<Syndrome>> {
         let region = sh
-            .remote_region(
+            .remote_region_ref(
                 self.pd,
                 r.rkey,
                 Access::REMOTE_WRITE,

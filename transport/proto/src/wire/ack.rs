@@ -2,7 +2,7 @@
 use crate::seq::Psn;
 
 use super::field::{self, get_u32, get_u64, put_u32, put_u64};
-use super::{Error, SACK_BITS, Syndrome};
+use super::{ACK_LEN, Error, SACK_BITS, Syndrome};
 
 /// ACK fields: kind 4, 56 bytes, no payload; a selective acknowledgement with telemetry
 /// echo ([`field::ack`]).
@@ -45,6 +45,8 @@ impl Ack {
     /// Reads the body from `b`, which holds at least [`ACK_LEN`](super::ACK_LEN) bytes.
     pub(super) fn read(b: &[u8]) -> Ack {
         use field::ack as f;
+        // One length check for the whole header (see `Header::read`).
+        let b: &[u8] = b.first_chunk::<ACK_LEN>().unwrap_or(&[0; ACK_LEN]);
         let mut sack = [0u8; SACK_BITS as usize / 8];
         sack.copy_from_slice(&b[f::SACK]);
         Ack {
@@ -60,6 +62,10 @@ impl Ack {
     /// Writes the body into `b`, exactly [`ACK_LEN`](super::ACK_LEN) bytes of zeros.
     pub(super) fn write(&self, b: &mut [u8]) {
         use field::ack as f;
+        // One length check for the whole header; a shorter buffer (never passed) is left as is.
+        let Some(b) = b.first_chunk_mut::<ACK_LEN>() else {
+            return;
+        };
         put_u32(b, f::CUM_PSN, self.cum_psn);
         put_u32(b, f::ECHO_PSN, self.echo_psn);
         put_u64(b, f::ECHO_TS, self.echo_ts_ns);

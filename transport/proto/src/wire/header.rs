@@ -1,6 +1,6 @@
 //! The common header, in every packet.
 use super::field::{self, get_u32, get_u64};
-use super::{Flags, Kind};
+use super::{Flags, HEADER_LEN, Kind};
 
 /// The common header, in every packet ([`field`]: `VERSION` to `SEND_TS`).
 ///
@@ -47,6 +47,9 @@ impl Header {
     /// Reads the common header from `b`, which holds at least [`HEADER_LEN`] bytes, with
     /// its kind already decoded.
     pub(super) fn read(b: &[u8], kind: Kind) -> Header {
+        // One length check for the whole header; the field reads below then need none. The
+        // callers' invariant makes the fallback (all zeros) unreachable.
+        let b: &[u8] = b.first_chunk::<HEADER_LEN>().unwrap_or(&[0; HEADER_LEN]);
         Header {
             kind,
             path: b[field::PATH],

@@ -124,19 +124,23 @@ impl Repr {
     /// payload starts.
     fn emit_headers(&self, buf: &mut [u8], flags: Flags, seq: Option<u64>) -> usize {
         let h = &self.header;
-        let mut v = view::Packet::new_unchecked(&mut *buf);
-        v.set_version(VERSION);
-        v.set_kind(self.body.kind());
-        v.set_path(h.path);
-        v.set_flags(flags);
-        v.set_dst_qpn(h.dst_qpn);
-        v.set_src_qpn(h.src_qpn);
-        v.set_psn(h.psn);
-        v.set_send_ts_ns(h.send_ts_ns);
+        // The callers sized `buf` for the whole packet. The common header goes through a
+        // view of exactly its length: one length check instead of one per field.
+        if let Some(head) = buf.first_chunk_mut::<HEADER_LEN>() {
+            let mut v = view::Packet::new_unchecked(&mut head[..]);
+            v.set_version(VERSION);
+            v.set_kind(self.body.kind());
+            v.set_path(h.path);
+            v.set_flags(flags);
+            v.set_dst_qpn(h.dst_qpn);
+            v.set_src_qpn(h.src_qpn);
+            v.set_psn(h.psn);
+            v.set_send_ts_ns(h.send_ts_ns);
+        }
         let mut start = HEADER_LEN;
         if let Some(seq) = seq {
             // The caller sized `buf` for a sealed packet, which reaches past the sequence.
-            let _ = v.set_seal_seq(seq);
+            let _ = view::Packet::new_unchecked(&mut *buf).set_seal_seq(seq);
             start += SEAL_SEQ_LEN;
         }
         self.body.emit(&mut buf[start..start + self.body.len()]);

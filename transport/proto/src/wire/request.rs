@@ -1,6 +1,6 @@
 //! The REQUEST header: SEND, WRITE, READ and atomic requests.
-use super::Op;
 use super::field::{self, get_u32, get_u64, put_u32, put_u64};
+use super::{Op, REQUEST_LEN};
 
 /// REQUEST header fields: kind 1, 36 bytes, then the payload. SEND, WRITE, READ and atomic
 /// requests ([`field::request`]).
@@ -53,6 +53,8 @@ impl Request {
     /// bytes, with its op already decoded.
     pub(super) fn read(op: Op, b: &[u8]) -> Request {
         use field::request as f;
+        // One length check for the whole header (see `Header::read`).
+        let b: &[u8] = b.first_chunk::<REQUEST_LEN>().unwrap_or(&[0; REQUEST_LEN]);
         Request {
             op,
             msn: get_u32(b, f::MSN),
@@ -69,6 +71,10 @@ impl Request {
     /// zeros (the reserved bytes stay zero).
     pub(super) fn write(&self, b: &mut [u8]) {
         use field::request as f;
+        // One length check for the whole header; a shorter buffer (never passed) is left as is.
+        let Some(b) = b.first_chunk_mut::<REQUEST_LEN>() else {
+            return;
+        };
         b[f::OP] = self.op as u8;
         put_u32(b, f::MSN, self.msn);
         put_u32(b, f::SSN, self.ssn);
