@@ -367,8 +367,8 @@ static MR_OPS: Table<fi::fi_ops_mr> = Table(fi::fi_ops_mr {
 
 /// Settings read from the environment: `BRAID_FI_PATHS` (paths per connection, default 4),
 /// `BRAID_FI_DATAPATH` (`udp`, `uring`, `xdp`, `auto`; default `udp`),
-/// `BRAID_FI_MAX_DATAGRAM` (default 1472), `BRAID_PROGRESS` (`thread` or `inline`; default
-/// inline).
+/// `BRAID_FI_MAX_DATAGRAM` (default 1472), `BRAID_FI_BURST` (packets per path in a row, 1 to
+/// 64; default 16), `BRAID_PROGRESS` (`thread` or `inline`; default inline).
 fn device_config(src: SocketAddr) -> Result<DeviceConfig, i32> {
     let mut cfg = DeviceConfig::udp(src).paths(
         std::env::var("BRAID_FI_PATHS")
@@ -394,12 +394,24 @@ fn device_config(src: SocketAddr) -> Result<DeviceConfig, i32> {
     if std::env::var_os("BRAID_PROGRESS").is_none() {
         cfg = cfg.progress(Progress::Inline);
     }
+    // Burst spraying: a rendezvous READ answers with hundreds of packets at once, and runs
+    // of `PROVIDER_BURST` same-path packets leave as one UDP GSO send (one syscall and one
+    // trip down the stack instead of one each), which is what a 1 MiB message costs here.
+    cfg.engine.burst = env_num("BRAID_FI_BURST").map_or(PROVIDER_BURST, |b| b.clamp(1, 64) as u16);
     cfg.engine.rnr_retry_limit = 1_000_000;
     cfg.engine.rnr_timer_ns = 100_000;
     // A peer that is merely slow (a loaded host) stays connected: the engine's retry budget
     // is a time without any sign of life from the peer (`retry_timeout_ns`, seconds by
     // default), not a count of timeouts, so no override is needed here.
     Ok(cfg)
+}
+
+/// Consecutive packets a provider QP sends on one path (`EndpointConfig::burst`).
+const PROVIDER_BURST: u16 = 16;
+
+/// A number from the environment variable `name`, if set and valid.
+fn env_num(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
 unsafe extern "C" fn domain_open(
