@@ -979,6 +979,13 @@ impl EpInner {
         }
     }
 
+    /// Progress for an application about to block (`fi_trywait`): the provider thread takes
+    /// over at once instead of after `APP_GRACE`.
+    pub(crate) fn progress_then_wait(&self) {
+        self.progress_background();
+        self.app_seen.store(0, Ordering::Relaxed);
+    }
+
     /// Records that the application is running progress now. Writes the shared word only
     /// when the recorded time is a tenth of `APP_GRACE` old, so a spinning poller mostly just
     /// reads it.

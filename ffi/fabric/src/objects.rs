@@ -262,7 +262,7 @@ unsafe extern "C" fn trywait(
                         Ok(c) => c,
                         Err(e) => return e,
                     };
-                    cq.inner.progress();
+                    cq.inner.progress_then_wait();
                     !cq.inner.is_empty()
                 }
                 fi::FI_CLASS_CNTR => {
@@ -271,7 +271,7 @@ unsafe extern "C" fn trywait(
                         Ok(c) => c,
                         Err(e) => return e,
                     };
-                    c.inner.progress();
+                    c.inner.progress_then_wait();
                     false
                 }
                 fi::FI_CLASS_EQ => {
@@ -404,6 +404,15 @@ fn device_config(src: SocketAddr) -> Result<DeviceConfig, i32> {
     // is a time without any sign of life from the peer (`retry_timeout_ns`, seconds by
     // default), not a count of timeouts, so no override is needed here.
     Ok(cfg)
+}
+
+/// The endpoints still open in a bound list.
+fn upgrade(eps: &Mutex<Vec<Weak<EpInner>>>) -> Vec<Arc<EpInner>> {
+    eps.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter_map(Weak::upgrade)
+        .collect()
 }
 
 /// Consecutive packets a provider QP sends on one path (`EndpointConfig::burst`).
@@ -1138,15 +1147,16 @@ pub(crate) struct CqInner {
 impl CqInner {
     /// Runs progress on every endpoint bound to the queue.
     pub(crate) fn progress(&self) {
-        let eps: Vec<_> = self
-            .eps
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
-        for ep in eps {
+        for ep in upgrade(&self.eps) {
             ep.progress();
+        }
+    }
+
+    /// As [`progress`](Self::progress), for an application about to block (`fi_trywait`):
+    /// the endpoints' provider threads take over at once.
+    pub(crate) fn progress_then_wait(&self) {
+        for ep in upgrade(&self.eps) {
+            ep.progress_then_wait();
         }
     }
 
@@ -1493,7 +1503,8 @@ unsafe extern "C" fn cq_sreadfrom(
         let deadline =
             (timeout >= 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
         loop {
-            c.inner.progress();
+            // A blocking wait: the provider thread (FI_PROGRESS_AUTO) drives meanwhile.
+            c.inner.progress_then_wait();
             // SAFETY: as in cq_readfrom.
             let r = unsafe { c.inner.read(buf, count, src) };
             if r != -(fi::FI_EAGAIN as isize) {
@@ -1587,15 +1598,15 @@ impl CntrInner {
         self.cond.notify_all();
     }
     pub(crate) fn progress(&self) {
-        let eps: Vec<_> = self
-            .eps
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
-        for ep in eps {
+        for ep in upgrade(&self.eps) {
             ep.progress();
+        }
+    }
+
+    /// As [`CqInner::progress_then_wait`].
+    pub(crate) fn progress_then_wait(&self) {
+        for ep in upgrade(&self.eps) {
+            ep.progress_then_wait();
         }
     }
 }
@@ -1765,7 +1776,8 @@ unsafe extern "C" fn cntr_wait(cntr: *mut fi::fid_cntr, threshold: u64, timeout:
         let deadline =
             (timeout >= 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
         loop {
-            c.inner.progress();
+            // A blocking wait: the provider thread (FI_PROGRESS_AUTO) drives meanwhile.
+            c.inner.progress_then_wait();
             if c.inner.value.load(Ordering::Acquire) >= threshold {
                 return 0;
             }
