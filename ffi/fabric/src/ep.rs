@@ -275,6 +275,8 @@ pub(crate) struct EpInner {
     /// When the application last ran progress: nanoseconds since `epoch`, 0 for never.
     app_seen: AtomicU64,
     epoch: std::time::Instant,
+    /// `APP_GRACE`, or `BRAID_FI_APP_GRACE_US` (0: the thread never keeps out of the way), ns.
+    grace_ns: u64,
 }
 
 /// An endpoint.
@@ -443,6 +445,10 @@ pub(crate) unsafe extern "C" fn endpoint_open2(
             ops_seq: AtomicU64::new(0),
             app_seen: AtomicU64::new(0),
             epoch: std::time::Instant::now(),
+            grace_ns: std::env::var("BRAID_FI_APP_GRACE_US")
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .map_or(APP_GRACE.as_nanos() as u64, |us| us.saturating_mul(1000)),
         });
         let obj = Box::new(Ep {
             fid: fi::fid_ep {
@@ -675,7 +681,7 @@ unsafe extern "C" fn ep_control(fid: *mut fi::fid, command: i32, arg: *mut c_voi
                         .spawn(move || {
                             while !inner.stop.load(Ordering::Acquire) {
                                 if inner.app_active() {
-                                    std::thread::sleep(APP_GRACE / 2);
+                                    std::thread::sleep(Duration::from_nanos(inner.grace_ns / 2));
                                     continue;
                                 }
                                 inner.net.cq.wait_ready(THREAD_WAIT);
@@ -991,7 +997,7 @@ impl EpInner {
     /// reads it.
     pub(super) fn note_app(&self) {
         let now = (self.epoch.elapsed().as_nanos() as u64).max(1);
-        let step = APP_GRACE.as_nanos() as u64 / 10;
+        let step = self.grace_ns / 10;
         if now.saturating_sub(self.app_seen.load(Ordering::Relaxed)) >= step {
             self.app_seen.store(now, Ordering::Relaxed);
         }
@@ -1000,9 +1006,7 @@ impl EpInner {
     /// Whether the application ran progress within `APP_GRACE`.
     fn app_active(&self) -> bool {
         let seen = self.app_seen.load(Ordering::Relaxed);
-        seen != 0
-            && (self.epoch.elapsed().as_nanos() as u64).saturating_sub(seen)
-                < APP_GRACE.as_nanos() as u64
+        seen != 0 && (self.epoch.elapsed().as_nanos() as u64).saturating_sub(seen) < self.grace_ns
     }
 
     fn progress_locked(&self, st: &mut State) {
