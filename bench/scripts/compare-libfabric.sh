@@ -5,8 +5,10 @@
 #   braid, tcp;ofi_rxm, udp;ofi_rxd, net
 # on loopback (-d lo, 127.0.0.1) and, as root, on a veth pair between two namespaces
 # (scripts/netns.sh veth up; server in NS-b 10.9.0.2, client in NS-a 10.9.0.1).
-# Each figure is the median of $RUNS runs. Printed, and written with every raw run to
-# bench/results/libfabric-<date>.md, with the ratios the targets are stated in:
+# Each figure is the median of $RUNS runs; the providers take turns run by run (a run of each,
+# then the next round), so load that comes and goes on a shared machine spreads over all of
+# them instead of landing on one. Printed, and written with every raw run to
+# bench/results/libfabric-<date>.md (or $OUT), with the ratios the targets are stated in:
 #   latency  braid / tcp;ofi_rxm        (usec/xfer; target <= 1)
 #   1 MiB    braid / tcp;ofi_rxm        (MB/s; target >= 1)
 #   1 MiB    braid / udp;ofi_rxd        (MB/s; target >= 10)
@@ -17,7 +19,9 @@
 # Settings (environment): RUNS=3 ITERS=1000 (64 B and 4 KiB) BIG_ITERS=100 (64 KiB, 1 MiB)
 #   PROVIDERS="braid tcp;ofi_rxm udp;ofi_rxd net" SIZES="64 4096 65536 1048576"
 #   VETH=1 (0: loopback only) NS=bfab<pid> PORT=47590 (first control port; one per run)
-#   TIMEOUT=120 (seconds per fi_pingpong run) CARGO_TARGET_DIR
+#   TIMEOUT=120 (seconds per fi_pingpong run) CARGO_TARGET_DIR OUT (the results file)
+#   BASE_SO=path/to/libbraid_fi.so: an earlier build of the provider, measured in the same
+#     run as provider "braid@base" (for a before/after in one run, with its own ratio rows)
 set -euo pipefail
 
 BENCH=$(cd "$(dirname "$0")/.." && pwd)
@@ -33,7 +37,8 @@ PORT=${PORT:-47590}
 TIMEOUT=${TIMEOUT:-120}
 TARGET=${CARGO_TARGET_DIR:-$ROOT/target}
 DATE=$(date -u +%Y-%m-%d)
-OUT="$BENCH/results/libfabric-$DATE.md"
+OUT=${OUT:-$BENCH/results/libfabric-$DATE.md}
+BASE_SO=${BASE_SO:-}
 RAW=$(mktemp)
 trap 'rm -f "$RAW"; [[ -n ${VETH_UP:-} ]] && "$ROOT/scripts/netns.sh" veth down "$NS" || true' EXIT
 
@@ -44,6 +49,13 @@ if [[ ${NO_BUILD:-0} != 1 ]]; then
 fi
 export FI_PROVIDER_PATH
 FI_PROVIDER_PATH=$(CARGO_TARGET_DIR=$TARGET "$ROOT/scripts/libfabric.sh" path)
+NEW_PATH=$FI_PROVIDER_PATH
+if [[ -n $BASE_SO ]]; then
+  BASE_DIR=$(mktemp -d)
+  cp "$BASE_SO" "$BASE_DIR/libbraid_fi.so"
+  trap 'rm -f "$RAW"; rm -rf "$BASE_DIR"; [[ -n ${VETH_UP:-} ]] && "$ROOT/scripts/netns.sh" veth down "$NS" || true' EXIT
+  PROVIDERS="$PROVIDERS braid@base"
+fi
 
 if [[ $VETH == 1 && $(id -u) -eq 0 ]]; then
   "$ROOT/scripts/netns.sh" veth up "$NS"
@@ -56,6 +68,11 @@ fi
 # run LINK PROVIDER SIZE → prints "usec MBps" from the client's result line, or "- -".
 run() {
   local link=$1 prov=$2 size=$3 iters=$ITERS port=$((PORT++))
+  FI_PROVIDER_PATH=$NEW_PATH
+  if [[ $prov == braid@base ]]; then
+    prov=braid
+    FI_PROVIDER_PATH=$BASE_DIR
+  fi
   ((size >= 65536)) && iters=$BIG_ITERS
   local sargs=(-p "$prov" -e rdm -S "$size" -I "$iters" -B "$port")
   local cargs=(-p "$prov" -e rdm -S "$size" -I "$iters" -P "$port")
@@ -90,10 +107,11 @@ median() { # values on stdin ("-" ignored)
   grep -v '^-$' | sort -g | awk '{a[NR]=$1} END {if (NR==0) print "-"; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'
 }
 
+LOAD_START=$(cut -d' ' -f1-3 /proc/loadavg)
 for link in $LINKS; do
   for size in $SIZES; do
-    for prov in $PROVIDERS; do
-      for r in $(seq "$RUNS"); do
+    for r in $(seq "$RUNS"); do
+      for prov in $PROVIDERS; do
         read -r usec mbps < <(run "$link" "$prov" "$size")
         echo "$link|$size|$prov|$r|$usec|$mbps" | tee -a "$RAW"
       done
@@ -110,7 +128,8 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a=="-"||b=="-"||b==0) print "-"; 
   echo "# libfabric providers: fi_pingpong -e rdm, $DATE"
   echo
   echo "Medians of $RUNS runs; $ITERS iterations (64 B, 4 KiB), $BIG_ITERS (64 KiB, 1 MiB)."
-  echo "One message in flight: MB/s is ping-pong throughput. Machine: $(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg)."
+  echo "One message in flight: MB/s is ping-pong throughput. Machine: $(nproc) CPUs, load at the"
+  echo "start $LOAD_START, at the end $(cut -d' ' -f1-3 /proc/loadavg)."
   for link in $LINKS; do
     echo
     echo "## $link"
@@ -131,6 +150,11 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a=="-"||b=="-"||b==0) print "-"; 
     big=$(echo "$SIZES" | awk '{print $NF}')
     echo "| $big B MB/s: braid / tcp;ofi_rxm | $(ratio "$(get "$link" "$big" braid 6)" "$(get "$link" "$big" 'tcp;ofi_rxm' 6)") | >= 1 |"
     echo "| $big B MB/s: braid / udp;ofi_rxd | $(ratio "$(get "$link" "$big" braid 6)" "$(get "$link" "$big" 'udp;ofi_rxd' 6)") | >= 10 |"
+    if [[ -n $BASE_SO ]]; then
+      for size in $SIZES; do
+        echo "| latency $size B: braid / braid@base | $(ratio "$(get "$link" "$size" braid 5)" "$(get "$link" "$size" braid@base 5)") | (before/after) |"
+      done
+    fi
   done
   echo
   echo "Raw runs (link|size|provider|run|usec/xfer|MB/s):"

@@ -64,6 +64,12 @@ pub(crate) const INJECT_CALL: u64 = 1 << 63;
 const BOUNCE: u64 = 1 << 63;
 /// How long the provider thread sleeps between checks when nothing completes.
 const THREAD_WAIT: Duration = Duration::from_millis(2);
+/// How long after the application last ran progress (any call into the endpoint, its CQs or
+/// counters) the provider thread keeps out of the way: while the application polls, its calls
+/// drive the device and the matching themselves, and a second thread taking the device's
+/// driver slot or the endpoint lock only makes the polling thread wait for it (on a machine
+/// with few cores, for the scheduler to run it).
+const APP_GRACE: Duration = Duration::from_millis(2);
 
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 struct Header {
@@ -266,6 +272,11 @@ pub(crate) struct EpInner {
     watch: Option<braid::handshake::ConnectionWatch>,
     stop: AtomicBool,
     ops_seq: AtomicU64,
+    /// When the application last ran progress: nanoseconds since `epoch`, 0 for never.
+    app_seen: AtomicU64,
+    epoch: std::time::Instant,
+    /// `APP_GRACE`, or `BRAID_FI_APP_GRACE_US` (0: the thread never keeps out of the way), ns.
+    grace_ns: u64,
 }
 
 /// An endpoint.
@@ -432,6 +443,12 @@ pub(crate) unsafe extern "C" fn endpoint_open2(
             }),
             stop: AtomicBool::new(false),
             ops_seq: AtomicU64::new(0),
+            app_seen: AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
+            grace_ns: std::env::var("BRAID_FI_APP_GRACE_US")
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .map_or(APP_GRACE.as_nanos() as u64, |us| us.saturating_mul(1000)),
         });
         let obj = Box::new(Ep {
             fid: fi::fid_ep {
@@ -479,6 +496,17 @@ unsafe extern "C" fn ep_close(fid: *mut fi::fid) -> i32 {
         e.inner.stop.store(true, Ordering::Release);
         if let Some(t) = e.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
             let _ = t.join();
+        }
+        if std::env::var_os("BRAID_FI_STATS").is_some() {
+            // A diagnostic for profiling (bench/results/libfabric-*.md): the device's
+            // counters and RTT distribution as the endpoint closes.
+            let dev = &e.inner.net.dev;
+            eprintln!(
+                "braid-fi stats {}: {:?}\nbraid-fi rtt: {:?}",
+                dev.local_addr(),
+                dev.stats(),
+                dev.rtt_summary()
+            );
         }
         {
             let mut st = e.inner.lock();
@@ -652,8 +680,12 @@ unsafe extern "C" fn ep_control(fid: *mut fi::fid, command: i32, arg: *mut c_voi
                         .name("braid-fi-progress".into())
                         .spawn(move || {
                             while !inner.stop.load(Ordering::Acquire) {
+                                if inner.app_active() {
+                                    std::thread::sleep(Duration::from_nanos(inner.grace_ns / 2));
+                                    continue;
+                                }
                                 inner.net.cq.wait_ready(THREAD_WAIT);
-                                inner.progress();
+                                inner.progress_background();
                             }
                         });
                     match t {
@@ -933,13 +965,48 @@ impl EpInner {
     }
 
     /// Runs the provider's matching and protocol: connection events, Braid completions,
-    /// waiting control messages.
+    /// waiting control messages. Called by the application's calls (CQ and counter reads and
+    /// waits, `fi_trywait`), which keeps the provider thread out of the way for `APP_GRACE`.
     pub(crate) fn progress(&self) {
+        self.note_app();
         let mut st = self.lock();
         if st.closed {
             return;
         }
         self.progress_locked(&mut st);
+    }
+
+    /// The provider thread's progress (FI_PROGRESS_AUTO): as [`progress`](Self::progress),
+    /// without counting as an application call.
+    fn progress_background(&self) {
+        let mut st = self.lock();
+        if !st.closed {
+            self.progress_locked(&mut st);
+        }
+    }
+
+    /// Progress for an application about to block (`fi_trywait`): the provider thread takes
+    /// over at once instead of after `APP_GRACE`.
+    pub(crate) fn progress_then_wait(&self) {
+        self.progress_background();
+        self.app_seen.store(0, Ordering::Relaxed);
+    }
+
+    /// Records that the application is running progress now. Writes the shared word only
+    /// when the recorded time is a tenth of `APP_GRACE` old, so a spinning poller mostly just
+    /// reads it.
+    pub(super) fn note_app(&self) {
+        let now = (self.epoch.elapsed().as_nanos() as u64).max(1);
+        let step = self.grace_ns / 10;
+        if now.saturating_sub(self.app_seen.load(Ordering::Relaxed)) >= step {
+            self.app_seen.store(now, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the application ran progress within `APP_GRACE`.
+    fn app_active(&self) -> bool {
+        let seen = self.app_seen.load(Ordering::Relaxed);
+        seen != 0 && (self.epoch.elapsed().as_nanos() as u64).saturating_sub(seen) < self.grace_ns
     }
 
     fn progress_locked(&self, st: &mut State) {
@@ -1193,6 +1260,7 @@ impl EpInner {
         }
         let report = flags & INJECT_CALL == 0
             && (!st.bound.tx_selective || flags & fi::FI_COMPLETION as u64 != 0);
+        self.note_app();
         self.progress_locked(&mut st);
         if let Err(e) = self.ensure_peer(&mut st, peer) {
             return e;
@@ -1352,6 +1420,7 @@ impl EpInner {
             report,
             multi: multi.then_some(0),
         };
+        self.note_app();
         self.progress_locked(&mut st);
         let t = usize::from(tagged);
         if tagged && flags & fi::FI_PEEK as u64 != 0 {

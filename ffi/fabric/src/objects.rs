@@ -262,7 +262,7 @@ unsafe extern "C" fn trywait(
                         Ok(c) => c,
                         Err(e) => return e,
                     };
-                    cq.inner.progress();
+                    cq.inner.progress_then_wait();
                     !cq.inner.is_empty()
                 }
                 fi::FI_CLASS_CNTR => {
@@ -271,7 +271,7 @@ unsafe extern "C" fn trywait(
                         Ok(c) => c,
                         Err(e) => return e,
                     };
-                    c.inner.progress();
+                    c.inner.progress_then_wait();
                     false
                 }
                 fi::FI_CLASS_EQ => {
@@ -367,8 +367,8 @@ static MR_OPS: Table<fi::fi_ops_mr> = Table(fi::fi_ops_mr {
 
 /// Settings read from the environment: `BRAID_FI_PATHS` (paths per connection, default 4),
 /// `BRAID_FI_DATAPATH` (`udp`, `uring`, `xdp`, `auto`; default `udp`),
-/// `BRAID_FI_MAX_DATAGRAM` (default 1472), `BRAID_PROGRESS` (`thread` or `inline`; default
-/// inline).
+/// `BRAID_FI_MAX_DATAGRAM` (default 1472), `BRAID_FI_BURST` (packets per path in a row, 1 to
+/// 64; default 16), `BRAID_PROGRESS` (`thread` or `inline`; default inline).
 fn device_config(src: SocketAddr) -> Result<DeviceConfig, i32> {
     let mut cfg = DeviceConfig::udp(src).paths(
         std::env::var("BRAID_FI_PATHS")
@@ -394,12 +394,33 @@ fn device_config(src: SocketAddr) -> Result<DeviceConfig, i32> {
     if std::env::var_os("BRAID_PROGRESS").is_none() {
         cfg = cfg.progress(Progress::Inline);
     }
+    // Burst spraying: a rendezvous READ answers with hundreds of packets at once, and runs
+    // of `PROVIDER_BURST` same-path packets leave as one UDP GSO send (one syscall and one
+    // trip down the stack instead of one each), which is what a 1 MiB message costs here.
+    cfg.engine.burst = env_num("BRAID_FI_BURST").map_or(PROVIDER_BURST, |b| b.clamp(1, 64) as u16);
     cfg.engine.rnr_retry_limit = 1_000_000;
     cfg.engine.rnr_timer_ns = 100_000;
     // A peer that is merely slow (a loaded host) stays connected: the engine's retry budget
     // is a time without any sign of life from the peer (`retry_timeout_ns`, seconds by
     // default), not a count of timeouts, so no override is needed here.
     Ok(cfg)
+}
+
+/// The endpoints still open in a bound list.
+fn upgrade(eps: &Mutex<Vec<Weak<EpInner>>>) -> Vec<Arc<EpInner>> {
+    eps.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter_map(Weak::upgrade)
+        .collect()
+}
+
+/// Consecutive packets a provider QP sends on one path (`EndpointConfig::burst`).
+const PROVIDER_BURST: u16 = 16;
+
+/// A number from the environment variable `name`, if set and valid.
+fn env_num(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
 }
 
 unsafe extern "C" fn domain_open(
@@ -1126,15 +1147,16 @@ pub(crate) struct CqInner {
 impl CqInner {
     /// Runs progress on every endpoint bound to the queue.
     pub(crate) fn progress(&self) {
-        let eps: Vec<_> = self
-            .eps
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
-        for ep in eps {
+        for ep in upgrade(&self.eps) {
             ep.progress();
+        }
+    }
+
+    /// As [`progress`](Self::progress), for an application about to block (`fi_trywait`):
+    /// the endpoints' provider threads take over at once.
+    pub(crate) fn progress_then_wait(&self) {
+        for ep in upgrade(&self.eps) {
+            ep.progress_then_wait();
         }
     }
 
@@ -1481,7 +1503,8 @@ unsafe extern "C" fn cq_sreadfrom(
         let deadline =
             (timeout >= 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
         loop {
-            c.inner.progress();
+            // A blocking wait: the provider thread (FI_PROGRESS_AUTO) drives meanwhile.
+            c.inner.progress_then_wait();
             // SAFETY: as in cq_readfrom.
             let r = unsafe { c.inner.read(buf, count, src) };
             if r != -(fi::FI_EAGAIN as isize) {
@@ -1575,15 +1598,15 @@ impl CntrInner {
         self.cond.notify_all();
     }
     pub(crate) fn progress(&self) {
-        let eps: Vec<_> = self
-            .eps
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .iter()
-            .filter_map(Weak::upgrade)
-            .collect();
-        for ep in eps {
+        for ep in upgrade(&self.eps) {
             ep.progress();
+        }
+    }
+
+    /// As [`CqInner::progress_then_wait`].
+    pub(crate) fn progress_then_wait(&self) {
+        for ep in upgrade(&self.eps) {
+            ep.progress_then_wait();
         }
     }
 }
@@ -1753,7 +1776,8 @@ unsafe extern "C" fn cntr_wait(cntr: *mut fi::fid_cntr, threshold: u64, timeout:
         let deadline =
             (timeout >= 0).then(|| Instant::now() + Duration::from_millis(timeout as u64));
         loop {
-            c.inner.progress();
+            // A blocking wait: the provider thread (FI_PROGRESS_AUTO) drives meanwhile.
+            c.inner.progress_then_wait();
             if c.inner.value.load(Ordering::Acquire) >= threshold {
                 return 0;
             }

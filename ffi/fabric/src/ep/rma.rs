@@ -86,6 +86,7 @@ impl EpInner {
         }
         let report = flags & super::INJECT_CALL == 0
             && (!st.bound.tx_selective || flags & fi::FI_COMPLETION as u64 != 0);
+        self.note_app();
         self.progress_locked(&mut st);
         if let Err(e) = self.ensure_peer(&mut st, peer) {
             return e;
