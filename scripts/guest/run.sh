@@ -17,7 +17,8 @@ usage: scripts/guest/run.sh [OPTIONS] [--] COMMAND [ARGS...]
 COMMAND is a host file when it contains a slash (copied into the guest as
 /guest/bin/<name>, with the shared libraries ldd lists for it), else a program of the guest
 image (busybox applets, ibv_*, ib_write_bw and the rest of perftest, rdma, /usr/sbin/ip), e.g.
-`sh -c '...'`. It runs in /guest as root, with PATH=/usr/sbin:/usr/bin:busybox.
+`sh -c '...'`. It runs in /guest as root, with PATH=/usr/sbin:/usr/bin:busybox and
+BRAID_IN_GUEST=1 set.
 
 Options:
   --timeout SECS   kill the guest after SECS seconds (default $BRAID_GUEST_TIMEOUT or 300)
@@ -114,6 +115,7 @@ token=$(od -An -tx8 -N8 /dev/urandom | tr -d ' \n')
 echo "$token" >"$ov/guest/token"
 {
   echo '#!/bin/sh'
+  echo 'export BRAID_IN_GUEST=1'
   while IFS='=' read -r name _; do
     case $name in BRAID_GUEST_*) continue ;; BRAID_* | RUST_*) ;; *) continue ;; esac
     echo "export $name=$(quote "${!name}")"
