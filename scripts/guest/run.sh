@@ -23,7 +23,8 @@ BRAID_IN_GUEST=1 set.
 Options:
   --timeout SECS   kill the guest after SECS seconds (default $BRAID_GUEST_TIMEOUT or 300)
   --file HOST[:GUEST]  copy a host file or folder into the guest (default GUEST path: HOST's
-                   absolute path); repeatable
+                   absolute path; a relative GUEST is under /guest), with the libraries ldd
+                   lists for an executable file; repeatable
   --files LIST     a file listing one HOST[:GUEST] per line
   --env NAME       pass the host variable NAME through as well (BRAID_*, RUST_* and
                    RUST_BACKTRACE always pass); repeatable
@@ -109,6 +110,8 @@ for spec in ${files[@]+"${files[@]}"}; do
   [[ $dst == /* ]] || dst=/guest/$dst
   mkdir -p "$ov$(dirname "$dst")"
   cp -a -L "$src" "$ov$dst"
+  # An extra program brings its libraries too (ldd fails on anything else, which is skipped).
+  [[ -f $src && -x $src ]] && { "$here/build-image.sh" libs "$ov" "$src" || harness_fail "copying the libraries of $src failed"; }
 done
 
 token=$(od -An -tx8 -N8 /dev/urandom | tr -d ' \n')
