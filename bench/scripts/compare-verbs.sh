@@ -19,7 +19,7 @@
 #   guest's whole run, seconds) BRAID_PERF=path (optional)
 #   BRAID_PERF_VERBS_SERVER / BRAID_PERF_VERBS_CLIENT (extra braid-perf arguments for the
 #   verbs runs, default "--backend verbs"; e.g. to name the rxe device of each end)
-#   BRAID_PERF_SW_ARGS (default "--backend software")
+#   BRAID_PERF_SW_ARGS (default "--backend software") KEEP_LOG=FILE (keeps the guest console)
 # Root (qemu, the image build); scripts/guest/build-image.sh deps installs qemu.
 set -euo pipefail
 
@@ -31,9 +31,9 @@ ITERS=${ITERS:-1000}
 LAT_ITERS=${LAT_ITERS:-1000}
 TIMEOUT=${TIMEOUT:-1200}
 BRAID_PERF=${BRAID_PERF:-}
-VS=${BRAID_PERF_VERBS_SERVER:---backend verbs}
-VC=${BRAID_PERF_VERBS_CLIENT:---backend verbs}
-SW=${BRAID_PERF_SW_ARGS:---backend software}
+VS=${BRAID_PERF_VERBS_SERVER---backend verbs}
+VC=${BRAID_PERF_VERBS_CLIENT---backend verbs}
+SW=${BRAID_PERF_SW_ARGS---backend software}
 OUT=${OUT:-}
 
 TMP=$(mktemp -d)
@@ -51,17 +51,17 @@ VS="$VS" VC="$VC" SW="$SW"
 EOF
 cat >>"$inner" <<'EOF'
 port=18600
-wait_listen() { # PORT: until a TCP socket listens on it, up to 60 s
+wait_listen() { # PORT PID: until a TCP socket listens on PORT, up to 60 s, while PID lives
     hex=$(printf '%04X' "$1"); n=0
     until grep -qE ":$hex [0-9A-F]+:0000 0A" /proc/net/tcp /proc/net/tcp6 2>/dev/null; do
-        n=$((n + 1)); [ "$n" -le 600 ] || return 1; sleep 0.1
+        n=$((n + 1)); [ "$n" -le 600 ] && kill -0 "$2" 2>/dev/null || return 1; sleep 0.1
     done
 }
 perftest() { # LABEL TOOL ARGS...: server on rxe0, client on rxe1
     label=$1; tool=$2; shift 2; port=$((port + 1))
     "$tool" -d rxe0 -x 0 -p "$port" "$@" >/tmp/server.out 2>&1 &
     s=$!
-    wait_listen "$port" || { echo "RESULT $label $run -"; kill "$s"; return; }
+    wait_listen "$port" "$s" || { echo "RESULT $label $run -"; kill "$s" 2>/dev/null; return; }
     if "$tool" -d rxe1 -x 0 -p "$port" "$@" 127.0.0.1 >/tmp/client.out 2>&1 && wait "$s"; then
         cat /tmp/client.out
         case $tool in
@@ -74,16 +74,16 @@ perftest() { # LABEL TOOL ARGS...: server on rxe0, client on rxe1
         kill "$s" 2>/dev/null; echo "RESULT $label $run -"
     fi
 }
-braid() { # LABEL SERVER_ARGS CLIENT_ARGS TEST ARGS...
-    label=$1; sargs=$2; cargs=$3; shift 3; port=$((port + 1))
+braid() { # LABEL KEY SERVER_ARGS CLIENT_ARGS CLIENT_TEST_ARGS...: KEY is the JSON field
+    label=$1; key=$2; sargs=$3; cargs=$4; shift 4; port=$((port + 1))
     # shellcheck disable=SC2086
     "$PERF" server --once --bind "127.0.0.1:$port" $sargs >/tmp/server.out 2>&1 &
     s=$!
-    wait_listen "$port" || { cat /tmp/server.out; echo "RESULT $label $run -"; kill "$s"; return; }
+    wait_listen "$port" "$s" || { cat /tmp/server.out; echo "RESULT $label $run -"; kill "$s" 2>/dev/null; return; }
     # shellcheck disable=SC2086
     if "$PERF" client "127.0.0.1:$port" $cargs --json --quiet "$@" >/tmp/client.out 2>&1; then
         cat /tmp/client.out; echo
-        v=$(tr ',{}' '\n\n\n' </tmp/client.out | awk -F: -v k="$KEY" '$1 == "\"" k "\"" { print $2; exit }')
+        v=$(tr ',{}' '\n\n\n' </tmp/client.out | awk -F: -v k="$key" '$1 == "\"" k "\"" { print $2; exit }')
         echo "RESULT $label $run ${v:--}"
     else
         cat /tmp/server.out /tmp/client.out
@@ -97,10 +97,10 @@ while [ "$run" -le "$RUNS" ]; do
     perftest perftest_bw ib_write_bw --report_gbits -s "$SIZE" -n "$ITERS"
     perftest perftest_lat ib_write_lat -s 8 -n "$LAT_ITERS"
     if [ -n "$PERF" ]; then
-        KEY=bw_gbps braid verbs_bw "$VS" "$VC" --test write_bw --size "$SIZE" --iters "$ITERS"
-        KEY=p50_us braid verbs_lat "$VS" "$VC" --test write_lat --size 8 --iters "$LAT_ITERS"
-        KEY=bw_gbps braid sw_bw "$SW" "$SW" --test write_bw --size "$SIZE" --iters "$ITERS"
-        KEY=p50_us braid sw_lat "$SW" "$SW" --test write_lat --size 8 --iters "$LAT_ITERS"
+        braid verbs_bw bw_gbps "$VS" "$VC" --test write_bw --size "$SIZE" --iters "$ITERS"
+        braid verbs_lat p50_us "$VS" "$VC" --test write_lat --size 8 --iters "$LAT_ITERS"
+        braid sw_bw bw_gbps "$SW" "$SW" --test write_bw --size "$SIZE" --iters "$ITERS"
+        braid sw_lat p50_us "$SW" "$SW" --test write_lat --size 8 --iters "$LAT_ITERS"
     fi
     run=$((run + 1))
 done
@@ -117,6 +117,7 @@ rc=0
 "$ROOT/scripts/guest/run.sh" --quiet --timeout "$TIMEOUT" --log "$TMP/console.log" \
   "${files[@]}" "$inner" || rc=$?
 load_after=$(uptime)
+[[ -n ${KEEP_LOG:-} ]] && cp "$TMP/console.log" "$KEEP_LOG"
 if ((rc != 0)); then
   tail -n 60 "$TMP/console.log" >&2
   echo "compare-verbs.sh: the guest run failed (run.sh exit $rc)" >&2
