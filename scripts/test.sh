@@ -3,7 +3,8 @@
 # It installs what the tests need (iproute2 for the network-namespace tests, when running as
 # root), then runs the whole workspace's tests: unit tests, the integration test binary
 # (simulated network, loopback UDP in one process and across two processes, network
-# namespaces with veth and a 4-path ECMP testbed), property tests and doctests; then the loom
+# namespaces with veth and a 4-path ECMP testbed, real kernel verbs on Soft-RoCE in a QEMU
+# guest), property tests and doctests; then the loom
 # model checks of the concurrent structures in braid-sync.
 #
 # The namespace, BPF and AF_XDP tests need root. Without it they print "SKIPPED ..." loudly;
@@ -20,6 +21,9 @@ if [[ $(id -u) -eq 0 ]]; then
   ./scripts/netns.sh deps
   # libfabric-dev and libfabric-bin for the provider's tests (fi_info, fi_pingpong).
   ./scripts/libfabric.sh deps
+  # qemu-system-x86, kmod and cpio for the QEMU guest with Soft-RoCE (tests/netns/tests/guest.rs
+  # boots it through scripts/guest/run.sh; the image is built and cached under target/guest).
+  ./scripts/guest/build-image.sh deps
 fi
 
 echo "== cargo test --workspace"
