@@ -101,6 +101,8 @@ const RECV_TAG: u64 = 1 << 63;
 /// | `init_cwnd` | 32 packets | 64 | about the bandwidth-delay product (4 KiB packets, ~10 µs); 64 overfills the fabric at start |
 /// | `rtt_init_ns` | 20 µs | 100 µs | the fabric's round trip, before the first sample |
 /// | `rto_reset_threshold` | 3 | 1 | in an incast the first timeouts come from the initial burst; resetting the window to 0.01 packet on each starves a sender for milliseconds (as `SwiftConfig::software_host` also chooses) |
+/// | `base_delay_scale` | 0.25 | 0 | distance scaling: the target's headroom grows by a quarter of the measured base delay (2.5 µs on this fabric, 100 µs over 400 µs of long links) |
+/// | `ai_ref_delay_ns` | 20 µs | 0 | distance scaling: above a 20 µs base delay (longer than this fabric's round trip) the additive increase is one packet per 20 µs, not per round trip |
 ///
 /// The control law (additive increase of one packet per round trip, `beta` 0.8, `max_mdf`
 /// 0.5, pacing below one packet) is Swift's default.
@@ -111,6 +113,8 @@ pub fn fabric_swift() -> SwiftConfig {
         init_cwnd: 32.0,
         rtt_init_ns: 20_000,
         rto_reset_threshold: 3,
+        base_delay_scale: 0.25,
+        ai_ref_delay_ns: 20_000,
         ..SwiftConfig::default()
     }
 }
