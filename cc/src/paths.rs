@@ -22,7 +22,10 @@
 //!   is the congestion controller's business, not a reason to move traffic. The `probe_floor` keeps
 //!   a share of `probe_floor / N` on every path, so a path that recovered is noticed.
 //! - **weighted choice** ([`PathSet::pick`], [`PathSet::pick_other`] for retransmissions):
-//!   deterministic given a random `u32` the caller draws from its own seeded generator.
+//!   deterministic given a random `u32` the caller draws from its own seeded generator;
+//!   [`PathSet::pick_spread`] (what the engine uses for new packets) walks a low-discrepancy
+//!   sequence through the same shares instead, so each path's count keeps close to its share
+//!   over any run of packets rather than drifting as independent draws do.
 //! - **PLB-style re-pathing** (Qureshi et al., "PLB: Congestion Signals are Simple and
 //!   Effective for Network Load Balancing", SIGCOMM 2022): per path, a *round* ends when
 //!   feedback (an ACK or a loss) arrives for a packet sent after the round began, so a round
