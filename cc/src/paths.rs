@@ -22,7 +22,10 @@
 //!   is the congestion controller's business, not a reason to move traffic. The `probe_floor` keeps
 //!   a share of `probe_floor / N` on every path, so a path that recovered is noticed.
 //! - **weighted choice** ([`PathSet::pick`], [`PathSet::pick_other`] for retransmissions):
-//!   deterministic given a random `u32` the caller draws from its own seeded generator.
+//!   deterministic given a random `u32` the caller draws from its own seeded generator;
+//!   [`PathSet::pick_spread`] (what the engine uses for new packets) walks a low-discrepancy
+//!   sequence through the same shares instead, so each path's count keeps close to its share
+//!   over any run of packets rather than drifting as independent draws do.
 //! - **PLB-style re-pathing** (Qureshi et al., "PLB: Congestion Signals are Simple and
 //!   Effective for Network Load Balancing", SIGCOMM 2022): per path, a *round* ends when
 //!   feedback (an ACK or a loss) arrives for a packet sent after the round began, so a round
@@ -93,6 +96,9 @@ pub const RECENT_DELAYS: usize = 32;
 /// Quantization of the shares used for picking: shares become integers summing to about
 /// this, so a choice is exact integer arithmetic on the caller's random number.
 const SHARE_SCALE: f64 = (1u64 << 24) as f64;
+
+/// `2^32 / φ`, rounded to odd: the step of [`PathSet::pick_spread`]'s Weyl sequence.
+const GOLDEN_U32: u32 = 0x9E37_79B9;
 
 /// Tuning of a [`PathSet`]. The defaults are Braid's choices, except PLB's round count and
 /// ECN threshold, which are the PLB paper's.
@@ -252,6 +258,8 @@ pub struct PathSet {
     recent: [(u64, u64); RECENT_DELAYS],
     recent_pos: usize,
     recent_len: usize,
+    /// The last point of [`PathSet::pick_spread`]'s sequence.
+    spread: Option<u32>,
 }
 
 impl PathSet {
@@ -298,6 +306,7 @@ impl PathSet {
             recent: [(0, 0); RECENT_DELAYS],
             recent_pos: 0,
             recent_len: 0,
+            spread: None,
         };
         set.refresh();
         set
@@ -427,6 +436,28 @@ impl PathSet {
         let total = self.cum.last().copied().unwrap_or(1);
         let x = (u64::from(rng_u32) * total) >> 32;
         self.index_at(x)
+    }
+
+    /// Chooses the next path of a low-discrepancy sequence over the shares: the `k`-th call
+    /// picks as [`pick`](PathSet::pick) would for `x0 + k × 2^32/φ (mod 2^32)` (a Weyl
+    /// sequence on the golden ratio), `x0` being the caller's random number at the first
+    /// call (later ones are ignored: the caller may draw one every time, which keeps its
+    /// generator's stream the same whichever choice it uses).
+    ///
+    /// Over any `n` consecutive calls with unchanged shares, each path's count stays within a
+    /// few packets of `n × share`, where independent draws stray by about `√(n × share)`.
+    /// That matters on a saturated link: the queue of an uplink that a connection's paths
+    /// feed follows the running sum of those deviations, so with independent draws it walks
+    /// like a random walk and every excursion to empty is capacity lost for good, while the
+    /// sequence keeps it within a bounded band (see `docs/design-notes.md`, "Spreading, not
+    /// drawing").
+    pub fn pick_spread(&mut self, rng_u32: u32) -> u16 {
+        let x = match self.spread {
+            Some(prev) => prev.wrapping_add(GOLDEN_U32),
+            None => rng_u32,
+        };
+        self.spread = Some(x);
+        self.pick(x)
     }
 
     /// Like [`pick`](PathSet::pick), but never `avoid` when there is another path: for a
@@ -994,6 +1025,87 @@ mod tests {
         );
         // And the weights really differ, so the test means something.
         assert!(shares[0] > 2.0 * shares[7]);
+    }
+
+    /// The largest excursion, over `picks` choices, of any link's running count from its
+    /// expected share, when the 256 paths hash onto 8 links as `link_of` says.
+    fn worst_link_excursion(
+        ps: &mut PathSet,
+        picks: u64,
+        mut choose: impl FnMut(&mut PathSet) -> u16,
+    ) -> f64 {
+        let link_of = |p: u16| (u32::from(p).wrapping_mul(0x2545_F491) >> 7) as usize % 8;
+        let shares = ps.weights().to_vec();
+        let mut link_share = [0.0; 8];
+        for (p, s) in shares.iter().enumerate() {
+            link_share[link_of(p as u16)] += s;
+        }
+        let mut count = [0u64; 8];
+        let mut worst: f64 = 0.0;
+        for k in 1..=picks {
+            count[link_of(choose(ps))] += 1;
+            for l in 0..8 {
+                worst = worst.max((count[l] as f64 - k as f64 * link_share[l]).abs());
+            }
+        }
+        worst
+    }
+
+    /// A saturated link's queue follows the running difference between what the
+    /// connection's paths put on it and its share: with the spread sequence it stays within
+    /// a band of about 16 packets however long it runs, with independent draws it wanders
+    /// by the hundreds (a random walk).
+    #[test]
+    fn spread_choice_keeps_every_link_near_its_share() {
+        const PICKS: u64 = 200_000;
+        let mut rng = Lcg(3);
+        let mut ps = PathSet::new(256);
+        let spread = worst_link_excursion(&mut ps, PICKS, |ps| ps.pick_spread(rng.next()));
+        // Bounded: the same after a tenth of the choices (a random walk grows as √n).
+        let mut ps = PathSet::new(256);
+        let early = worst_link_excursion(&mut ps, PICKS / 10, |ps| ps.pick_spread(rng.next()));
+        let mut ps = PathSet::new(256);
+        let drawn = worst_link_excursion(&mut ps, PICKS, |ps| ps.pick(rng.next()));
+        assert!(spread < 24.0, "spread excursion {spread}");
+        assert!(
+            spread < 1.5 * early,
+            "spread {spread} vs {early} after a tenth"
+        );
+        assert!(drawn > 10.0 * spread, "drawn {drawn} vs spread {spread}");
+    }
+
+    /// The spread choice follows uneven weights as closely as the drawn one, and is the
+    /// same sequence for the same seed whatever later numbers the caller passes.
+    #[test]
+    fn spread_choice_follows_the_weights_and_only_the_first_number_seeds_it() {
+        let mut ps = PathSet::new(8);
+        feed(
+            &mut ps,
+            20,
+            4,
+            |p| 100 + 150 * u64::from(p),
+            |p, k| p == 7 && k % 4 == 0,
+        );
+        let shares = ps.weights().to_vec();
+        assert!(shares[0] > 2.0 * shares[7]);
+        let mut other = ps.clone();
+        let mut counts = [0u64; 8];
+        const PICKS: u64 = 10_000;
+        let mut rng = Lcg(9);
+        for k in 0..PICKS {
+            let r = rng.next();
+            let p = ps.pick_spread(r);
+            assert_eq!(
+                p,
+                other.pick_spread(if k == 0 { r } else { 12345 }),
+                "pick {k}"
+            );
+            counts[usize::from(p)] += 1;
+        }
+        for (c, s) in counts.iter().zip(&shares) {
+            let expect = s * PICKS as f64;
+            assert!((*c as f64 - expect).abs() < 3.0, "{counts:?} vs {shares:?}");
+        }
     }
 
     /// The guided choice gives exactly the path a binary search over the cumulative shares

@@ -31,6 +31,8 @@ use crate::{AckSample, Controller, ControllerFactory};
 /// | `rto_reset_threshold` | 1 | every retransmit timeout resets the window to `min_cwnd` |
 /// | `min_delay_window_ns` | 10 s | a min-delay sample older than this is replaced; CE-marked samples never set it |
 /// | `undo_spurious_losses` | `true` | a loss that proves spurious gives its decrease back |
+/// | `base_delay_scale` | 0 | distance scaling of the target off: on a software host the minimum delay is mostly scheduling, not distance |
+/// | `ai_ref_delay_ns` | 0 | distance scaling of the additive increase off, for the same reason |
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SwiftConfig {
     /// Base target delay, ns. With `target_above_min_delay` it is headroom added to the lowest
@@ -73,6 +75,18 @@ pub struct SwiftConfig {
     /// Undo a loss decrease when every loss behind it proves spurious
     /// ([`Controller::on_spurious_loss`]).
     pub undo_spurious_losses: bool,
+    /// Distance scaling of the target: headroom added per nanosecond of measured minimum
+    /// delay (with `target_above_min_delay`). A fixed headroom is a queue of a fixed number
+    /// of microseconds whatever the base round trip, so it shrinks, relative to the
+    /// bandwidth-delay product, as links get longer; scaling it keeps the allowed queue a
+    /// fixed fraction of the base delay. 0 turns it off.
+    pub base_delay_scale: f64,
+    /// Distance scaling of the additive increase: with a minimum delay above this many ns,
+    /// `ai` is added per `ai_ref_delay_ns` of time rather than per round trip (the increase
+    /// per round trip is `ai × min_delay / ai_ref_delay_ns`), so a long connection grows its
+    /// window, which is that many times larger, in the same time as a short one. 0 turns
+    /// it off.
+    pub ai_ref_delay_ns: u64,
 }
 
 impl Default for SwiftConfig {
@@ -96,6 +110,8 @@ impl Default for SwiftConfig {
             rto_reset_threshold: 1,
             min_delay_window_ns: 10_000_000_000,
             undo_spurious_losses: true,
+            base_delay_scale: 0.0,
+            ai_ref_delay_ns: 0,
         }
     }
 }
@@ -131,7 +147,7 @@ impl ControllerFactory for SwiftConfig {
 /// `target_above_min_delay`):
 ///
 /// ```text
-/// target = min_delay + base_target + per_hop × hops + fs(w)
+/// target = min_delay × (1 + base_delay_scale) + base_target + per_hop × hops + fs(w)
 /// fs(w)  = clamp(α / √w + β, 0, fs_range)
 /// α      = fs_range / (1/√fs_min_cwnd − 1/√fs_max_cwnd),   β = −α / √fs_max_cwnd
 /// ```
@@ -150,12 +166,23 @@ impl ControllerFactory for SwiftConfig {
 /// per `srtt / w` (4 ms at 0.01 packets and 40 µs) and ends up the job's tail. Until an
 /// unmarked sample arrives the target is the absolute `base_target + fs(w)`.
 ///
+/// **Distance scaling** (the paper's topology scaling, driven by the measured base delay
+/// rather than a hop count): a long connection (a link between sites, hundreds of µs of
+/// fibre) has a window many times a short one's and the same microseconds of headroom, so
+/// a fixed `base_target` lets it queue a vanishing fraction of its bandwidth-delay product,
+/// and one packet of additive increase per (long) round trip takes seconds to regain a
+/// halved window. `base_delay_scale` adds headroom in proportion to `min_delay`, and
+/// `ai_ref_delay_ns` makes the increase per unit of time rather than per round trip once
+/// `min_delay` exceeds it. A connection is one peer, so its paths share their ends and,
+/// on the fabrics Braid targets, their length; `min_delay` is the lowest over its paths.
+///
 /// **Per acknowledged packet** of `acked` bytes, with `delay` its fabric delay (or the latest
 /// one measured, when the sample carries none):
 ///
 /// ```text
-/// if delay < target:   cwnd += ai × mtu × acked / cwnd      (w ≥ 1: +ai packets per RTT)
-///                      cwnd += ai × acked                   (w < 1)
+/// if delay < target:   cwnd += ai' × mtu × acked / cwnd     (w ≥ 1: +ai' packets per RTT)
+///                      cwnd += ai' × acked                  (w < 1)
+/// ai' = ai × max(1, min_delay / ai_ref_delay)               (ai without distance scaling)
 /// elif can_decrease:   cwnd ×= max(1 − beta × (delay − target) / delay, 1 − max_mdf)
 /// ```
 ///
@@ -229,6 +256,7 @@ impl Swift {
         cfg.beta = finite_or(cfg.beta, 0.8).max(0.0);
         cfg.ai = finite_or(cfg.ai, 1.0).max(0.0);
         cfg.rtt_init_ns = cfg.rtt_init_ns.max(1);
+        cfg.base_delay_scale = finite_or(cfg.base_delay_scale, 0.0).max(0.0);
         let (fs_alpha, fs_beta) = flow_scaling_coefficients(&cfg);
         let mtu = f64::from(mtu.max(1));
         Swift {
@@ -292,12 +320,20 @@ impl Swift {
     fn target_f64(&self) -> f64 {
         let base = self.cfg.base_target_ns as f64
             + if self.cfg.target_above_min_delay {
-                self.min_delay_ns.unwrap_or(0) as f64
+                self.min_delay_ns.unwrap_or(0) as f64 * (1.0 + self.cfg.base_delay_scale)
             } else {
                 0.0
             };
         let hops = f64::from(self.hops.unwrap_or(self.cfg.assumed_hops));
         base + hops * self.cfg.per_hop_ns as f64 + self.flow_scaling(self.cwnd_packets())
+    }
+
+    /// The factor on `ai` from distance scaling (`ai_ref_delay_ns`): at least 1.
+    fn ai_scale(&self) -> f64 {
+        match (self.cfg.ai_ref_delay_ns, self.min_delay_ns) {
+            (r, Some(m)) if r > 0 && m > r => m as f64 / r as f64,
+            _ => 1.0,
+        }
     }
 
     fn can_decrease(&self, now: Timestamp) -> bool {
@@ -380,10 +416,11 @@ impl Controller for Swift {
                 }
             }
             _ => {
+                let ai = self.cfg.ai * self.ai_scale();
                 if self.cwnd >= self.mtu {
-                    self.cwnd += self.cfg.ai * self.mtu * acked / self.cwnd;
+                    self.cwnd += ai * self.mtu * acked / self.cwnd;
                 } else {
-                    self.cwnd += self.cfg.ai * acked;
+                    self.cwnd += ai * acked;
                 }
                 self.clamp();
             }
@@ -826,6 +863,65 @@ mod tests {
         assert_eq!(c.min_delay_ns(), Some(30_000));
         let w = c.cwnd_packets();
         assert_eq!(c.target_ns(), 30_000 + 50_000 + c.flow_scaling_ns(w));
+    }
+
+    /// Distance scaling: a fixed headroom above a 400 µs base delay (a long link) is the
+    /// short fabric's; scaled, it grows with the base, and the additive increase per round
+    /// trip grows with it too, while a short connection's target and increase do not move.
+    #[test]
+    fn distance_scaling_raises_target_and_increase_with_the_base_delay() {
+        let scaled = SwiftConfig {
+            base_target_ns: 15_000,
+            base_delay_scale: 0.25,
+            ai_ref_delay_ns: 20_000,
+            ..SwiftConfig::default()
+        };
+        let fixed = SwiftConfig {
+            base_delay_scale: 0.0,
+            ai_ref_delay_ns: 0,
+            ..scaled
+        };
+        // Long: 400 µs base delay.
+        let mut a = Swift::new(fixed, MTU);
+        let mut b = Swift::new(scaled, MTU);
+        for c in [&mut a, &mut b] {
+            ack(c, us(0), Some(400));
+        }
+        let (wa, wb) = (a.cwnd_packets(), b.cwnd_packets());
+        assert_eq!(a.target_ns(), 400_000 + 15_000 + a.flow_scaling_ns(wa));
+        assert_eq!(b.target_ns(), 500_000 + 15_000 + b.flow_scaling_ns(wb));
+        // One round trip of ACKs (a window's worth) below the target: +1 packet fixed,
+        // +400/20 = 20 packets scaled (17.5 from 64: the window grows within the round).
+        for c in [&mut a, &mut b] {
+            let n = c.cwnd_packets().round() as u64;
+            for i in 0..n {
+                ack(c, us(400 + i), Some(400));
+            }
+        }
+        let (ga, gb) = (a.cwnd_packets() - wa, b.cwnd_packets() - wb);
+        assert!(
+            (0.9..=1.1).contains(&ga),
+            "fixed: +{ga} packets in a round trip"
+        );
+        assert!(
+            (16.0..=20.5).contains(&gb),
+            "scaled: +{gb} packets in a round trip"
+        );
+        // Short: 10 µs base delay, below ai_ref_delay_ns: the increase is Swift's, and the
+        // target moves by a quarter of 10 µs only.
+        let mut s = Swift::new(scaled, MTU);
+        ack(&mut s, us(0), Some(10));
+        let w = s.cwnd_packets();
+        assert_eq!(s.target_ns(), 12_500 + 15_000 + s.flow_scaling_ns(w));
+        let n = w.round() as u64;
+        for i in 0..n {
+            ack(&mut s, us(10 + i), Some(10));
+        }
+        let g = s.cwnd_packets() - w;
+        assert!(
+            (0.9..=1.1).contains(&g),
+            "short: +{g} packets in a round trip"
+        );
     }
 
     fn ack_marked(c: &mut Swift, now: Timestamp, delay_us: u64, ce: bool) {

@@ -119,6 +119,14 @@ struct Cli {
     /// Override Swift's flow-scaling range, µs.
     #[arg(long)]
     swift_fs_us: Option<u64>,
+    /// Override Swift's distance scaling of the target (headroom per unit of base delay; 0
+    /// turns it off).
+    #[arg(long)]
+    swift_base_delay_scale: Option<f64>,
+    /// Override Swift's distance scaling of the additive increase: the base delay, µs,
+    /// above which the increase is per that much time instead of per round trip (0: off).
+    #[arg(long)]
+    swift_ai_ref_us: Option<u64>,
     /// Degrades the link from one spine down to leaf 0 (towards host 0, the incast receiver):
     /// `SPINE:KEY=VALUE[,KEY=VALUE...]` with keys
     /// `gbps` (rate), `queue-kb` (output queue, KB), `loss` (drop probability) and `ce`
@@ -224,6 +232,12 @@ impl Cli {
                     }
                     if let Some(fs) = self.swift_fs_us {
                         s.fs_range_ns = fs * 1000;
+                    }
+                    if let Some(k) = self.swift_base_delay_scale {
+                        s.base_delay_scale = k;
+                    }
+                    if let Some(r) = self.swift_ai_ref_us {
+                        s.ai_ref_delay_ns = r * 1000;
                     }
                 }
                 Ok(mode)

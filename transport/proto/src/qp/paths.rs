@@ -131,9 +131,10 @@ impl Qp {
         }
     }
 
-    /// A path for a new packet, drawn by the paths' weights.
+    /// A path for a new packet, by the paths' weights: the next point of the path set's
+    /// low-discrepancy sequence ([`PathSet::pick_spread`]), which the first draw seeds.
     pub(crate) fn next_path(&mut self, sh: &mut Shared) -> u8 {
-        self.route.paths.pick(sh.rng.next_u32()) as u8
+        self.route.paths.pick_spread(sh.rng.next_u32()) as u8
     }
 
     /// A path for a new data packet: drawn as [`next_path`](Self::next_path) does once per

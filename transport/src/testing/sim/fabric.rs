@@ -101,6 +101,8 @@ const RECV_TAG: u64 = 1 << 63;
 /// | `init_cwnd` | 32 packets | 64 | about the bandwidth-delay product (4 KiB packets, ~10 µs); 64 overfills the fabric at start |
 /// | `rtt_init_ns` | 20 µs | 100 µs | the fabric's round trip, before the first sample |
 /// | `rto_reset_threshold` | 3 | 1 | in an incast the first timeouts come from the initial burst; resetting the window to 0.01 packet on each starves a sender for milliseconds (as `SwiftConfig::software_host` also chooses) |
+/// | `base_delay_scale` | 0.25 | 0 | distance scaling: the target's headroom grows by a quarter of the measured base delay (2.5 µs on this fabric, 100 µs over 400 µs of long links) |
+/// | `ai_ref_delay_ns` | 20 µs | 0 | distance scaling: above a 20 µs base delay (longer than this fabric's round trip) the additive increase is one packet per 20 µs, not per round trip |
 ///
 /// The control law (additive increase of one packet per round trip, `beta` 0.8, `max_mdf`
 /// 0.5, pacing below one packet) is Swift's default.
@@ -111,6 +113,8 @@ pub fn fabric_swift() -> SwiftConfig {
         init_cwnd: 32.0,
         rtt_init_ns: 20_000,
         rto_reset_threshold: 3,
+        base_delay_scale: 0.25,
+        ai_ref_delay_ns: 20_000,
         ..SwiftConfig::default()
     }
 }
@@ -671,6 +675,24 @@ struct Work {
     recvs_done: u64,
     msgs_done: u64,
     last_completion_ns: u64,
+    /// Whether [`Work::start`] posted the initial work.
+    started: bool,
+}
+
+/// One flow of a [`Sim`], for tracing ([`Sim::flows`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FlowView {
+    /// Sending host.
+    pub from: usize,
+    /// Receiving host.
+    pub to: usize,
+    /// The sender's QP number (for [`Endpoint::qp_stats`] on host `from`).
+    pub qp_from: u32,
+    /// Bytes the flow carries in all.
+    pub bytes: u64,
+    /// When its last message completed, ns (0 while any is pending).
+    pub finish_ns: u64,
 }
 
 /// Real engines on a simulated fabric, driven by one [`Driver`]; see the [module
@@ -802,6 +824,7 @@ impl Sim {
             recvs_done: 0,
             msgs_done: 0,
             last_completion_ns: 0,
+            started: false,
         };
         Sim { driver, work }
     }
@@ -830,9 +853,55 @@ impl Sim {
     /// pending.
     pub fn run(&mut self) {
         let Sim { driver, work } = self;
-        work.start(driver);
+        if !work.started {
+            work.start(driver);
+        }
         let limit = Timestamp::from_nanos(work.scenario.max_sim_ns);
         driver.run_until(work, limit, |_, w| w.done());
+    }
+
+    /// Posts the initial work (on the first call) and runs until virtual time `until`,
+    /// [`Sim::done`], or nothing is pending: [`Sim::run`] in steps, for a caller that samples
+    /// the engines (through [`Sim::driver`] and [`Sim::flows`]) between them. Returns
+    /// whether the run is done.
+    pub fn run_until(&mut self, until: Timestamp) -> bool {
+        let Sim { driver, work } = self;
+        if !work.started {
+            work.start(driver);
+        }
+        let limit = Timestamp::from_nanos(work.scenario.max_sim_ns).min(until);
+        driver.run_until(work, limit, |_, w| w.done());
+        work.done()
+    }
+
+    /// The flows of the workload, in the order the scenario planned them: who sends to whom
+    /// on which QP, and when the flow's last message completed (0 while one is pending).
+    pub fn flows(&self) -> Vec<FlowView> {
+        let mut last = vec![0u64; self.work.flows.len()];
+        let mut pending = vec![false; self.work.flows.len()];
+        for m in &self.work.msgs {
+            let f = m.flow as usize;
+            match m.done_at {
+                Some(t) => last[f] = last[f].max(t),
+                None => pending[f] = true,
+            }
+        }
+        self.work
+            .flows
+            .iter()
+            .enumerate()
+            .map(|(i, f)| FlowView {
+                from: f.from,
+                to: f.to,
+                qp_from: f.qp_from,
+                bytes: f.total,
+                finish_ns: if pending[i] || f.posted < f.total {
+                    0
+                } else {
+                    last[i]
+                },
+            })
+            .collect()
     }
 
     /// Wake-ups that had to be pushed past an engine deadline already due (a sign of an
@@ -860,6 +929,7 @@ impl Work {
     }
 
     fn start(&mut self, d: &mut Driver<Fabric>) {
+        self.started = true;
         for f in 0..self.flows.len() {
             let flow = &self.flows[f];
             if flow.kind == FlowKind::Ring {
