@@ -630,6 +630,9 @@ pub struct Plots {
     pub receivers: usize,
     /// When each flow's last message completed, ns, sorted (a collective's completion CDF).
     pub flow_done_ns: Vec<u64>,
+    /// Queue depth distribution: percentiles 0, 1, ..., 100 of the largest queue of each
+    /// switch port in each bucket where the port carried traffic, bytes.
+    pub queue_cdf_bytes: Vec<f64>,
 }
 
 impl Report {
@@ -1458,11 +1461,23 @@ impl Work {
             }
         }
         let mut queue = vec![0u32; buckets];
+        let mut samples = Vec::new();
         for p in switch_ports {
             for (i, b) in series.port(*p).iter().take(buckets).enumerate() {
                 queue[i] = queue[i].max(b.max_queue_bytes);
+                if b.bytes > 0 {
+                    samples.push(u64::from(b.max_queue_bytes));
+                }
             }
         }
+        samples.sort_unstable();
+        let queue_cdf_bytes = if samples.is_empty() {
+            Vec::new()
+        } else {
+            (0..=100)
+                .map(|q| quantile(&samples, f64::from(q) / 100.0) as f64)
+                .collect()
+        };
         let secs = finish_ns as f64 / 1e9;
         let mut receivers: Vec<usize> = self.flows.iter().map(|f| f.to).collect();
         receivers.sort_unstable();
@@ -1480,6 +1495,7 @@ impl Work {
                 .map(|p| fabric.port_stats(*p).bytes as f64 * 8.0 / secs / 1e9)
                 .collect(),
             flow_done_ns: Vec::new(),
+            queue_cdf_bytes,
         }
     }
 }
