@@ -1,5 +1,6 @@
 //! Fabric-scale simulation: real Braid engines ([`Endpoint`]) on a simulated leaf-spine fabric
-//! ([`braid_datapath::fabric`]), on virtual time, under the traffic of a collective or a
+//! ([`braid_datapath::fabric`]), or on a rail-optimized, three-tier or two-site one
+//! ([`Scenario::topology`], [`Topo`]), on virtual time, under the traffic of a collective or a
 //! storage cluster.
 //!
 //! What it does not do: it does not change the engine (every endpoint is the unmodified
@@ -42,6 +43,19 @@
 //!   receive completion of its immediate), as a pipelined ring all-reduce does. The ring
 //!   visits the leaves in turn, so every hop crosses the spines.
 //!
+//! - **tree all-reduce**: a binary tree per collective group (one per rail on a
+//!   rail-optimized fabric, [`Topo::collective_groups`]), the vector cut into slices that are
+//!   reduced up (a host sends slice `k` to its parent once every child's slice `k` landed) and
+//!   broadcast down, pipelined;
+//! - **mixed tenant**: a latency job (every fourth host, one small WRITE at a time) with or
+//!   without a background all-to-all among the other hosts; [`Report::jobs`] has each job's
+//!   completion times.
+//!
+//! On a rail-optimized fabric every NIC is one endpoint, ring and tree all-reduce run one
+//! ring (tree) per rail with the vector split between the rails, and permutation and
+//! all-to-all are rail-aligned (NIC `r` to NIC `r` of the peer server), as a rail-aware
+//! library moves data between rails inside a server.
+//!
 //! Streams (the first three) keep `outstanding` messages posted per flow, and post the next
 //! when one completes, so a message's completion time is measured from its posting to its
 //! send completion (the acknowledgement of its last byte).
@@ -67,7 +81,10 @@
 //! lower bound that any transport and routing must respect: the payload bytes that must cross
 //! each host link and each leaf's spine-facing links, over their raw line rate (so Ethernet,
 //! IP, UDP and Braid headers and ACKs all count against the transport). For the ring it is
-//! `2 (N − 1) / N × V` over the host link rate. Queue occupancy is that of switch output ports
+//! `2 (N − 1) / N × V` over the host link rate. On the other fabrics the ideal is the same
+//! kind of bound, generalised: the largest of each host's bytes over its link rate and each
+//! cut's (leaf, pod, site: [`braid_datapath::fabric::Cut`]) bytes across it over its
+//! capacity. Queue occupancy is that of switch output ports
 //! only (host NICs excluded).
 use std::sync::Arc;
 
