@@ -12,7 +12,8 @@
 //!
 //! A [`Topology`] is a graph of hosts and switches joined by pairs of directed *ports*; each
 //! port is the output queue of its node plus the link to the next one, with its own
-//! [`PortConfig`]. [`LeafSpine`] builds the usual two-tier Clos. A packet a host sends goes
+//! [`PortConfig`]. [`LeafSpine`] builds the usual two-tier Clos; [`RailOptimized`],
+//! [`ThreeTier`] and [`ScaleAcross`] the larger shapes of AI clusters (see their module). A packet a host sends goes
 //! through its NIC port to its switch; each switch looks up the equal-cost output ports
 //! towards the destination host and picks one by hashing the packet's 5-tuple
 //! `(src ip, dst ip, src port, dst port, 17)` with a per-switch seed, so one flow always takes
@@ -94,6 +95,11 @@ use crate::net::rng::{mix64, splitmix64, unit};
 use crate::net::{AddrMap, Backlog, EventQueue, Network, path_source};
 pub use crate::net::{Delivery, HostId};
 use crate::{Ecn, RecvMeta, Transmit};
+
+mod shapes;
+pub use shapes::{
+    Cut, FIBRE_NS_PER_KM, RailOptimized, ScaleAcross, SwitchPorts, ThreeTier, clos_host_addr,
+};
 
 /// Payload bytes a trimmed packet keeps (enough for Braid's header and a little more).
 pub const TRIM_PAYLOAD_BYTES: usize = 64;

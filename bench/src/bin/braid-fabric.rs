@@ -14,8 +14,10 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use braid::datapath::fabric::LeafSpine;
-use braid_bench::fabric::{self, EngineKnobs, LinkChange, Mode, Report, Scenario, Workload};
+use braid::datapath::fabric::{LeafSpine, RailOptimized, ScaleAcross, SwitchPorts, ThreeTier};
+use braid_bench::fabric::{
+    self, EngineKnobs, JobStats, LinkChange, Mode, Report, Scenario, Topo, Workload,
+};
 use clap::Parser;
 use plotters::prelude::*;
 
@@ -26,6 +28,48 @@ use plotters::prelude::*;
     about = "Braid on a simulated leaf-spine fabric: ECMP vs spraying vs spraying with congestion control"
 )]
 struct Cli {
+    /// Fabric: leaf-spine; rail (rail-optimized: --servers-per-su, --sus, --rails, --spines);
+    /// three-tier (--hosts-per-leaf, --leaves and --spines per pod, --pods, --super-spines,
+    /// --oversubscription at the leaves, --spine-oversubscription); scale-across (two
+    /// leaf-spine sites of --hosts-per-leaf, --leaves, --spines joined by --long-links).
+    #[arg(long, default_value = "leaf-spine")]
+    topology: String,
+    /// Rail-optimized: servers per scalable unit.
+    #[arg(long, default_value_t = 4)]
+    servers_per_su: usize,
+    /// Rail-optimized: scalable units.
+    #[arg(long, default_value_t = 2)]
+    sus: usize,
+    /// Rail-optimized: NICs (rails) per server; each NIC is one endpoint.
+    #[arg(long, default_value_t = 8)]
+    rails: usize,
+    /// Three-tier: pods.
+    #[arg(long, default_value_t = 4)]
+    pods: usize,
+    /// Three-tier: super-spines.
+    #[arg(long, default_value_t = 4)]
+    super_spines: usize,
+    /// Three-tier: a pod's leaf-facing over super-spine-facing capacity.
+    #[arg(long, default_value_t = 1.0)]
+    spine_oversubscription: f64,
+    /// Scale-across: links between the two sites.
+    #[arg(long, default_value_t = 4)]
+    long_links: usize,
+    /// Scale-across: rate of each long link, Gbit/s.
+    #[arg(long, default_value_t = 100.0)]
+    long_gbps: f64,
+    /// Scale-across: distance between the sites, km of fibre (5 µs per km).
+    #[arg(long, default_value_t = 10.0)]
+    distance_km: f64,
+    /// Scale-across: output queue of the long links, KiB.
+    #[arg(long, default_value_t = 4096)]
+    long_queue_kib: usize,
+    /// Mixed tenant: message size of the latency job.
+    #[arg(long, value_parser = parse_size, default_value = "4K")]
+    lat_msg: u64,
+    /// Mixed tenant: messages each latency host sends, one at a time.
+    #[arg(long, default_value_t = 50)]
+    lat_msgs: u32,
     /// Hosts under each leaf switch.
     #[arg(long, default_value_t = 8)]
     hosts_per_leaf: usize,
@@ -181,6 +225,132 @@ impl Cli {
         }
     }
 
+    fn topo(&self) -> Result<Option<Topo>, String> {
+        let ls = self.fabric();
+        let ports = SwitchPorts {
+            prop_delay_ns: ls.prop_delay_ns,
+            queue_bytes: ls.queue_bytes,
+            ecn_threshold_bytes: ls.ecn_threshold_bytes,
+            trim: ls.trim,
+        };
+        Ok(Some(match self.topology.as_str() {
+            "leaf-spine" => return Ok(None),
+            "rail" => Topo::Rail(RailOptimized {
+                servers_per_su: self.servers_per_su,
+                sus: self.sus,
+                rails: self.rails,
+                spines: self.spines,
+                host_link_gbps: ls.host_link_gbps,
+                oversubscription: self.oversubscription.unwrap_or(1.0),
+                ports,
+                ..RailOptimized::default()
+            }),
+            "three-tier" => Topo::ThreeTier(ThreeTier {
+                hosts_per_leaf: self.hosts_per_leaf,
+                leaves_per_pod: self.leaves,
+                spines_per_pod: self.spines,
+                pods: self.pods,
+                super_spines: self.super_spines,
+                host_link_gbps: ls.host_link_gbps,
+                leaf_oversubscription: self.oversubscription.unwrap_or(1.0),
+                spine_oversubscription: self.spine_oversubscription,
+                ports,
+                ..ThreeTier::default()
+            }),
+            "scale-across" => Topo::ScaleAcross(ScaleAcross {
+                site: ls,
+                long_links: self.long_links,
+                long_link_gbps: self.long_gbps,
+                distance_km: self.distance_km,
+                long_queue_bytes: self.long_queue_kib << 10,
+            }),
+            t => return Err(format!("unknown topology {t:?}")),
+        }))
+    }
+
+    /// One line saying what the fabric is.
+    fn describe(&self, ls: &LeafSpine, topo: Option<&Topo>) -> String {
+        let queues = format!(
+            "{} ns per link, {} KiB queues, ECN above {}, trimming {}",
+            ls.prop_delay_ns,
+            ls.queue_bytes >> 10,
+            ls.ecn_threshold_bytes
+                .map_or("never".to_string(), |k| format!("{} KB", k / 1000)),
+            if ls.trim { "on" } else { "off" },
+        );
+        match topo {
+            None => format!(
+                "leaf-spine: {} hosts = {} leaves x {} hosts, {} spines; host links {} Gbit/s, leaf-spine {:.1} Gbit/s (oversubscription {:.2}); {queues}",
+                ls.hosts(),
+                ls.leaves,
+                ls.hosts_per_leaf,
+                ls.spines,
+                ls.host_link_gbps,
+                ls.spine_link_bps() as f64 / 1e9,
+                ls.oversubscription_ratio(),
+            ),
+            Some(Topo::Rail(r)) => format!(
+                "rail-optimized: {} NICs (endpoints) = {} servers x {} rails, in {} scalable units of {} servers; {} rail leaves, {} spines; NIC links {} Gbit/s, leaf-spine {:.1} Gbit/s (oversubscription {:.2}); {queues}",
+                r.hosts(),
+                r.servers(),
+                r.rails,
+                r.sus,
+                r.servers_per_su,
+                r.leaves(),
+                r.spines,
+                r.host_link_gbps,
+                r.spine_link_bps() as f64 / 1e9,
+                r.oversubscription,
+            ),
+            Some(Topo::ThreeTier(t)) => format!(
+                "three-tier: {} hosts = {} pods x {} leaves x {} hosts; {} spines per pod, {} super-spines; host links {} Gbit/s, leaf-spine {:.1} Gbit/s ({:.2}:1), spine-super-spine {:.1} Gbit/s ({:.2}:1); {queues}",
+                t.hosts(),
+                t.pods,
+                t.leaves_per_pod,
+                t.hosts_per_leaf,
+                t.spines_per_pod,
+                t.super_spines,
+                t.host_link_gbps,
+                t.leaf_link_bps() as f64 / 1e9,
+                t.leaf_oversubscription,
+                t.super_link_bps() as f64 / 1e9,
+                t.spine_oversubscription,
+            ),
+            Some(Topo::ScaleAcross(x)) => format!(
+                "scale-across: {} hosts in two sites of {} leaves x {} hosts with {} spines, joined by {} long links of {} Gbit/s, {} km ({} µs one way), {} KiB queues on the long links; host links {} Gbit/s, leaf-spine {:.1} Gbit/s; {queues}",
+                x.hosts(),
+                x.site.leaves,
+                x.site.hosts_per_leaf,
+                x.site.spines,
+                x.long_links,
+                x.long_link_gbps,
+                x.distance_km,
+                x.long_delay_ns() / 1000,
+                x.long_queue_bytes >> 10,
+                x.site.host_link_gbps,
+                x.site.spine_link_bps() as f64 / 1e9,
+            ),
+        }
+    }
+
+    fn workloads(&self, name: &str, hosts: usize) -> Option<Vec<Workload>> {
+        let mixed = |background| Workload::MixedTenant {
+            background,
+            bg_bytes_per_pair: self.bytes.unwrap_or(128 << 10),
+            bg_msg_bytes: self.msg.unwrap_or(64 << 10).min(u64::from(u32::MAX)) as u32,
+            lat_msg_bytes: self.lat_msg.min(u64::from(u32::MAX)) as u32,
+            lat_msgs: self.lat_msgs,
+        };
+        Some(match name {
+            "tree-allreduce" => vec![Workload::TreeAllReduce {
+                vector_bytes: self.bytes.unwrap_or(8 << 20),
+                slices: self.slices,
+            }],
+            "mixed-tenant" => vec![mixed(false), mixed(true)],
+            _ => vec![self.workload(name, hosts)?],
+        })
+    }
+
     fn workload(&self, name: &str, hosts: usize) -> Option<Workload> {
         let msg = |d: u64| self.msg.unwrap_or(d).min(u64::from(u32::MAX)) as u32;
         Some(match name {
@@ -249,10 +419,24 @@ impl Cli {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let ls = cli.fabric();
+    let topo = match cli.topo() {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("braid-fabric: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let workloads: Vec<&str> = if cli.workload == "all" {
-        vec!["permutation", "incast", "all-to-all", "ring-allreduce"]
+        vec![
+            "permutation",
+            "incast",
+            "all-to-all",
+            "ring-allreduce",
+            "tree-allreduce",
+            "mixed-tenant",
+        ]
     } else {
-        vec![cli.workload.as_str()]
+        cli.workload.split(',').map(str::trim).collect()
     };
     let modes = match cli.modes() {
         Ok(m) => m,
@@ -268,40 +452,39 @@ fn main() -> ExitCode {
         burst: cli.burst,
         ..EngineKnobs::default()
     };
-    println!(
-        "fabric: {} hosts = {} leaves x {} hosts, {} spines; host links {} Gbit/s, leaf-spine {:.1} Gbit/s (oversubscription {:.2}); {} ns per link; {} KiB queues, ECN above {}; trimming {}",
-        ls.hosts(),
-        ls.leaves,
-        ls.hosts_per_leaf,
-        ls.spines,
-        ls.host_link_gbps,
-        ls.spine_link_bps() as f64 / 1e9,
-        ls.oversubscription_ratio(),
-        ls.prop_delay_ns,
-        cli.queue_kib,
-        ls.ecn_threshold_bytes
-            .map_or("never".to_string(), |k| format!("{} KB", k / 1000)),
-        if ls.trim { "on" } else { "off" },
-    );
+    println!("fabric: {}", cli.describe(&ls, topo.as_ref()));
+    let hosts = topo.as_ref().map_or(ls.hosts(), Topo::hosts);
     let mut reports: Vec<Report> = Vec::new();
     for w in &workloads {
-        let Some(workload) = cli.workload(w, ls.hosts()) else {
+        let Some(workload_set) = cli.workloads(w, hosts) else {
             eprintln!("braid-fabric: unknown workload {w:?}");
             return ExitCode::FAILURE;
         };
-        println!("\n{workload:?}\n\n{}", Report::table_header());
-        for mode in &modes {
-            let mut s = Scenario::new(ls.clone(), workload.clone(), mode.clone(), cli.seed);
-            s.engine = engine.clone();
-            s.series_interval_ns = cli.bucket_us.max(1) * 1000;
-            s.downlinks = cli.downlink.clone();
-            let r = fabric::run(&s);
-            println!("{}", r.row());
-            reports.push(r);
+        for workload in workload_set {
+            println!("\n{workload:?}\n\n{}", Report::table_header());
+            for mode in &modes {
+                let mut s = match &topo {
+                    Some(t) => Scenario::on(t.clone(), workload.clone(), mode.clone(), cli.seed),
+                    None => Scenario::new(ls.clone(), workload.clone(), mode.clone(), cli.seed),
+                };
+                let rto_initial_ns = s.engine.rto_initial_ns;
+                s.engine = EngineKnobs {
+                    rto_initial_ns,
+                    ..engine.clone()
+                };
+                s.series_interval_ns = cli.bucket_us.max(1) * 1000;
+                s.downlinks = cli.downlink.clone();
+                let r = fabric::run(&s);
+                println!("{}", r.row());
+                for j in &r.jobs {
+                    println!("  job {}: {}", j.name, job_cells(j));
+                }
+                reports.push(r);
+            }
         }
     }
     println!("\n{}", speed_table(&reports));
-    let raw = cli.speed.then(|| {
+    let raw = (cli.speed && topo.is_none()).then(|| {
         let (pkts, hops, wall) = fabric::raw_fabric_speed(&ls, 20_000, cli.max_datagram, cli.seed);
         let line = format!(
             "fabric model alone (no engines): {pkts} datagrams, {hops} hops in {wall:.2} CPU s: {:.2} M datagrams/s, {:.2} M hops/s",
@@ -314,12 +497,30 @@ fn main() -> ExitCode {
     if cli.no_write {
         return ExitCode::SUCCESS;
     }
-    if let Err(e) = write_results(&cli, &ls, &workloads, &reports, raw.as_deref()) {
+    if let Err(e) = write_results(
+        &cli,
+        &ls,
+        topo.as_ref(),
+        &workloads,
+        &reports,
+        raw.as_deref(),
+    ) {
         eprintln!("braid-fabric: writing {}: {e}", cli.out.display());
         return ExitCode::FAILURE;
     }
     println!("wrote {}", cli.out.display());
     ExitCode::SUCCESS
+}
+
+fn job_cells(j: &JobStats) -> String {
+    format!(
+        "{} messages, MCT p50 {:.1} µs, p99 {:.1} µs, max {:.1} µs, last done at {:.1} µs",
+        j.messages,
+        j.mct_p50_ns as f64 / 1000.0,
+        j.mct_p99_ns as f64 / 1000.0,
+        j.mct_max_ns as f64 / 1000.0,
+        j.finish_ns as f64 / 1000.0
+    )
 }
 
 fn speed_table(reports: &[Report]) -> String {
@@ -364,6 +565,7 @@ type Res<T> = Result<T, Box<dyn std::error::Error>>;
 fn write_results(
     cli: &Cli,
     ls: &LeafSpine,
+    topo: Option<&Topo>,
     workloads: &[&str],
     reports: &[Report],
     raw: Option<&str>,
@@ -382,26 +584,49 @@ fn write_results(
          `braid-fabric` (`bench/src/bin/braid-fabric.rs`); regenerate with\n\n```\ncargo run --release -p braid-bench --bin braid-fabric -- {}\n```\n",
         std::env::args().skip(1).collect::<Vec<_>>().join(" ")
     );
-    let _ = writeln!(
-        md,
-        "**Fabric**: {} hosts ({} leaves × {}), {} spines, host links {} Gbit/s, leaf–spine links \
+    if let Some(t) = topo {
+        let _ = writeln!(
+            md,
+            "**Fabric**: {}. Frames carry {} bytes of Ethernet/IP/UDP overhead (preamble and \
+             gap included).\n\n\
+             **Ideal** (the collective's lower bound on this fabric): the largest of, for each \
+             host, the payload bytes it sends or receives over its link rate, and for each group \
+             of hosts under one leaf{} the payload bytes leaving or entering the group over the \
+             capacity joining it to the rest: `ideal = max(max_h bytes(h) / B_host, max_g \
+             bytes(g) / C(g))`. For a ring all-reduce of V over n endpoints (R rails of m) each \
+             NIC sends 2 (m − 1) / m × V / R; for the binary tree an inner node sends and \
+             receives 3 × V / R. Propagation delay is not in the bound (it is a bandwidth \
+             bound).\n",
+            cli.describe(ls, Some(t)),
+            t.frame_overhead_bytes(),
+            match t {
+                Topo::ThreeTier(_) => ", under one pod",
+                Topo::ScaleAcross(_) => ", in one site",
+                Topo::Rail(_) => " (a rail leaf)",
+            },
+        );
+    } else {
+        let _ = writeln!(
+            md,
+            "**Fabric**: {} hosts ({} leaves × {}), {} spines, host links {} Gbit/s, leaf–spine links \
          {:.1} Gbit/s (oversubscription {:.2}), {} ns per link, {} KiB output queues, ECN \
          marking above {}, trimming {}. Frames carry {} bytes of Ethernet/IP/UDP overhead \
          (preamble and gap included).\n",
-        ls.hosts(),
-        ls.leaves,
-        ls.hosts_per_leaf,
-        ls.spines,
-        ls.host_link_gbps,
-        ls.spine_link_bps() as f64 / 1e9,
-        ls.oversubscription_ratio(),
-        ls.prop_delay_ns,
-        ls.queue_bytes >> 10,
-        ls.ecn_threshold_bytes
-            .map_or("never".to_string(), |k| format!("{} KB", k / 1000)),
-        if ls.trim { "on" } else { "off" },
-        ls.fabric.frame_overhead_bytes,
-    );
+            ls.hosts(),
+            ls.leaves,
+            ls.hosts_per_leaf,
+            ls.spines,
+            ls.host_link_gbps,
+            ls.spine_link_bps() as f64 / 1e9,
+            ls.oversubscription_ratio(),
+            ls.prop_delay_ns,
+            ls.queue_bytes >> 10,
+            ls.ecn_threshold_bytes
+                .map_or("never".to_string(), |k| format!("{} KB", k / 1000)),
+            if ls.trim { "on" } else { "off" },
+            ls.fabric.frame_overhead_bytes,
+        );
+    }
     let _ = writeln!(
         md,
         "**Engine**: {}-byte datagrams, retransmit timeout floor {} µs, seed {}. Modes: \
@@ -447,7 +672,10 @@ fn write_results(
         payload / (data + ack) * 100.0
     );
     for w in workloads {
-        let rs: Vec<&Report> = reports.iter().filter(|r| r.workload == *w).collect();
+        let rs: Vec<&Report> = reports
+            .iter()
+            .filter(|r| r.workload == *w || (*w == "mixed-tenant" && r.workload == "latency-alone"))
+            .collect();
         if rs.is_empty() {
             continue;
         }
@@ -455,13 +683,55 @@ fn write_results(
         for r in &rs {
             let _ = writeln!(md, "{}", r.row());
         }
+        if rs.iter().any(|r| !r.jobs.is_empty()) {
+            let _ = writeln!(
+                md,
+                "\nThe jobs on their own (latency-alone: the latency job without the background \
+                 all-to-all; mixed-tenant: beside it):\n\n| workload | mode | job | messages | MCT p50 | MCT p99 | MCT max | last done |\n|---|---|---|---:|---:|---:|---:|---:|"
+            );
+            for r in &rs {
+                for j in &r.jobs {
+                    let _ = writeln!(
+                        md,
+                        "| {} | {} | {} | {} | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} µs |",
+                        r.workload,
+                        r.mode,
+                        j.name,
+                        j.messages,
+                        j.mct_p50_ns as f64 / 1000.0,
+                        j.mct_p99_ns as f64 / 1000.0,
+                        j.mct_max_ns as f64 / 1000.0,
+                        j.finish_ns as f64 / 1000.0
+                    );
+                }
+            }
+        }
         let base = w.replace(' ', "-");
+        let label = |r: &Report| {
+            if rs.iter().any(|o| o.workload != r.workload) {
+                format!("{} {}", r.workload, r.mode)
+            } else {
+                r.mode.clone()
+            }
+        };
         plot_throughput(&cli.out.join(format!("{base}-throughput.svg")), w, &rs)?;
         plot_uplinks(&cli.out.join(format!("{base}-uplinks.svg")), w, &rs)?;
         plot_queue(&cli.out.join(format!("{base}-queue.svg")), w, &rs)?;
+        plot_queue_cdf(
+            &cli.out.join(format!("{base}-queue-cdf.svg")),
+            w,
+            &rs,
+            &label,
+        )?;
+        plot_completion_cdf(
+            &cli.out.join(format!("{base}-completion-cdf.svg")),
+            w,
+            &rs,
+            &label,
+        )?;
         let _ = writeln!(
             md,
-            "\n![{w}: throughput]({base}-throughput.svg)\n![{w}: uplink load]({base}-uplinks.svg)\n![{w}: switch queue]({base}-queue.svg)\n"
+            "\n![{w}: throughput]({base}-throughput.svg)\n![{w}: uplink load]({base}-uplinks.svg)\n![{w}: switch queue]({base}-queue.svg)\n![{w}: queue depth CDF]({base}-queue-cdf.svg)\n![{w}: completion CDF]({base}-completion-cdf.svg)\n"
         );
     }
     let find = |w: &str, m: &str| reports.iter().find(|r| r.workload == w && r.mode == m);
@@ -635,6 +905,63 @@ fn plot_queue(path: &Path, w: &str, rs: &[&Report]) -> Res<()> {
         &format!("{w}: largest switch queue"),
         "time (µs)",
         "KB",
+        &series,
+    )
+}
+
+fn plot_queue_cdf(
+    path: &Path,
+    w: &str,
+    rs: &[&Report],
+    label: &dyn Fn(&Report) -> String,
+) -> Res<()> {
+    // x: queue depth (KB), y: fraction of (switch port, 10 µs bucket) samples at or below.
+    let series: Vec<(String, Vec<(f64, f64)>)> = rs
+        .iter()
+        .map(|r| {
+            let pts = r
+                .plots
+                .queue_cdf_bytes
+                .iter()
+                .enumerate()
+                .map(|(q, b)| (b / 1000.0, q as f64 / 100.0))
+                .collect();
+            (label(r), pts)
+        })
+        .collect();
+    line_chart(
+        path,
+        &format!("{w}: switch queue depth CDF (largest per port per bucket, busy ports)"),
+        "queue depth (KB)",
+        "fraction of samples",
+        &series,
+    )
+}
+
+fn plot_completion_cdf(
+    path: &Path,
+    w: &str,
+    rs: &[&Report],
+    label: &dyn Fn(&Report) -> String,
+) -> Res<()> {
+    let series: Vec<(String, Vec<(f64, f64)>)> = rs
+        .iter()
+        .map(|r| {
+            let done = &r.plots.flow_done_ns;
+            let n = done.len().max(1) as f64;
+            let pts = done
+                .iter()
+                .enumerate()
+                .map(|(i, t)| (*t as f64 / 1000.0, (i + 1) as f64 / n))
+                .collect();
+            (label(r), pts)
+        })
+        .collect();
+    line_chart(
+        path,
+        &format!("{w}: flow completion CDF (each flow's last message)"),
+        "time (µs)",
+        "fraction of flows done",
         &series,
     )
 }

@@ -11,6 +11,7 @@
 mod burst;
 mod encryption;
 mod fabric;
+mod fabric_shapes;
 mod fault_matrix;
 mod fuzz_corpus;
 mod hostile;

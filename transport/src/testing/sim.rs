@@ -8,5 +8,6 @@
 //! each write it again.
 pub mod driver;
 pub mod fabric;
+pub mod topo;
 
 pub use driver::{CqQueues, Driver, DriverConfig, Handler, HostModel, Livelock, Service};

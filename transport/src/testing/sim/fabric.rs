@@ -1,5 +1,6 @@
 //! Fabric-scale simulation: real Braid engines ([`Endpoint`]) on a simulated leaf-spine fabric
-//! ([`braid_datapath::fabric`]), on virtual time, under the traffic of a collective or a
+//! ([`braid_datapath::fabric`]), or on a rail-optimized, three-tier or two-site one
+//! ([`Scenario::topology`], [`Topo`]), on virtual time, under the traffic of a collective or a
 //! storage cluster.
 //!
 //! What it does not do: it does not change the engine (every endpoint is the unmodified
@@ -42,6 +43,19 @@
 //!   receive completion of its immediate), as a pipelined ring all-reduce does. The ring
 //!   visits the leaves in turn, so every hop crosses the spines.
 //!
+//! - **tree all-reduce**: a binary tree per collective group (one per rail on a
+//!   rail-optimized fabric, [`Topo::collective_groups`]), the vector cut into slices that are
+//!   reduced up (a host sends slice `k` to its parent once every child's slice `k` landed) and
+//!   broadcast down, pipelined;
+//! - **mixed tenant**: a latency job (every fourth host, one small WRITE at a time) with or
+//!   without a background all-to-all among the other hosts; [`Report::jobs`] has each job's
+//!   completion times.
+//!
+//! On a rail-optimized fabric every NIC is one endpoint, ring and tree all-reduce run one
+//! ring (tree) per rail with the vector split between the rails, and permutation and
+//! all-to-all are rail-aligned (NIC `r` to NIC `r` of the peer server), as a rail-aware
+//! library moves data between rails inside a server.
+//!
 //! Streams (the first three) keep `outstanding` messages posted per flow, and post the next
 //! when one completes, so a message's completion time is measured from its posting to its
 //! send completion (the acknowledgement of its last byte).
@@ -67,7 +81,10 @@
 //! lower bound that any transport and routing must respect: the payload bytes that must cross
 //! each host link and each leaf's spine-facing links, over their raw line rate (so Ethernet,
 //! IP, UDP and Braid headers and ACKs all count against the transport). For the ring it is
-//! `2 (N − 1) / N × V` over the host link rate. Queue occupancy is that of switch output ports
+//! `2 (N − 1) / N × V` over the host link rate. On the other fabrics the ideal is the same
+//! kind of bound, generalised: the largest of each host's bytes over its link rate and each
+//! cut's (leaf, pod, site: [`braid_datapath::fabric::Cut`]) bytes across it over its
+//! capacity. Queue occupancy is that of switch output ports
 //! only (host NICs excluded).
 use std::sync::Arc;
 
@@ -81,6 +98,7 @@ use braid_proto::{
 use serde::Serialize;
 
 use super::driver::{Driver, DriverConfig, Handler, Service};
+pub use super::topo::Topo;
 
 /// Datagrams shorter than this (ACKs, NAKs) are copied into the fabric rather than handed
 /// over in the engine's full-size buffer.
@@ -275,6 +293,34 @@ pub enum Workload {
         /// landed, as NCCL pipelines a ring).
         slices: u32,
     },
+    /// A tree all-reduce of a `vector_bytes` vector: a binary tree over the hosts of each
+    /// collective group (one per rail on a rail-optimized fabric, the vector split between
+    /// them); the vector is cut into `slices` WRITEs (with immediate) that go up the tree
+    /// (a host sends slice `k` to its parent once slice `k` of each child has landed) and
+    /// back down from the root (a host forwards slice `k` to its children as it lands).
+    TreeAllReduce {
+        /// Size of the reduced vector, bytes (all groups together).
+        vector_bytes: u64,
+        /// WRITEs the vector is cut into.
+        slices: u32,
+    },
+    /// Two tenants: a latency-sensitive job of every fourth host, each WRITE-ing `lat_msgs`
+    /// messages of `lat_msg_bytes` one at a time to the next host of the job, and (when
+    /// `background`) an all-to-all of `bg_bytes_per_pair` between the other hosts. Run once
+    /// with and once without the background job: the latency job's completion times are the
+    /// isolation.
+    MixedTenant {
+        /// Whether the background all-to-all runs.
+        background: bool,
+        /// Bytes per ordered pair of the background all-to-all.
+        bg_bytes_per_pair: u64,
+        /// Message size of the background job.
+        bg_msg_bytes: u32,
+        /// Message size of the latency job.
+        lat_msg_bytes: u32,
+        /// Messages each latency host sends, one after the other.
+        lat_msgs: u32,
+    },
 }
 
 impl Workload {
@@ -285,6 +331,13 @@ impl Workload {
             Workload::Incast { .. } => "incast",
             Workload::AllToAll { .. } => "all-to-all",
             Workload::RingAllReduce { .. } => "ring-allreduce",
+            Workload::TreeAllReduce { .. } => "tree-allreduce",
+            Workload::MixedTenant {
+                background: true, ..
+            } => "mixed-tenant",
+            Workload::MixedTenant {
+                background: false, ..
+            } => "latency-alone",
         }
     }
 }
@@ -340,8 +393,11 @@ pub struct Scenario {
     /// Virtual time after which the run gives up, ns.
     pub max_sim_ns: u64,
     /// Changes to the links from the spines down to leaf 0 (the routes towards host 0, the
-    /// incast receiver), applied once the fabric is built: degraded routes.
+    /// incast receiver), applied once the fabric is built: degraded routes. Leaf-spine
+    /// only.
     pub downlinks: Vec<LinkChange>,
+    /// Another fabric to run on instead of `fabric` (`None`: the leaf-spine).
+    pub topology: Option<Topo>,
 }
 
 /// A change to the link from one spine down to leaf 0, to model a degraded route towards
@@ -439,7 +495,30 @@ impl Scenario {
             series_interval_ns: 10_000,
             max_sim_ns: 1_000_000_000,
             downlinks: Vec::new(),
+            topology: None,
         }
+    }
+
+    /// A scenario on `topo` (see [`Scenario::new`]); the retransmit timeout before the first
+    /// sample is at least three of the fabric's base round trips (the two sites of a
+    /// scale-across fabric are hundreds of µs apart).
+    pub fn on(topo: Topo, workload: Workload, mode: Mode, seed: u64) -> Self {
+        let mut s = Scenario::new(LeafSpine::default(), workload, mode, seed);
+        s.engine.rto_initial_ns = s.engine.rto_initial_ns.max(3 * topo.base_rtt_ns());
+        s.topology = Some(topo);
+        s
+    }
+
+    /// Name of the fabric (`leaf-spine` or the [`Topo`]'s).
+    pub fn topology_name(&self) -> &'static str {
+        self.topology.as_ref().map_or("leaf-spine", Topo::name)
+    }
+
+    /// Number of hosts of the fabric the scenario runs on.
+    pub fn hosts(&self) -> usize {
+        self.topology
+            .as_ref()
+            .map_or(self.fabric.hosts(), Topo::hosts)
     }
 
     /// The engine configuration every host gets (its seed is mixed per host).
@@ -533,9 +612,28 @@ pub struct Report {
     pub datagrams_per_s: f64,
     /// Packet hops per CPU second (not deterministic).
     pub hops_per_s: f64,
+    /// The jobs of a multi-tenant workload, each on its own (empty otherwise).
+    pub jobs: Vec<JobStats>,
     /// Time series for plots.
     #[serde(skip)]
     pub plots: Plots,
+}
+
+/// The completion times of one job of a multi-tenant workload.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct JobStats {
+    /// Job name (`background`, `latency`).
+    pub name: String,
+    /// Messages the job completed.
+    pub messages: u64,
+    /// When the job's last message completed, ns.
+    pub finish_ns: u64,
+    /// Message completion time, median, ns.
+    pub mct_p50_ns: u64,
+    /// Message completion time, 99th percentile, ns.
+    pub mct_p99_ns: u64,
+    /// Message completion time, largest, ns.
+    pub mct_max_ns: u64,
 }
 
 /// Time series and per-link loads of a run, for plotting.
@@ -551,6 +649,11 @@ pub struct Plots {
     pub uplink_gbps: Vec<f64>,
     /// Hosts that receive data in this workload.
     pub receivers: usize,
+    /// When each flow's last message completed, ns, sorted (a collective's completion CDF).
+    pub flow_done_ns: Vec<u64>,
+    /// Queue depth distribution: percentiles 0, 1, ..., 100 of the largest queue of each
+    /// switch port in each bucket where the port carried traffic, bytes.
+    pub queue_cdf_bytes: Vec<f64>,
 }
 
 impl Report {
@@ -628,6 +731,10 @@ enum FlowKind {
     Stream,
     /// A ring all-reduce link: steps posted as the predecessor's chunks land.
     Ring,
+    /// A tree all-reduce link from a child to its parent (the reduction).
+    TreeUp,
+    /// A tree all-reduce link from a parent to a child (the broadcast).
+    TreeDown,
 }
 
 #[derive(Debug)]
@@ -645,6 +752,8 @@ struct Flow {
     posted: u64,
     outstanding: u32,
     failed: bool,
+    /// The tenant the flow belongs to (0 but in a multi-tenant workload).
+    job: u8,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -669,6 +778,13 @@ struct Work {
     ring_slices: u32,
     /// The ring flow each host sends on.
     ring_flow_of: Vec<usize>,
+    /// Slices of the tree all-reduce (0 otherwise).
+    tree_slices: u32,
+    /// Per host: the tree flow to its parent (`usize::MAX` at a root), the flows to its
+    /// children, and per slice how many children's slices have landed.
+    tree_up: Vec<usize>,
+    tree_down: Vec<Vec<usize>>,
+    tree_got: Vec<u32>,
     /// Messages expected in total, and receive completions expected (ring).
     expected_msgs: u64,
     expected_recvs: u64,
@@ -707,22 +823,30 @@ impl Sim {
     /// Builds the fabric, the endpoints, the connections and the regions of `scenario`.
     pub fn new(scenario: &Scenario) -> Sim {
         let ls = &scenario.fabric;
-        let mut fabric = ls.build(scenario.seed);
+        let topo = scenario.topology.as_ref();
+        let mut fabric = match topo {
+            Some(t) => t.build(scenario.seed),
+            None => ls.build(scenario.seed),
+        };
         fabric.enable_series(scenario.series_interval_ns);
-        // The links into leaf 0 come first among the spine-to-leaf ports, one per spine in
-        // order.
-        let into_leaf0 = fabric.tier_ports(1, 0);
-        for c in &scenario.downlinks {
-            let Some(&port) = into_leaf0.get(c.spine) else {
-                continue;
-            };
-            c.apply(fabric.port_mut(port));
+        if topo.is_none() {
+            // The links into leaf 0 come first among the spine-to-leaf ports, one per spine
+            // in order.
+            let into_leaf0 = fabric.tier_ports(1, 0);
+            for c in &scenario.downlinks {
+                let Some(&port) = into_leaf0.get(c.spine) else {
+                    continue;
+                };
+                c.apply(fabric.port_mut(port));
+            }
         }
-        let n = ls.hosts();
+        let n = scenario.hosts();
+        let hosts_per_leaf = topo.map_or(ls.hosts_per_leaf, Topo::hosts_per_leaf);
+        let overhead = topo.map_or(ls.fabric.frame_overhead_bytes, Topo::frame_overhead_bytes);
         let cfg = scenario.endpoint_config();
-        let plan = plan(&scenario.workload, n, ls.hosts_per_leaf, scenario.seed);
+        let plan = plan(&scenario.workload, n, hosts_per_leaf, topo, scenario.seed);
         let region_len = plan.flows.iter().map(|f| f.3).max().unwrap_or(0).max(8) as usize;
-        let frame = scenario.engine.max_datagram + ls.fabric.frame_overhead_bytes as usize;
+        let frame = scenario.engine.max_datagram + overhead as usize;
         let mut driver = Driver::new(
             fabric,
             DriverConfig {
@@ -740,7 +864,8 @@ impl Sim {
                 .seed
                 .wrapping_mul(0x9E37_79B9_7F4A_7C15)
                 .wrapping_add(i as u64);
-            let mut ep = Endpoint::new(c, ls.host_addr(i));
+            let addr = topo.map_or_else(|| ls.host_addr(i), |t| t.host_addr(i));
+            let mut ep = Endpoint::new(c, addr);
             let pd = ep.alloc_pd();
             let cq = ep.create_cq();
             let src = ep
@@ -757,7 +882,7 @@ impl Sim {
             res.push(HostRes { pd, cq, src, dst });
         }
         let mut flows = Vec::with_capacity(plan.flows.len());
-        for &(from, to, total, msg_bytes, outstanding) in &plan.flows {
+        for (i, &(from, to, total, msg_bytes, outstanding)) in plan.flows.iter().enumerate() {
             let qa = {
                 let (pd, cq) = (res[from].pd, res[from].cq);
                 driver
@@ -775,11 +900,7 @@ impl Sim {
             driver.ep_mut(from).connect(qa.qpn, qb).expect("fresh QP");
             driver.ep_mut(to).connect(qb.qpn, qa).expect("fresh QP");
             flows.push(Flow {
-                kind: if plan.ring_steps > 0 {
-                    FlowKind::Ring
-                } else {
-                    FlowKind::Stream
-                },
+                kind: plan.kinds[i],
                 from,
                 to,
                 qp_from: qa.qpn,
@@ -794,17 +915,30 @@ impl Sim {
                 posted: 0,
                 outstanding: 0,
                 failed: false,
+                job: plan.jobs.get(i).copied().unwrap_or(0),
             });
         }
         let expected_msgs = flows
             .iter()
             .map(|f| f.total.div_ceil(u64::from(f.msg_bytes.max(1))))
             .sum();
-        let expected_recvs = if plan.ring_steps > 0 {
-            flows.len() as u64 * u64::from(plan.ring_steps) * u64::from(plan.ring_slices)
-        } else {
-            0
-        };
+        let expected_recvs = flows
+            .iter()
+            .map(|f| match f.kind {
+                FlowKind::Stream => 0,
+                FlowKind::Ring => u64::from(plan.ring_steps) * u64::from(plan.ring_slices),
+                FlowKind::TreeUp | FlowKind::TreeDown => u64::from(plan.tree_slices),
+            })
+            .sum();
+        let mut tree_up = vec![usize::MAX; n];
+        let mut tree_down = vec![Vec::new(); n];
+        for (i, f) in flows.iter().enumerate() {
+            match f.kind {
+                FlowKind::TreeUp => tree_up[f.from] = i,
+                FlowKind::TreeDown => tree_down[f.from].push(i),
+                FlowKind::Stream | FlowKind::Ring => {}
+            }
+        }
         let work = Work {
             scenario: scenario.clone(),
             res,
@@ -819,6 +953,10 @@ impl Sim {
                 }
                 v
             },
+            tree_slices: plan.tree_slices,
+            tree_up,
+            tree_down,
+            tree_got: vec![0; n * plan.tree_slices as usize],
             expected_msgs,
             expected_recvs,
             recvs_done: 0,
@@ -947,8 +1085,28 @@ impl Work {
                 for slice in 0..self.ring_slices {
                     self.post_ring_step(d, f, 0, slice);
                 }
+            } else if matches!(flow.kind, FlowKind::TreeUp | FlowKind::TreeDown) {
+                let (to, qp_to) = (flow.to, flow.qp_to);
+                for _ in 0..self.tree_slices {
+                    let wr = RecvWr {
+                        wr_id: RECV_TAG | f as u64,
+                        sges: Vec::new(),
+                    };
+                    d.ep_mut(to)
+                        .post_recv(qp_to, wr)
+                        .expect("receive queue room");
+                }
             } else {
                 self.post_stream(d, f);
+            }
+        }
+        // The tree's leaves hold their whole vector: every slice goes up at once.
+        for f in 0..self.flows.len() {
+            let flow = &self.flows[f];
+            if flow.kind == FlowKind::TreeUp && self.tree_down[flow.from].is_empty() {
+                for slice in 0..self.tree_slices {
+                    self.post_tree_slice(d, f, slice);
+                }
             }
         }
         d.touch_all();
@@ -966,6 +1124,12 @@ impl Work {
                 return false;
             }
             let imm = c.imm.unwrap_or(u32::MAX);
+            let via = (c.wr_id & !RECV_TAG) as usize;
+            match self.flows.get(via).map(|f| f.kind) {
+                Some(FlowKind::TreeUp) => return self.tree_up_landed(d, h, imm),
+                Some(FlowKind::TreeDown) => return self.tree_send_down(d, h, imm),
+                _ => {}
+            }
             let (step, slice) = (imm / self.ring_slices, imm % self.ring_slices);
             let f = self.ring_flow_of[h];
             if step.saturating_add(1) < self.ring_steps && f != usize::MAX {
@@ -1020,6 +1184,48 @@ impl Work {
         }
     }
 
+    /// Slice `slice` of every child of `h` has landed: reduce it and pass it on to the
+    /// parent, or (at the root) start its broadcast. Returns whether work was posted.
+    fn tree_up_landed(&mut self, d: &mut Driver<Fabric>, h: usize, slice: u32) -> bool {
+        if slice >= self.tree_slices {
+            return false;
+        }
+        let i = h * self.tree_slices as usize + slice as usize;
+        let Some(got) = self.tree_got.get_mut(i) else {
+            return false;
+        };
+        *got += 1;
+        if *got as usize != self.tree_down[h].len() {
+            return false;
+        }
+        match self.tree_up[h] {
+            usize::MAX => self.tree_send_down(d, h, slice),
+            up => {
+                self.post_tree_slice(d, up, slice);
+                true
+            }
+        }
+    }
+
+    /// Sends slice `slice` of the reduced vector from `h` to each of its children.
+    fn tree_send_down(&mut self, d: &mut Driver<Fabric>, h: usize, slice: u32) -> bool {
+        if slice >= self.tree_slices {
+            return false;
+        }
+        for k in 0..self.tree_down[h].len() {
+            let f = self.tree_down[h][k];
+            self.post_tree_slice(d, f, slice);
+        }
+        !self.tree_down[h].is_empty()
+    }
+
+    fn post_tree_slice(&mut self, d: &mut Driver<Fabric>, f: usize, slice: u32) {
+        let len = self.flows[f].msg_bytes;
+        if !self.flows[f].failed {
+            self.post_write(d, f, len, Some(slice));
+        }
+    }
+
     fn post_write(&mut self, d: &mut Driver<Fabric>, f: usize, len: u32, imm: Option<u32>) {
         let now = d.now.as_nanos();
         let flow = &mut self.flows[f];
@@ -1054,6 +1260,9 @@ impl Work {
 
     /// The lower bound on the completion time, ns (see the module docs).
     fn ideal_ns(&self, fabric: &Fabric) -> u64 {
+        if let Some(t) = &self.scenario.topology {
+            return self.cut_ideal_ns(t);
+        }
         let ls = &self.scenario.fabric;
         let host_bps = ls.host_link_gbps * 1e9;
         let up_bps = ls.spine_link_bps() as f64 * ls.spines as f64;
@@ -1096,6 +1305,39 @@ impl Work {
             )
             .fold(0f64, f64::max);
         (host.max(leaf) * 8.0 * 1e9).ceil() as u64
+    }
+
+    /// The lower bound on a fabric other than the leaf-spine: the largest of, for each host,
+    /// the bytes it sends or receives over its link's rate, and for each group of each cut
+    /// ([`Topo::cuts`]: leaves, pods, sites), the bytes its hosts send out of it or receive
+    /// into it over the capacity that joins it to the rest.
+    fn cut_ideal_ns(&self, t: &Topo) -> u64 {
+        let n = t.hosts();
+        let mut sent = vec![0f64; n];
+        let mut recv = vec![0f64; n];
+        for f in &self.flows {
+            sent[f.from] += f.total as f64;
+            recv[f.to] += f.total as f64;
+        }
+        let mut bound = sent.iter().chain(&recv).fold(0f64, |a, &b| a.max(b)) / t.host_link_bps();
+        for cut in t.cuts() {
+            let groups = cut.capacity_bps.len();
+            let (mut out, mut inn) = (vec![0f64; groups], vec![0f64; groups]);
+            for f in &self.flows {
+                let (a, b) = (cut.group_of[f.from] as usize, cut.group_of[f.to] as usize);
+                if a != b && a < groups && b < groups {
+                    out[a] += f.total as f64;
+                    inn[b] += f.total as f64;
+                }
+            }
+            for g in 0..groups {
+                let cap = cut.capacity_bps[g];
+                if cap > 0.0 {
+                    bound = bound.max(out[g].max(inn[g]) / cap);
+                }
+            }
+        }
+        (bound * 8.0 * 1e9).ceil() as u64
     }
 
     /// Mean over flows of `min(1, ideal / completion of the flow's last message)`, the ideal
@@ -1178,12 +1420,18 @@ impl Work {
         let uplinks = fabric.tier_ports(0, 1);
         // Per leaf: its busiest uplink over the mean of its uplinks; the worst leaf counts.
         let mut per_leaf: Vec<(f64, f64, u32)> = vec![(0.0, 0.0, 0); self.scenario.fabric.leaves];
+        if self.scenario.topology.is_some() {
+            per_leaf.clear();
+        }
         for p in &uplinks {
             let leaf = match fabric.node_kind(fabric.port_ends(*p).0) {
                 NodeKind::Switch { index, .. } => index as usize,
                 NodeKind::Host(_) => continue,
             };
             let b = fabric.port_stats(*p).bytes as f64;
+            if self.scenario.topology.is_some() && per_leaf.len() <= leaf {
+                per_leaf.resize(leaf + 1, (0.0, 0.0, 0));
+            }
             if let Some(l) = per_leaf.get_mut(leaf) {
                 l.0 = l.0.max(b);
                 l.1 += b;
@@ -1196,7 +1444,25 @@ impl Work {
             .map(|l| l.0 / (l.1 / f64::from(l.2)))
             .fold(0.0, f64::max);
 
-        let plots = self.plots(fabric, &switch_ports, &uplinks, finish_ns);
+        let mut plots = self.plots(fabric, &switch_ports, &uplinks, finish_ns);
+        plots.flow_done_ns = {
+            let mut last = vec![0u64; self.flows.len()];
+            for m in &self.msgs {
+                last[m.flow as usize] = last[m.flow as usize].max(m.done_at.unwrap_or(0));
+            }
+            last.sort_unstable();
+            last
+        };
+        let jobs = if matches!(self.scenario.workload, Workload::MixedTenant { .. }) {
+            ["background", "latency"]
+                .iter()
+                .enumerate()
+                .map(|(j, name)| self.job_stats(j as u8, name))
+                .filter(|s| s.messages > 0)
+                .collect()
+        } else {
+            Vec::new()
+        };
         Report {
             workload: self.scenario.workload.name().to_string(),
             mode: self.scenario.mode.name.clone(),
@@ -1234,7 +1500,32 @@ impl Work {
             cpu_s,
             datagrams_per_s: per_s(fs.sent, cpu_s),
             hops_per_s: per_s(fs.hops, cpu_s),
+            jobs,
             plots,
+        }
+    }
+
+    /// Completion times of job `job`'s messages.
+    fn job_stats(&self, job: u8, name: &str) -> JobStats {
+        let mut mct: Vec<u64> = Vec::new();
+        let mut finish = 0;
+        for m in &self.msgs {
+            if self.flows[m.flow as usize].job != job {
+                continue;
+            }
+            if let Some(t) = m.done_at {
+                mct.push(t - m.posted_at);
+                finish = finish.max(t);
+            }
+        }
+        mct.sort_unstable();
+        JobStats {
+            name: name.to_string(),
+            messages: mct.len() as u64,
+            finish_ns: finish,
+            mct_p50_ns: quantile(&mct, 0.5),
+            mct_p99_ns: quantile(&mct, 0.99),
+            mct_max_ns: mct.last().copied().unwrap_or(0),
         }
     }
 
@@ -1257,11 +1548,23 @@ impl Work {
             }
         }
         let mut queue = vec![0u32; buckets];
+        let mut samples = Vec::new();
         for p in switch_ports {
             for (i, b) in series.port(*p).iter().take(buckets).enumerate() {
                 queue[i] = queue[i].max(b.max_queue_bytes);
+                if b.bytes > 0 {
+                    samples.push(u64::from(b.max_queue_bytes));
+                }
             }
         }
+        samples.sort_unstable();
+        let queue_cdf_bytes = if samples.is_empty() {
+            Vec::new()
+        } else {
+            (0..=100)
+                .map(|q| quantile(&samples, f64::from(q) / 100.0) as f64)
+                .collect()
+        };
         let secs = finish_ns as f64 / 1e9;
         let mut receivers: Vec<usize> = self.flows.iter().map(|f| f.to).collect();
         receivers.sort_unstable();
@@ -1278,6 +1581,8 @@ impl Work {
                 .iter()
                 .map(|p| fabric.port_stats(*p).bytes as f64 * 8.0 / secs / 1e9)
                 .collect(),
+            flow_done_ns: Vec::new(),
+            queue_cdf_bytes,
         }
     }
 }
@@ -1291,24 +1596,32 @@ fn per_s(count: u64, secs: f64) -> f64 {
     }
 }
 
-/// Flows of a workload: `(from, to, total bytes, message bytes, outstanding)`, and the ring
-/// steps (0 unless ring all-reduce).
+/// Flows of a workload: `(from, to, total bytes, message bytes, outstanding)`, each flow's
+/// kind and job, the ring steps (0 unless ring all-reduce) and the tree slices (0 unless tree
+/// all-reduce).
 struct Plan {
     flows: Vec<(usize, usize, u64, u32, u32)>,
+    kinds: Vec<FlowKind>,
+    jobs: Vec<u8>,
     ring_steps: u32,
     ring_slices: u32,
+    tree_slices: u32,
 }
 
-fn plan(w: &Workload, n: usize, hosts_per_leaf: usize, seed: u64) -> Plan {
+fn plan(w: &Workload, n: usize, hosts_per_leaf: usize, topo: Option<&Topo>, seed: u64) -> Plan {
     let mut flows = Vec::new();
-    let (mut ring_steps, mut ring_slices) = (0, 0);
+    let mut jobs = Vec::new();
+    let (mut ring_steps, mut ring_slices, mut tree_slices) = (0, 0, 0);
+    let groups = topo.map_or_else(|| vec![(0..n).collect()], Topo::collective_groups);
+    let rails = topo.map_or(1, Topo::rails) as u64;
     match *w {
         Workload::Permutation {
             bytes_per_host,
             msg_bytes,
             outstanding,
         } => {
-            for (from, to) in derangement(n, seed).into_iter().enumerate() {
+            let pairs = topo.map_or_else(|| derangement(n, seed), |t| t.permutation(seed));
+            for (from, to) in pairs.into_iter().enumerate() {
                 flows.push((from, to, bytes_per_host, msg_bytes, outstanding));
             }
         }
@@ -1328,6 +1641,12 @@ fn plan(w: &Workload, n: usize, hosts_per_leaf: usize, seed: u64) -> Plan {
             outstanding,
         } => {
             for from in 0..n {
+                if let Some(t) = topo {
+                    for to in t.all_to_all_peers(from) {
+                        flows.push((from, to, bytes_per_pair, msg_bytes, outstanding));
+                    }
+                    continue;
+                }
                 for k in 1..n {
                     // Each host starts with a different peer, as collective libraries do.
                     let to = (from + k) % n;
@@ -1344,20 +1663,109 @@ fn plan(w: &Workload, n: usize, hosts_per_leaf: usize, seed: u64) -> Plan {
             let slice = u32::try_from(chunk / u64::from(ring_slices))
                 .unwrap_or(u32::MAX)
                 .max(1);
-            ring_steps = 2 * (n as u32).saturating_sub(1);
-            // The ring visits the leaves in turn (host 0 of every leaf, then host 1, ...), so
-            // every hop crosses the spines, as a ring laid out without regard to racks does.
-            let order = ring_order(n, hosts_per_leaf);
-            for k in 0..n {
-                let total = u64::from(slice) * u64::from(ring_slices) * u64::from(ring_steps);
-                flows.push((order[k], order[(k + 1) % n], total, slice, ring_slices));
+            if topo.is_none() {
+                ring_steps = 2 * (n as u32).saturating_sub(1);
+                // The ring visits the leaves in turn (host 0 of every leaf, then host 1, ...),
+                // so every hop crosses the spines, as a ring laid out without regard to racks
+                // does.
+                let order = ring_order(n, hosts_per_leaf);
+                for k in 0..n {
+                    let total = u64::from(slice) * u64::from(ring_slices) * u64::from(ring_steps);
+                    flows.push((order[k], order[(k + 1) % n], total, slice, ring_slices));
+                }
+            } else {
+                // One ring per collective group (per rail), every group the same size, in the
+                // topology's order: `2 (m − 1)` steps of `V / n` (= `V / rails / m`).
+                let m = groups.iter().map(Vec::len).max().unwrap_or(0);
+                ring_steps = 2 * (m as u32).saturating_sub(1);
+                for g in &groups {
+                    for k in 0..g.len() {
+                        let total =
+                            u64::from(slice) * u64::from(ring_slices) * u64::from(ring_steps);
+                        flows.push((g[k], g[(k + 1) % g.len()], total, slice, ring_slices));
+                    }
+                }
+            }
+        }
+        Workload::TreeAllReduce {
+            vector_bytes,
+            slices,
+        } => {
+            // A binary tree over each group in its order (member k's parent is member
+            // (k - 1) / 2), each group reducing its share of the vector.
+            tree_slices = slices.max(1);
+            let slice = u32::try_from(vector_bytes / rails / u64::from(tree_slices))
+                .unwrap_or(u32::MAX)
+                .max(1);
+            let total = u64::from(slice) * u64::from(tree_slices);
+            for g in &groups {
+                for k in 1..g.len() {
+                    let (child, parent) = (g[k], g[(k - 1) / 2]);
+                    flows.push((child, parent, total, slice, tree_slices));
+                    flows.push((parent, child, total, slice, tree_slices));
+                }
+            }
+        }
+        Workload::MixedTenant {
+            background,
+            bg_bytes_per_pair,
+            bg_msg_bytes,
+            lat_msg_bytes,
+            lat_msgs,
+        } => {
+            // The latency job: every fourth host, in leaf-interleaved order (so each of its
+            // messages crosses the spines, where the background job's traffic is).
+            let lat: Vec<usize> = ring_order(n, hosts_per_leaf)
+                .into_iter()
+                .filter(|h| h % 4 == 0)
+                .collect();
+            let bg: Vec<usize> = (0..n).filter(|h| h % 4 != 0).collect();
+            if background {
+                for (j, &from) in bg.iter().enumerate() {
+                    for k in 1..bg.len() {
+                        let to = bg[(j + k) % bg.len()];
+                        flows.push((from, to, bg_bytes_per_pair, bg_msg_bytes, 2));
+                        jobs.push(0);
+                    }
+                }
+            }
+            let total = u64::from(lat_msg_bytes.max(1)) * u64::from(lat_msgs);
+            for k in 0..lat.len() {
+                flows.push((
+                    lat[k],
+                    lat[(k + 1) % lat.len()],
+                    total,
+                    lat_msg_bytes.max(1),
+                    1,
+                ));
+                jobs.push(1);
             }
         }
     }
+    let kinds = flows
+        .iter()
+        .enumerate()
+        .map(|(i, _)| {
+            if ring_steps > 0 {
+                FlowKind::Ring
+            } else if tree_slices > 0 {
+                if i % 2 == 0 {
+                    FlowKind::TreeUp
+                } else {
+                    FlowKind::TreeDown
+                }
+            } else {
+                FlowKind::Stream
+            }
+        })
+        .collect();
     Plan {
         flows,
+        kinds,
+        jobs,
         ring_steps,
         ring_slices,
+        tree_slices,
     }
 }
 
