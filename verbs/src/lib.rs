@@ -782,6 +782,34 @@ pub struct QpTiming {
     pub min_rnr_timer: u8,
 }
 
+impl QpTiming {
+    /// The settings matching Braid's software engine: `rnr_retry_limit` RNR retries (verbs'
+    /// 7, "forever", is never used: the software engine's limit is always a count), and the
+    /// smallest verbs RNR delay not below `rnr_timer_ns`.
+    pub fn like_software(rnr_retry_limit: u32, rnr_timer_ns: u64) -> QpTiming {
+        QpTiming {
+            rnr_retry: u8::try_from(rnr_retry_limit.min(6)).unwrap_or(6),
+            min_rnr_timer: rnr_timer_code(rnr_timer_ns),
+            ..QpTiming::default()
+        }
+    }
+}
+
+/// The IB spec's RNR NAK delays (µs × 100) for codes 1 to 31 (code 0 is 655.36 ms).
+const RNR_DELAY_10US: [u32; 31] = [
+    1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048,
+    3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152,
+];
+
+/// The smallest verbs `min_rnr_timer` code whose delay is at least `ns` (0, 655.36 ms, past
+/// the largest).
+pub fn rnr_timer_code(ns: u64) -> u8 {
+    RNR_DELAY_10US
+        .iter()
+        .position(|&d| u64::from(d) * 10_000 >= ns)
+        .map_or(0, |i| i as u8 + 1)
+}
+
 impl Default for QpTiming {
     fn default() -> Self {
         QpTiming {
@@ -803,6 +831,8 @@ pub struct Qp {
     psn: u32,
     pending: Arc<Pending>,
     timing: QpTiming,
+    /// In RTS: sends are refused with `NotConnected` before (as Braid's software QPs do).
+    connected: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: see `Context`.
@@ -890,6 +920,7 @@ impl Qp {
             psn: random_psn(),
             pending: Arc::new(Pending::default()),
             timing,
+            connected: std::sync::atomic::AtomicBool::new(false),
         };
         for cq in [send_cq, recv_cq] {
             cq.qps
@@ -988,7 +1019,9 @@ impl Qp {
             | sys::IBV_QP_RNR_RETRY
             | sys::IBV_QP_SQ_PSN
             | sys::IBV_QP_MAX_QP_RD_ATOMIC;
-        self.modify(&mut a, mask, "ibv_modify_qp(RTS)")
+        self.modify(&mut a, mask, "ibv_modify_qp(RTS)")?;
+        self.connected.store(true, Ordering::Release);
+        Ok(())
     }
 
     /// Moves the QP to the error state: what is outstanding completes as flushed.
@@ -1003,6 +1036,9 @@ impl Qp {
     /// Posts a send work request. Local keys, bounds and rights are checked by the NIC and
     /// reported as completions; what is refused here is a malformed request.
     pub fn post_send(&self, wr: &SendWr) -> Result<(), PostError> {
+        if !self.connected.load(Ordering::Acquire) {
+            return Err(PostError::NotConnected);
+        }
         if wr.sges.len() > MAX_SGE as usize {
             return Err(PostError::TooManySges);
         }
@@ -1262,6 +1298,20 @@ mod tests {
         let bytes: [u8; 128] = unsafe { std::mem::transmute(w) };
         assert_eq!(&bytes[40..48], &0x1122_3344_5566_7788u64.to_ne_bytes());
         assert_eq!(&bytes[48..52], &0xdead_beefu32.to_ne_bytes());
+    }
+
+    #[test]
+    fn rnr_timer_codes_follow_the_ib_table_and_software_limits_stay_finite() {
+        assert_eq!(rnr_timer_code(0), 1);
+        assert_eq!(rnr_timer_code(10_000), 1);
+        assert_eq!(rnr_timer_code(10_001), 2);
+        assert_eq!(rnr_timer_code(200_000), 9); // 0.24 ms
+        assert_eq!(rnr_timer_code(640_000), 12);
+        assert_eq!(rnr_timer_code(491_520_000), 31);
+        assert_eq!(rnr_timer_code(491_520_001), 0);
+        let t = QpTiming::like_software(7, 200_000);
+        assert_eq!((t.rnr_retry, t.min_rnr_timer), (6, 9));
+        assert_eq!(QpTiming::like_software(2, 0).rnr_retry, 2);
     }
 
     #[test]

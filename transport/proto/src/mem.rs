@@ -158,6 +158,17 @@ impl Region {
         self.len
     }
 
+    /// The address of the region's first byte, for registering the same memory with an RDMA
+    /// NIC (the verbs backend). The bytes stay valid as long as the region; what writes them
+    /// there (a NIC) must treat them as the atomic words they are.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.words()
+            .as_ptr()
+            .cast::<u8>()
+            .cast_mut()
+            .wrapping_add(self.head)
+    }
+
     /// Whether the region has no bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0
