@@ -116,7 +116,7 @@ impl std::error::Error for VerbsUnavailable {}
 pub(super) enum Chosen {
     Software(String),
     #[cfg(feature = "verbs")]
-    Verbs(VerbsDevice),
+    Verbs(Box<VerbsDevice>),
 }
 
 /// Picks the backend `backend` asks for.
@@ -173,7 +173,7 @@ fn open_verbs(
     );
     log::info!("braid device: backend {report}");
     let timing = braid_verbs::QpTiming::like_software(engine.rnr_retry_limit, engine.rnr_timer_ns);
-    Ok(Chosen::Verbs(VerbsDevice::new(ctx, report, timing)))
+    Ok(Chosen::Verbs(Box::new(VerbsDevice::new(ctx, report, timing))))
 }
 
 #[cfg(feature = "verbs")]

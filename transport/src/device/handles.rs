@@ -19,6 +19,16 @@ use super::backend::{VerbsCq, VerbsDevice, VerbsPd, resource};
 use super::config::{DeviceConfig, OpenError, open_datapath};
 use super::runtime::{Core, CqShared, Inner, Owner, Post, QpGate};
 
+/// The page size verbs regions are aligned to (the kernel maps whole pages and requires a
+/// region's address and its IOVA 0 to share the page offset). 64 KiB covers every Linux page
+/// size but costs up to that much per region, so only non-x86 targets use it.
+#[cfg(feature = "verbs")]
+const PAGE: usize = if cfg!(target_arch = "x86_64") {
+    4096
+} else {
+    65536
+};
+
 /// An open device: an endpoint bound to a local address over a datapath, or an RDMA device
 /// (see [`Backend`](crate::Backend)).
 #[derive(Clone)]
@@ -54,7 +64,7 @@ impl Device {
             Chosen::Verbs(v) => {
                 let backend = v.report.as_str().into();
                 return Ok(Device {
-                    imp: DeviceImp::Verbs(Arc::new(v)),
+                    imp: DeviceImp::Verbs(Arc::from(v)),
                     backend,
                 });
             }
@@ -274,12 +284,18 @@ impl ProtectionDomain {
         self.pd
     }
 
-    /// Allocates a zero-filled region of `len` bytes and registers it with `access`.
+    /// Allocates a zero-filled region of `len` bytes and registers it with `access` (on
+    /// verbs, page-aligned: the NIC registers whole pages).
     pub fn alloc_mr(&self, len: usize, access: Access) -> Result<MemoryRegion, ResourceError> {
+        #[cfg(feature = "verbs")]
+        if self.verbs.is_some() {
+            return self.register(Region::new_aligned(len, PAGE), access);
+        }
         self.register(Region::new(len), access)
     }
 
-    /// Registers `len` bytes of caller memory at `ptr` (for the C API).
+    /// Registers `len` bytes of caller memory at `ptr` (for the C API). On verbs `ptr` must
+    /// be page-aligned (else [`ResourceError::Unsupported`]).
     ///
     /// # Safety
     /// As [`Region::from_raw`]: the memory stays valid until the returned [`MemoryRegion`]
@@ -295,6 +311,12 @@ impl ProtectionDomain {
         len: usize,
         access: Access,
     ) -> Result<MemoryRegion, ResourceError> {
+        #[cfg(feature = "verbs")]
+        if self.verbs.is_some() && !(ptr as usize).is_multiple_of(PAGE) {
+            // The NIC would place offset 0 of the region at the page offset of `ptr`, which
+            // peers cannot know from an rkey and an offset.
+            return Err(ResourceError::Unsupported);
+        }
         // SAFETY: forwarded to the caller's contract above.
         let region = unsafe { Region::from_raw(ptr, len) };
         self.register(region, access)
