@@ -632,8 +632,11 @@ pub fn rnr_retry_exceeded(p: &Pair) {
     assert_eq!((f.wr_id, f.status), (17, WcStatus::Flushed), "{f:?}");
 }
 
+/// A conformance case: runs on a connected pair, panics on a deviation.
+pub type Case = fn(&Pair);
+
 /// Every case, by name.
-pub const CASES: &[(&str, fn(&Pair))] = &[
+pub const CASES: &[(&str, Case)] = &[
     ("send_recv", send_recv),
     ("send_imm", send_imm),
     ("write", write),

@@ -173,7 +173,9 @@ fn open_verbs(
     );
     log::info!("braid device: backend {report}");
     let timing = braid_verbs::QpTiming::like_software(engine.rnr_retry_limit, engine.rnr_timer_ns);
-    Ok(Chosen::Verbs(Box::new(VerbsDevice::new(ctx, report, timing))))
+    Ok(Chosen::Verbs(Box::new(VerbsDevice::new(
+        ctx, report, timing,
+    ))))
 }
 
 #[cfg(feature = "verbs")]
