@@ -116,6 +116,19 @@ static void device_args(void) {
     c.datapath = 42;
     EXPECT_RC(braid_device_open(&c, &dev), BRAID_EINVAL);
     c = cfg;
+    c.backend = 42;
+    EXPECT_RC(braid_device_open(&c, &dev), BRAID_EINVAL);
+    EXPECT(cfg.backend == BRAID_BACKEND_SOFTWARE, "software is the default backend");
+    /* No RDMA device on this host (or no verbs support in the library): a clean error. */
+    if (getenv("BRAID_TEST_VERBS") == NULL) {
+        c = cfg;
+        c.backend = BRAID_BACKEND_VERBS;
+        EXPECT_RC(braid_device_open(&c, &dev), BRAID_ENODEV);
+        EXPECT(dev == NULL, "a failed verbs open leaves NULL");
+        c.verbs_device = "no-such-rdma-device";
+        EXPECT_RC(braid_device_open(&c, &dev), BRAID_ENODEV);
+    }
+    c = cfg;
     c.flags = 0x100;
     EXPECT_RC(braid_device_open(&c, &dev), BRAID_EINVAL);
     c = cfg;

@@ -45,6 +45,11 @@
 // A required pointer argument is NULL (-EFAULT).
 #define BRAID_EFAULT -14
 
+// No such device: `BRAID_BACKEND_VERBS` without rdma-core, without an RDMA device (ENOSYS
+// or ENODEV from the kernel), with an unknown `verbs_device`, a port that is down, or a
+// library built without verbs support (-ENODEV).
+#define BRAID_ENODEV -19
+
 // The object still has children (a device with PDs or CQs, a PD with regions or QPs, a CQ
 // with QPs): destroy them first (-EBUSY).
 #define BRAID_EBUSY -16
@@ -85,6 +90,18 @@
 // Datapath: AF_XDP if it can be set up, else io_uring, else UDP sockets;
 // `braid_device_report` says which one was opened and why.
 #define BRAID_DATAPATH_AUTO 3
+
+// Backend: Braid's software transport over the chosen datapath (the default).
+#define BRAID_BACKEND_SOFTWARE 0
+
+// Backend: an RDMA NIC's RC queue pairs through rdma-core (`verbs_device`, or the first
+// device whose port is active). Without rdma-core, an RDMA device, or verbs support in this
+// build, `braid_device_open` fails with `BRAID_ENODEV`.
+#define BRAID_BACKEND_VERBS 1
+
+// Backend: verbs if a device is there and active, else software; `braid_device_report`
+// says which and why.
+#define BRAID_BACKEND_AUTO 2
 
 // Device flag: use `seed` as is (reproducible keys and PSNs, for tests). Without it the seed
 // comes from the OS.
@@ -280,6 +297,12 @@ typedef struct braid_device_config {
   uint32_t retry_limit;
   // Retransmit timeout floor, ns (default 500000).
   uint64_t rto_min_ns;
+  // One of `BRAID_BACKEND_*` (added after the first release: a program built against a
+  // header without it passes the shorter `struct_size` and gets the software backend).
+  uint32_t backend;
+  // With `BRAID_BACKEND_VERBS`: the RDMA device name ("mlx5_0", "rxe0"), or NULL for the
+  // first active one.
+  const char *verbs_device;
 } braid_device_config;
 
 // What was opened: filled by `braid_device_query`.

@@ -2,7 +2,7 @@
 use core::ffi::{CStr, c_char};
 use std::net::SocketAddr;
 
-use braid_rt::{DatapathKind, Device, DeviceConfig};
+use braid_rt::{Backend, DatapathKind, Device, DeviceConfig};
 
 use crate::error::*;
 use crate::handle::{self, DeviceObj, PdObj};
@@ -48,6 +48,51 @@ pub(crate) unsafe fn get_sized<T: Copy>(p: *const T, what: &str) -> Result<T> {
     Ok(unsafe { p.read() })
 }
 
+/// Reads a caller's `braid_device_config`: of this header's size, or of the size before
+/// `backend` was added (the newer fields then keep their defaults: software backend).
+///
+/// # Safety
+/// As [`get_sized`], for a struct of the `struct_size` the caller set.
+unsafe fn get_config(p: *const braid_device_config) -> Result<braid_device_config> {
+    non_null(p, "cfg")?;
+    if !p.is_aligned() {
+        return Err(Error::new(BRAID_EINVAL, "cfg is misaligned"));
+    }
+    // SAFETY: non-null and aligned (checked); its first field is a u32.
+    let size = unsafe { p.cast::<u32>().read() } as usize;
+    if size != DEVICE_CONFIG_V1_SIZE {
+        // SAFETY: forwarded.
+        return unsafe { get_sized(p, "cfg") };
+    }
+    let mut c = braid_device_config {
+        struct_size: size as u32,
+        datapath: BRAID_DATAPATH_UDP,
+        bind: core::ptr::null(),
+        interface: core::ptr::null(),
+        seed: 0,
+        flags: 0,
+        paths: 0,
+        ports: 0,
+        max_datagram: 0,
+        max_send_wr: 0,
+        max_recv_wr: 0,
+        retry_limit: 0,
+        rto_min_ns: 0,
+        backend: BRAID_BACKEND_SOFTWARE,
+        verbs_device: core::ptr::null(),
+    };
+    // SAFETY: the caller's struct holds `size` readable bytes, the prefix of ours up to
+    // `backend`, with the same layout; plain data, so a byte copy is a valid value.
+    unsafe {
+        core::ptr::copy_nonoverlapping(
+            p.cast::<u8>(),
+            (&raw mut c).cast::<u8>(),
+            DEVICE_CONFIG_V1_SIZE,
+        )
+    };
+    Ok(c)
+}
+
 /// Clears a caller's out-handle so that a failed call leaves NULL there.
 ///
 /// # Safety
@@ -82,6 +127,20 @@ fn datapath_kind(v: u32) -> Result<DatapathKind> {
             return Err(Error::new(
                 BRAID_EINVAL,
                 format!("unknown datapath {other} (BRAID_DATAPATH_UDP, _URING, _XDP or _AUTO)"),
+            ));
+        }
+    })
+}
+
+fn backend(v: u32, device: Option<String>) -> Result<Backend> {
+    Ok(match v {
+        BRAID_BACKEND_SOFTWARE => Backend::Software,
+        BRAID_BACKEND_VERBS => Backend::Verbs(device),
+        BRAID_BACKEND_AUTO => Backend::Auto,
+        other => {
+            return Err(Error::new(
+                BRAID_EINVAL,
+                format!("unknown backend {other} (BRAID_BACKEND_SOFTWARE, _VERBS or _AUTO)"),
             ));
         }
     })
@@ -211,6 +270,8 @@ pub unsafe extern "C" fn braid_device_config_init(cfg: *mut braid_device_config)
             max_recv_wr: 0,
             retry_limit: 0,
             rto_min_ns: 0,
+            backend: BRAID_BACKEND_SOFTWARE,
+            verbs_device: core::ptr::null(),
         };
         // SAFETY: the caller's contract.
         unsafe { put(cfg, v, "cfg")? };
@@ -234,18 +295,22 @@ pub unsafe extern "C" fn braid_device_open(
         // SAFETY: the caller's contract, for this and the reads below.
         unsafe { clear_out(out, "out")? };
         // SAFETY: as above.
-        let c = unsafe { get_sized(cfg, "cfg")? };
+        let c = unsafe { get_config(cfg)? };
         // SAFETY: as above.
         let bind = unsafe { text(c.bind, "cfg->bind")? }
             .ok_or_else(|| Error::new(BRAID_EFAULT, "cfg->bind is NULL: set the local address"))?;
         // SAFETY: as above.
         let iface = unsafe { text(c.interface, "cfg->interface")? };
-        let config = device_config(&c, &bind, iface)?;
+        let mut config = device_config(&c, &bind, iface)?;
+        // SAFETY: as above.
+        let verbs_device = unsafe { text(c.verbs_device, "cfg->verbs_device")? };
+        config.backend = backend(c.backend, verbs_device)?;
         let max_send_wr = config.engine.max_send_wr as u32;
         let max_recv_wr = config.engine.max_recv_wr as u32;
         let dev = Device::open(config).map_err(|e| {
             let code = match e {
                 braid_rt::OpenError::InvalidConfig(_) => BRAID_EINVAL,
+                braid_rt::OpenError::Verbs(_) => BRAID_ENODEV,
                 _ => BRAID_EIO,
             };
             Error::new(code, e.to_string())

@@ -24,6 +24,10 @@ pub const BRAID_ENOMEM: i32 = -12;
 pub const BRAID_EACCES: i32 = -13;
 /// A required pointer argument is NULL (-EFAULT).
 pub const BRAID_EFAULT: i32 = -14;
+/// No such device: `BRAID_BACKEND_VERBS` without rdma-core, without an RDMA device (ENOSYS
+/// or ENODEV from the kernel), with an unknown `verbs_device`, a port that is down, or a
+/// library built without verbs support (-ENODEV).
+pub const BRAID_ENODEV: i32 = -19;
 /// The object still has children (a device with PDs or CQs, a PD with regions or QPs, a CQ
 /// with QPs): destroy them first (-EBUSY).
 pub const BRAID_EBUSY: i32 = -16;
@@ -157,6 +161,7 @@ pub extern "C" fn braid_strerror(code: i32) -> *const c_char {
         BRAID_EACCES => c"access refused",
         BRAID_EFAULT => c"NULL pointer argument",
         BRAID_EBUSY => c"object still has children",
+        BRAID_ENODEV => c"no usable RDMA device",
         BRAID_EINVAL => c"invalid argument",
         BRAID_ENOSPC => c"buffer too small",
         BRAID_ERANGE => c"outside the memory region",
@@ -198,6 +203,7 @@ mod tests {
             (BRAID_EACCES, libc::EACCES),
             (BRAID_EFAULT, libc::EFAULT),
             (BRAID_EBUSY, libc::EBUSY),
+            (BRAID_ENODEV, libc::ENODEV),
             (BRAID_EINVAL, libc::EINVAL),
             (BRAID_ENOSPC, libc::ENOSPC),
             (BRAID_ERANGE, libc::ERANGE),

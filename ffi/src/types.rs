@@ -38,6 +38,16 @@ pub const BRAID_DATAPATH_XDP: u32 = 2;
 /// `braid_device_report` says which one was opened and why.
 pub const BRAID_DATAPATH_AUTO: u32 = 3;
 
+/// Backend: Braid's software transport over the chosen datapath (the default).
+pub const BRAID_BACKEND_SOFTWARE: u32 = 0;
+/// Backend: an RDMA NIC's RC queue pairs through rdma-core (`verbs_device`, or the first
+/// device whose port is active). Without rdma-core, an RDMA device, or verbs support in this
+/// build, `braid_device_open` fails with `BRAID_ENODEV`.
+pub const BRAID_BACKEND_VERBS: u32 = 1;
+/// Backend: verbs if a device is there and active, else software; `braid_device_report`
+/// says which and why.
+pub const BRAID_BACKEND_AUTO: u32 = 2;
+
 /// Device flag: use `seed` as is (reproducible keys and PSNs, for tests). Without it the seed
 /// comes from the OS.
 pub const BRAID_DEVICE_DETERMINISTIC_SEED: u32 = 1;
@@ -170,7 +180,16 @@ pub struct braid_device_config {
     pub retry_limit: u32,
     /// Retransmit timeout floor, ns (default 500000).
     pub rto_min_ns: u64,
+    /// One of `BRAID_BACKEND_*` (added after the first release: a program built against a
+    /// header without it passes the shorter `struct_size` and gets the software backend).
+    pub backend: u32,
+    /// With `BRAID_BACKEND_VERBS`: the RDMA device name ("mlx5_0", "rxe0"), or NULL for the
+    /// first active one.
+    pub verbs_device: *const c_char,
 }
+
+/// `sizeof(braid_device_config)` before `backend` was added (still accepted).
+pub(crate) const DEVICE_CONFIG_V1_SIZE: usize = core::mem::offset_of!(braid_device_config, backend);
 
 /// What was opened: filled by `braid_device_query`.
 #[repr(C)]

@@ -20,6 +20,7 @@
 //! can run in another network namespace.
 #![warn(missing_docs)]
 
+pub mod conformance;
 pub mod fuzz_checks;
 pub mod oracle;
 

@@ -52,8 +52,8 @@ pub use braid_proto::{
     SendOp, SendWr, Sge, Timestamp, WcOpcode, WcStatus,
 };
 pub use device::{
-    CompletionQueue, DatapathKind, Device, DeviceConfig, MemoryRegion, OpenError, Progress,
-    ProtectionDomain, QueuePair,
+    Backend, CompletionQueue, DatapathKind, Device, DeviceConfig, MemoryRegion, OpenError,
+    Progress, ProtectionDomain, QueuePair, VerbsUnavailable,
 };
 pub use handshake::{ConnectError, Connection, ConnectionEvent};
 

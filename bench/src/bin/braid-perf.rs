@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use braid::proto::cc::{ControllerFactory, DcqcnConfig, FixedWindowConfig, SwiftConfig};
 use braid::{
-    Access, DatapathKind, Device, DeviceConfig, MemoryRegion, Progress, RemoteAddr, SendOp, SendWr,
-    WcStatus,
+    Access, Backend, DatapathKind, Device, DeviceConfig, MemoryRegion, Progress, RemoteAddr,
+    SendOp, SendWr, WcStatus,
 };
 use braid_bench::pattern;
 use braid_bench::report::{self, BwResult, ClientReport, LatResult, PathRow, QpTelemetry, RttRow};
@@ -70,6 +70,11 @@ struct Engine {
     /// interface), or auto (xdp, else uring, else udp).
     #[arg(long, default_value = "udp", value_parser = parse_datapath)]
     datapath: DatapathKind,
+    /// Transport: software (Braid over --datapath), verbs or verbs:DEVICE (an RDMA NIC
+    /// through rdma-core; needs a build with --features verbs), or auto (verbs if a device
+    /// is active, else software).
+    #[arg(long, default_value = "software", value_parser = parse_backend)]
+    backend: Backend,
     /// The device's progress thread spins on the datapath instead of sleeping (lower latency,
     /// one core busy).
     #[arg(long)]
@@ -196,6 +201,11 @@ struct DatapathOnly {
     /// interface), or auto (xdp, else uring, else udp).
     #[arg(long, default_value = "udp", value_parser = parse_datapath)]
     datapath: DatapathKind,
+    /// Transport: software (Braid over --datapath), verbs or verbs:DEVICE (an RDMA NIC
+    /// through rdma-core; needs a build with --features verbs), or auto (verbs if a device
+    /// is active, else software).
+    #[arg(long, default_value = "software", value_parser = parse_backend)]
+    backend: Backend,
     /// The device's progress thread spins on the datapath instead of sleeping (lower latency,
     /// one core busy).
     #[arg(long)]
@@ -300,6 +310,10 @@ fn parse_datapath(s: &str) -> Result<DatapathKind, String> {
     s.parse::<DatapathKind>()
 }
 
+fn parse_backend(s: &str) -> Result<Backend, String> {
+    s.parse::<Backend>()
+}
+
 fn parse_progress(s: &str) -> Result<Progress, String> {
     s.parse::<Progress>()
 }
@@ -359,6 +373,7 @@ fn open_device(engine: &Engine, local: SocketAddr) -> Result<Device, String> {
         .ports(engine.ports)
         .max_datagram(engine.max_datagram);
     cfg.datapath = engine.datapath;
+    cfg.backend = engine.backend.clone();
     cfg.busy_poll = engine.progress_busy_poll;
     if let Some(mode) = engine.progress {
         cfg.progress = mode;
@@ -452,9 +467,10 @@ fn demo(a: &DemoArgs) -> Result<bool, String> {
     };
     if !a.json {
         println!(
-            "braid-perf demo: client {} -> server {}, datapath {}, {} paths, {} B datagrams ({} B payload per packet), {} B messages, window {}{}",
+            "braid-perf demo: client {} -> server {}, backend {}, datapath {}, {} paths, {} B datagrams ({} B payload per packet), {} B messages, window {}{}",
             cli.local_addr(),
             srv.local_addr(),
+            cli.backend_report(),
             cli.datapath_report(),
             a.engine.paths,
             a.engine.max_datagram,
@@ -666,6 +682,7 @@ fn serve_one(a: &ServerArgs, stream: TcpStream) -> Result<String, String> {
         ports: 0,
         max_datagram: hello.max_datagram,
         datapath: a.engine_dp.datapath,
+        backend: a.engine_dp.backend.clone(),
         progress_busy_poll: a.engine_dp.progress_busy_poll,
         progress: a.engine_dp.progress,
         encrypt: hello.qp.seal_key.is_some(),
@@ -960,10 +977,11 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
     };
     if !a.json {
         println!(
-            "braid-perf client: {} -> {} (server device {}), datapath {}, {} paths, {} B datagrams ({} B payload per packet){}",
+            "braid-perf client: {} -> {} (server device {}), backend {}, datapath {}, {} paths, {} B datagrams ({} B payload per packet){}",
             dev.local_addr(),
             server_addr,
             peer_qp.addr,
+            dev.backend_report(),
             dev.datapath_report(),
             a.engine.paths,
             a.engine.max_datagram,

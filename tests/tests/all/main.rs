@@ -8,7 +8,10 @@
 //! - `encryption`: encrypted QPs: agreement at connect; tampered, replayed and forged
 //!   datagrams; encrypted devices over UDP.
 //! - `loopback`: devices over real UDP on 127.0.0.1, in one process and across two.
+//! - `conformance`: the public API's behaviour case by case, on the software backend, or
+//!   on the verbs backend with `BRAID_TEST_VERBS=1` (see `braid_tests::conformance`).
 mod burst;
+mod conformance;
 mod encryption;
 mod fabric;
 mod fabric_shapes;

@@ -113,6 +113,25 @@ impl Region {
         })
     }
 
+    /// A zero-filled region of `len` bytes owned by Braid whose first byte sits at a
+    /// multiple of `align` (a power of two, at least 8): for RDMA NICs, which register whole
+    /// pages and need the region to start a page (the verbs backend). It over-allocates by
+    /// up to `align` bytes.
+    pub fn new_aligned(len: usize, align: usize) -> Arc<Region> {
+        let align = align.max(8).next_power_of_two();
+        let words = (len + align).div_ceil(8);
+        let storage: Box<[AtomicU64]> = (0..words).map(|_| AtomicU64::new(0)).collect();
+        let addr = storage.as_ptr() as usize;
+        // A multiple of 8 (the words are 8-aligned), below `align`: the words from there on
+        // still cover `len` bytes.
+        let head = (align - addr % align) % align;
+        Arc::new(Region {
+            storage: Storage::Owned(storage),
+            head,
+            len,
+        })
+    }
+
     /// Registers `len` bytes of caller memory at `ptr`.
     ///
     /// # Safety
@@ -156,6 +175,17 @@ impl Region {
     /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len
+    }
+
+    /// The address of the region's first byte, for registering the same memory with an RDMA
+    /// NIC (the verbs backend). The bytes stay valid as long as the region; what writes them
+    /// there (a NIC) must treat them as the atomic words they are.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.words()
+            .as_ptr()
+            .cast::<u8>()
+            .cast_mut()
+            .wrapping_add(self.head)
     }
 
     /// Whether the region has no bytes.
@@ -318,6 +348,21 @@ fn merge_word(word: &AtomicU64, at: usize, src: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_aligned_region_starts_on_the_boundary_and_reads_back() {
+        for len in [0, 1, 4095, 4096, 10_000] {
+            let r = Region::new_aligned(len, 4096);
+            assert_eq!(r.as_ptr() as usize % 4096, 0, "len {len}");
+            assert_eq!(r.len(), len);
+            let data: Vec<u8> = (0..len).map(|i| (i * 7) as u8).collect();
+            r.write(0, &data).unwrap();
+            let mut back = vec![0; len];
+            r.read(0, &mut back).unwrap();
+            assert_eq!(back, data);
+            assert_eq!(r.check(0, len as u64 + 1), Err(MemError::OutOfBounds));
+        }
+    }
 
     #[test]
     fn read_write_any_alignment() {

@@ -411,6 +411,9 @@ pub enum ResourceError {
     BadPeerKey,
     /// The OS random generator failed while drawing a QP's private key.
     Entropy,
+    /// Not available on this device's backend (an encrypted QP on the verbs backend, or a
+    /// verbs QP given a software QP's info).
+    Unsupported,
 }
 
 impl core::fmt::Display for ResourceError {
@@ -428,6 +431,7 @@ impl core::fmt::Display for ResourceError {
             }
             ResourceError::BadPeerKey => "the peer's public key is unusable",
             ResourceError::Entropy => "the OS random generator failed",
+            ResourceError::Unsupported => "not supported by this device's backend",
         })
     }
 }

@@ -9,6 +9,8 @@ use braid_datapath::uring::UringDatapath;
 use braid_datapath::xdp::{XdpConfig, XdpDatapath};
 use braid_proto::EndpointConfig;
 
+use super::backend::{Backend, VerbsUnavailable};
+
 /// Which datapath a device uses.
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -149,6 +151,10 @@ pub struct DeviceConfig {
     /// Who drives the datapath and the engine (default: `BRAID_PROGRESS`, else the progress
     /// thread; see [`Progress`]).
     pub progress: Progress,
+    /// The transport: Braid's software transport (the default), an RDMA NIC through
+    /// rdma-core, or whichever is there ([`Backend`]). On verbs, `local`, `datapath`,
+    /// `engine`, `interface`, `busy_poll` and `progress` do not apply.
+    pub backend: Backend,
 }
 
 impl DeviceConfig {
@@ -162,7 +168,14 @@ impl DeviceConfig {
             interface: None,
             busy_poll: false,
             progress: Progress::from_env(),
+            backend: Backend::Software,
         }
+    }
+
+    /// Sets the transport backend (see [`Backend`]).
+    pub fn backend(mut self, backend: Backend) -> Self {
+        self.backend = backend;
+        self
     }
 
     /// Sets who drives the datapath and the engine (see [`Progress`]).
@@ -228,6 +241,10 @@ pub enum OpenError {
     Thread(io::Error),
     /// The OS random generator, which seeds keys and initial PSNs, failed.
     Entropy(io::Error),
+    /// [`Backend::Verbs`] was asked for and cannot be used: no verbs support in this build,
+    /// no rdma-core, no RDMA device (ENOSYS/ENODEV, as on a kernel without RDMA), no device
+    /// of that name, or its port is down.
+    Verbs(VerbsUnavailable),
 }
 
 impl std::fmt::Display for OpenError {
@@ -239,6 +256,7 @@ impl std::fmt::Display for OpenError {
             }
             OpenError::Thread(e) => write!(f, "could not start the progress thread: {e}"),
             OpenError::Entropy(e) => write!(f, "no OS randomness for keys and PSNs: {e}"),
+            OpenError::Verbs(why) => write!(f, "verbs backend unavailable: {why}"),
         }
     }
 }
@@ -249,6 +267,7 @@ impl std::error::Error for OpenError {
             OpenError::Datapath { source: e, .. }
             | OpenError::Thread(e)
             | OpenError::Entropy(e) => Some(e),
+            OpenError::Verbs(why) => Some(why),
             OpenError::InvalidConfig(_) => None,
         }
     }

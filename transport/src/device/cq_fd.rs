@@ -95,23 +95,30 @@ impl CompletionQueue {
     /// it; it stays open until the device is closed. See the module documentation for the
     /// wait, [`clear_event_fd`](Self::clear_event_fd), poll-until-empty loop that loses no
     /// wake-up.
+    ///
+    /// On the verbs backend it fails with `ErrorKind::Unsupported` (poll the CQ instead).
     pub fn event_fd(&self) -> io::Result<RawFd> {
-        if let Some(fd) = self.shared.fd.get() {
+        let Some(shared) = self.shared() else {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "no CQ file descriptor on the verbs backend",
+            ));
+        };
+        if let Some(fd) = shared.fd.get() {
             return Ok(fd.raw());
         }
         // Made under the engine lock, which every publication holds: a publication either
         // finishes before (and its completions are in the ring, checked below) or sees the
         // descriptor and signals it.
         let _core = self.dev.inner().lock();
-        if self.shared.fd.get().is_none() {
-            let _ = self.shared.fd.set(CqFd::new()?);
+        if shared.fd.get().is_none() {
+            let _ = shared.fd.set(CqFd::new()?);
         }
-        let fd = self
-            .shared
+        let fd = shared
             .fd
             .get()
             .ok_or_else(|| io::Error::other("no CQ fd"))?;
-        if !self.shared.ring.is_empty() {
+        if !shared.ring.is_empty() {
             fd.signal();
         }
         Ok(fd.raw())
@@ -121,7 +128,7 @@ impl CompletionQueue {
     /// completions are published. Call it after the descriptor was seen readable and before
     /// polling the CQ until it is empty. Does nothing if no descriptor was made.
     pub fn clear_event_fd(&self) {
-        if let Some(fd) = self.shared.fd.get() {
+        if let Some(fd) = self.shared().and_then(|s| s.fd.get()) {
             fd.clear();
         }
     }
@@ -220,9 +227,10 @@ mod tests {
             signaled: true,
         };
         qp_a.post_send(wr).unwrap();
-        let ring = &cq_a.shared.ring;
+        let shared = cq_a.shared().unwrap();
+        let ring = &shared.ring;
         assert!(
-            cq_a.shared
+            shared
                 .ready
                 .wait_until(|| !ring.is_empty(), Some(Duration::from_secs(20)))
         );

@@ -1,7 +1,8 @@
 //! The public handles: [`Device`], [`ProtectionDomain`], [`MemoryRegion`],
 //! [`CompletionQueue`] and [`QueuePair`]. Each holds its device and reaches the engine only
 //! through the device's core (`runtime.rs`): posts through its hand-off, everything else
-//! under the engine lock.
+//! under the engine lock. On a verbs device (`backend.rs`) each handle holds the matching
+//! rdma-core object instead and every call goes to libibverbs.
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,13 +13,36 @@ use braid_proto::{
     QpOptions, QpStats, RecvWr, Region, RemoteAddr, ResourceError, SendWr, Sge, Timestamp,
 };
 
+use super::backend::{Chosen, choose};
+#[cfg(feature = "verbs")]
+use super::backend::{VerbsCq, VerbsDevice, VerbsPd, resource};
 use super::config::{DeviceConfig, OpenError, open_datapath};
 use super::runtime::{Core, CqShared, Inner, Owner, Post, QpGate};
 
-/// An open device: an endpoint bound to a local address over a datapath.
+/// The page size verbs regions are aligned to (the kernel maps whole pages and requires a
+/// region's address and its IOVA 0 to share the page offset). 64 KiB covers every Linux page
+/// size but costs up to that much per region, so only non-x86 targets use it.
+#[cfg(feature = "verbs")]
+const PAGE: usize = if cfg!(target_arch = "x86_64") {
+    4096
+} else {
+    65536
+};
+
+/// An open device: an endpoint bound to a local address over a datapath, or an RDMA device
+/// (see [`Backend`](crate::Backend)).
 #[derive(Clone)]
 pub struct Device {
-    owner: Arc<Owner>,
+    imp: DeviceImp,
+    /// Which backend was chosen and why.
+    backend: Arc<str>,
+}
+
+#[derive(Clone)]
+enum DeviceImp {
+    Software(Arc<Owner>),
+    #[cfg(feature = "verbs")]
+    Verbs(Arc<VerbsDevice>),
 }
 
 impl std::fmt::Debug for Device {
@@ -31,8 +55,22 @@ impl std::fmt::Debug for Device {
 }
 
 impl Device {
-    /// Opens a device: binds the datapath and starts the progress thread.
+    /// Opens a device: binds the datapath and starts the progress thread, or, on the verbs
+    /// backend, opens the RDMA device (see [`Backend`](crate::Backend)).
+    // Without the `verbs` feature the match below has one arm; with it, two.
+    #[cfg_attr(not(feature = "verbs"), allow(clippy::infallible_destructuring_match))]
     pub fn open(cfg: DeviceConfig) -> Result<Device, OpenError> {
+        let backend = match choose(&cfg.backend, &cfg.engine).map_err(OpenError::Verbs)? {
+            Chosen::Software(report) => report,
+            #[cfg(feature = "verbs")]
+            Chosen::Verbs(v) => {
+                let backend = v.report.as_str().into();
+                return Ok(Device {
+                    imp: DeviceImp::Verbs(Arc::from(v)),
+                    backend,
+                });
+            }
+        };
         let mut engine = cfg.engine_config()?;
         // More source ports than paths: PLB re-paths a congested path onto a spare one.
         let ports = engine.source_ports();
@@ -40,13 +78,55 @@ impl Device {
         engine.max_datagram = engine.max_datagram.min(datapath.max_payload());
         let owner = Owner::start(engine, datapath, report, cfg.busy_poll, cfg.progress)?;
         Ok(Device {
-            owner: Arc::new(owner),
+            imp: DeviceImp::Software(Arc::new(owner)),
+            backend: backend.into(),
         })
     }
 
     /// The core this device's handles share with its progress thread.
+    ///
+    /// Only handles of a software device reach this: every handle of a verbs device holds
+    /// its rdma-core object and returns before any call to `inner` (the checks at the top
+    /// of each method).
+    // Without the `verbs` feature the match has one arm; with it, two.
+    #[cfg_attr(not(feature = "verbs"), allow(clippy::infallible_destructuring_match))]
     pub(super) fn inner(&self) -> &Inner {
-        self.owner.inner()
+        match &self.imp {
+            DeviceImp::Software(owner) => owner.inner(),
+            #[cfg(feature = "verbs")]
+            DeviceImp::Verbs(_) => unreachable!("a verbs device's handles never use the engine"),
+        }
+    }
+
+    /// The verbs device, if this is one.
+    #[cfg(feature = "verbs")]
+    fn verbs(&self) -> Option<&Arc<VerbsDevice>> {
+        match &self.imp {
+            DeviceImp::Verbs(v) => Some(v),
+            DeviceImp::Software(_) => None,
+        }
+    }
+
+    /// Whether this device runs on an RDMA NIC (the verbs backend).
+    pub fn is_verbs(&self) -> bool {
+        match &self.imp {
+            DeviceImp::Software(_) => false,
+            #[cfg(feature = "verbs")]
+            DeviceImp::Verbs(_) => true,
+        }
+    }
+
+    /// Which backend the device runs on and why: `software (as configured)`,
+    /// `software (auto; verbs unavailable: ...)` or `verbs rxe0 (...)`.
+    pub fn backend_report(&self) -> &str {
+        &self.backend
+    }
+
+    /// The verbs device's capabilities (max MR size, SGEs, atomics, port MTU, RoCE
+    /// version); `None` on the software backend.
+    #[cfg(feature = "verbs")]
+    pub fn verbs_caps(&self) -> Option<braid_verbs::Caps> {
+        self.verbs().map(|v| v.caps().clone())
     }
 
     /// Runs `f` on the engine and the handshake runtime under the engine lock, then sends what
@@ -60,6 +140,14 @@ impl Device {
             &dyn Datapath,
         ) -> R,
     ) -> R {
+        #[cfg(feature = "verbs")]
+        if let Some(v) = self.verbs() {
+            // The handshake needs Braid's datagrams: on verbs it runs on an idle engine and
+            // a datapath where nothing arrives (see `backend.rs`).
+            let mut idle = v.idle.lock().unwrap_or_else(|e| e.into_inner());
+            let (ep, hs) = &mut *idle;
+            return f(ep, hs, Timestamp::ZERO, &v.null);
+        }
         let inner = self.inner();
         let r = {
             let mut core = inner.lock();
@@ -70,62 +158,110 @@ impl Device {
         r
     }
 
-    /// The address peers send to.
+    /// The address peers send to (on verbs: the port GID as an IPv6 address, port 4791).
     pub fn local_addr(&self) -> SocketAddr {
+        #[cfg(feature = "verbs")]
+        if let Some(v) = self.verbs() {
+            return v.addr;
+        }
         self.inner().datapath.local_addr()
     }
 
-    /// The datapath in use (`"udp"`, `"uring"`, `"xdp"`).
+    /// The datapath in use (`"udp"`, `"uring"`, `"xdp"`, or `"verbs"`).
     pub fn datapath_kind(&self) -> &'static str {
+        if self.is_verbs() {
+            return "verbs";
+        }
         self.inner().datapath.kind()
     }
 
-    /// Who drives the datapath and the engine (see [`Progress`](crate::Progress)).
+    /// Who drives the datapath and the engine (see [`Progress`](crate::Progress)); on
+    /// verbs the NIC does, reported as `Thread`.
     pub fn progress(&self) -> crate::Progress {
+        if self.is_verbs() {
+            return crate::Progress::Thread;
+        }
         self.inner().progress_mode()
     }
 
-    /// Which datapath was chosen and why: for `auto`, why the faster ones were not used.
+    /// Which datapath was chosen and why: for `auto`, why the faster ones were not used
+    /// (on verbs: the backend report).
     pub fn datapath_report(&self) -> &str {
+        #[cfg(feature = "verbs")]
+        if let Some(v) = self.verbs() {
+            return &v.report;
+        }
         &self.inner().report
     }
 
-    /// Payload bytes per full packet.
+    /// Payload bytes per full packet (on verbs: the port's active MTU).
     pub fn chunk_size(&self) -> u32 {
+        #[cfg(feature = "verbs")]
+        if let Some(v) = self.verbs() {
+            return v.caps().active_mtu;
+        }
         self.inner().lock().ep.chunk_size()
     }
 
-    /// Endpoint counters.
+    /// Endpoint counters (all zero on verbs: the NIC keeps its own).
     pub fn stats(&self) -> EndpointStats {
+        if self.is_verbs() {
+            return EndpointStats::default();
+        }
         self.inner().lock().ep.stats().clone()
     }
 
-    /// Per-path counters.
+    /// Per-path counters (empty on verbs).
     pub fn path_stats(&self) -> Vec<PathStats> {
+        if self.is_verbs() {
+            return Vec::new();
+        }
         self.inner().lock().ep.path_stats().to_vec()
     }
 
-    /// RTT distribution over every QP of this device (percentiles, extremes, sample count).
+    /// RTT distribution over every QP of this device (percentiles, extremes, sample count);
+    /// empty on verbs.
     pub fn rtt_summary(&self) -> braid_proto::RttSummary {
+        if self.is_verbs() {
+            return braid_proto::RttSummary::default();
+        }
         self.inner().lock().ep.rtt_summary()
     }
 
-    /// Allocates a protection domain.
+    /// Allocates a protection domain. On verbs a failed `ibv_alloc_pd` is reported by the
+    /// first registration or QP creation in the domain.
     pub fn alloc_pd(&self) -> ProtectionDomain {
+        #[cfg(feature = "verbs")]
+        if let Some(v) = self.verbs() {
+            return ProtectionDomain {
+                dev: self.clone(),
+                pd: PdId(0),
+                verbs: Some(braid_verbs::Pd::new(&v.ctx).map_err(|e| resource(&e))),
+            };
+        }
         let pd = self.inner().lock().ep.alloc_pd();
         ProtectionDomain {
             dev: self.clone(),
             pd,
+            #[cfg(feature = "verbs")]
+            verbs: None,
         }
     }
 
-    /// Creates a completion queue.
+    /// Creates a completion queue. On verbs a failed `ibv_create_cq` is reported by the
+    /// first QP creation on it.
     pub fn create_cq(&self) -> CompletionQueue {
+        #[cfg(feature = "verbs")]
+        if let Some(v) = self.verbs() {
+            return CompletionQueue {
+                dev: self.clone(),
+                imp: CqImp::Verbs(braid_verbs::Cq::new(&v.ctx).map_err(|e| resource(&e))),
+            };
+        }
         let (id, shared) = self.inner().create_cq();
         CompletionQueue {
             dev: self.clone(),
-            id,
-            shared,
+            imp: CqImp::Software { id, shared },
         }
     }
 }
@@ -135,6 +271,8 @@ impl Device {
 pub struct ProtectionDomain {
     dev: Device,
     pd: PdId,
+    #[cfg(feature = "verbs")]
+    verbs: Option<VerbsPd>,
 }
 
 impl std::fmt::Debug for ProtectionDomain {
@@ -150,12 +288,18 @@ impl ProtectionDomain {
         self.pd
     }
 
-    /// Allocates a zero-filled region of `len` bytes and registers it with `access`.
+    /// Allocates a zero-filled region of `len` bytes and registers it with `access` (on
+    /// verbs, page-aligned: the NIC registers whole pages).
     pub fn alloc_mr(&self, len: usize, access: Access) -> Result<MemoryRegion, ResourceError> {
+        #[cfg(feature = "verbs")]
+        if self.verbs.is_some() {
+            return self.register(Region::new_aligned(len, PAGE), access);
+        }
         self.register(Region::new(len), access)
     }
 
-    /// Registers `len` bytes of caller memory at `ptr` (for the C API).
+    /// Registers `len` bytes of caller memory at `ptr` (for the C API). On verbs `ptr` must
+    /// be page-aligned (else [`ResourceError::Unsupported`]).
     ///
     /// # Safety
     /// As [`Region::from_raw`]: the memory stays valid until the returned [`MemoryRegion`]
@@ -171,15 +315,43 @@ impl ProtectionDomain {
         len: usize,
         access: Access,
     ) -> Result<MemoryRegion, ResourceError> {
+        #[cfg(feature = "verbs")]
+        if self.verbs.is_some() && !(ptr as usize).is_multiple_of(PAGE) {
+            // The NIC would place offset 0 of the region at the page offset of `ptr`, which
+            // peers cannot know from an rkey and an offset.
+            return Err(ResourceError::Unsupported);
+        }
         // SAFETY: forwarded to the caller's contract above.
         let region = unsafe { Region::from_raw(ptr, len) };
         self.register(region, access)
     }
 
     fn register(&self, region: Arc<Region>, access: Access) -> Result<MemoryRegion, ResourceError> {
+        #[cfg(feature = "verbs")]
+        if let Some(pd) = &self.verbs {
+            let pd = pd.as_ref().map_err(|e| *e)?;
+            // SAFETY: the region's bytes live as long as `region`, which the returned
+            // MemoryRegion holds and drops only after the Mr (field order), so the NIC stops
+            // using them first; the region only accesses them atomically.
+            let mr =
+                unsafe { braid_verbs::Mr::register(pd, region.as_ptr(), region.len(), access) }
+                    .map_err(|e| resource(&e))?;
+            return Ok(MemoryRegion {
+                dev: self.dev.clone(),
+                keys: MrKeys {
+                    lkey: mr.lkey(),
+                    rkey: mr.rkey(),
+                },
+                verbs: Some(mr),
+                region,
+                access,
+            });
+        }
         let keys = self.dev.inner().register(self.pd, &region, access)?;
         Ok(MemoryRegion {
             dev: self.dev.clone(),
+            #[cfg(feature = "verbs")]
+            verbs: None,
             region,
             keys,
             access,
@@ -197,12 +369,16 @@ impl ProtectionDomain {
 
     /// Creates a QP as [`create_qp`](Self::create_qp) does, but encrypted: every packet is
     /// sealed with AES-256-GCM under keys agreed at `connect` (see `braid_proto::seal`). Its
-    /// X25519 private key is drawn from the OS; the peer QP must be encrypted too.
+    /// X25519 private key is drawn from the OS; the peer QP must be encrypted too. Refused
+    /// with [`ResourceError::Unsupported`] on verbs.
     pub fn create_encrypted_qp(
         &self,
         send_cq: &CompletionQueue,
         recv_cq: &CompletionQueue,
     ) -> Result<QueuePair, ResourceError> {
+        if self.dev.is_verbs() {
+            return Err(ResourceError::Unsupported);
+        }
         let mut secret = zeroize::Zeroizing::new([0u8; 32]);
         getrandom::getrandom(&mut secret[..]).map_err(|_| ResourceError::Entropy)?;
         self.create_qp_with(send_cq, recv_cq, QpOptions::encrypted(*secret))
@@ -214,18 +390,48 @@ impl ProtectionDomain {
         recv_cq: &CompletionQueue,
         opts: QpOptions,
     ) -> Result<QueuePair, ResourceError> {
+        #[cfg(feature = "verbs")]
+        if let Some(pd) = &self.verbs {
+            let pd = pd.as_ref().map_err(|e| *e)?;
+            let (CqImp::Verbs(scq), CqImp::Verbs(rcq)) = (&send_cq.imp, &recv_cq.imp) else {
+                return Err(ResourceError::UnknownCq);
+            };
+            let scq = scq.as_ref().map_err(|e| *e)?;
+            let rcq = rcq.as_ref().map_err(|e| *e)?;
+            let verbs_dev = self.dev.verbs().ok_or(ResourceError::UnknownPd)?;
+            if !Arc::ptr_eq(pd.context(), &verbs_dev.ctx) {
+                return Err(ResourceError::UnknownPd);
+            }
+            let qp =
+                braid_verbs::Qp::new(pd, scq, rcq, verbs_dev.timing).map_err(|e| resource(&e))?;
+            return Ok(QueuePair {
+                dev: self.dev.clone(),
+                gate: Arc::new(QpGate::new(self.pd)),
+                info: qp.info(),
+                send_cq: CqId(0),
+                recv_cq: CqId(0),
+                verbs: Some(Arc::new(qp)),
+            });
+        }
+        // A verbs CQ has no engine id: using one with a software QP is an unknown CQ.
+        if send_cq.shared().is_none() || recv_cq.shared().is_none() {
+            return Err(ResourceError::UnknownCq);
+        }
+        let (send_id, recv_id) = (send_cq.id(), recv_cq.id());
         let info = self
             .dev
             .inner()
             .lock()
             .ep
-            .create_qp_with(self.pd, send_cq.id, recv_cq.id, opts)?;
+            .create_qp_with(self.pd, send_id, recv_id, opts)?;
         Ok(QueuePair {
             dev: self.dev.clone(),
             gate: Arc::new(QpGate::new(self.pd)),
             info,
-            send_cq: send_cq.id,
-            recv_cq: recv_cq.id,
+            send_cq: send_id,
+            recv_cq: recv_id,
+            #[cfg(feature = "verbs")]
+            verbs: None,
         })
     }
 }
@@ -236,6 +442,11 @@ impl ProtectionDomain {
 /// no longer touches its memory (see [`braid_proto::Endpoint::deregister`]).
 pub struct MemoryRegion {
     dev: Device,
+    /// The NIC's registration; declared before `region` so it is dropped (deregistered)
+    /// before the bytes can be freed.
+    #[cfg(feature = "verbs")]
+    #[allow(dead_code)] // Held for its Drop.
+    verbs: Option<braid_verbs::Mr>,
     region: Arc<Region>,
     keys: MrKeys,
     access: Access,
@@ -253,6 +464,9 @@ impl std::fmt::Debug for MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
+        if self.dev.is_verbs() {
+            return; // The Mr deregisters itself.
+        }
         self.dev.inner().deregister(self.keys.lkey);
     }
 }
@@ -278,7 +492,8 @@ impl MemoryRegion {
     pub fn is_empty(&self) -> bool {
         self.region.is_empty()
     }
-    /// The shared bytes (read, write, atomics).
+    /// The shared bytes (read, write, atomics). On verbs the same bytes are registered with
+    /// the NIC, which writes them directly.
     pub fn region(&self) -> &Arc<Region> {
         &self.region
     }
@@ -311,21 +526,44 @@ impl MemoryRegion {
 #[derive(Clone)]
 pub struct CompletionQueue {
     pub(super) dev: Device,
-    id: CqId,
-    pub(super) shared: Arc<CqShared>,
+    imp: CqImp,
+}
+
+#[derive(Clone)]
+enum CqImp {
+    Software {
+        id: CqId,
+        shared: Arc<CqShared>,
+    },
+    #[cfg(feature = "verbs")]
+    Verbs(VerbsCq),
 }
 
 impl std::fmt::Debug for CompletionQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CompletionQueue")
-            .field("id", &self.id.0)
+            .field("id", &self.id().0)
             .finish()
     }
 }
 
 impl CompletionQueue {
+    /// The engine's CQ id (0 on verbs, where the handshake's idle engine has none).
     pub(crate) fn id(&self) -> CqId {
-        self.id
+        match &self.imp {
+            CqImp::Software { id, .. } => *id,
+            #[cfg(feature = "verbs")]
+            CqImp::Verbs(_) => CqId(0),
+        }
+    }
+
+    /// The completion ring of a software CQ; `None` on verbs.
+    pub(super) fn shared(&self) -> Option<&Arc<CqShared>> {
+        match &self.imp {
+            CqImp::Software { shared, .. } => Some(shared),
+            #[cfg(feature = "verbs")]
+            CqImp::Verbs(_) => None,
+        }
     }
 
     /// Takes up to `out.len()` completions without waiting; returns how many. On an
@@ -333,12 +571,17 @@ impl CompletionQueue {
     /// finds the queue empty first drives the device (receives, places, sends) unless
     /// another thread is doing so, then looks again.
     pub fn poll(&self, out: &mut [Completion]) -> usize {
-        let n = self.shared.pop(out);
+        let shared = match &self.imp {
+            CqImp::Software { shared, .. } => shared,
+            #[cfg(feature = "verbs")]
+            CqImp::Verbs(cq) => return cq.as_ref().map_or(0, |cq| cq.poll(out)),
+        };
+        let n = shared.pop(out);
         if n > 0 || !self.dev.inner().inline() {
             return n;
         }
         self.dev.inner().drive();
-        self.shared.pop(out)
+        shared.pop(out)
     }
 
     /// Takes one completion without waiting.
@@ -355,9 +598,12 @@ impl CompletionQueue {
     }
 
     /// Waits up to `timeout` for one completion. Several threads may wait on one CQ; each
-    /// completion goes to one of them.
+    /// completion goes to one of them. On verbs it polls the NIC's CQ, yielding in between.
     pub fn wait(&self, timeout: Duration) -> Option<Completion> {
         let deadline = Instant::now() + timeout;
+        let Some(shared) = self.shared() else {
+            return self.wait_verbs(deadline);
+        };
         loop {
             if let Some(c) = self.poll_one() {
                 return Some(c);
@@ -366,29 +612,42 @@ impl CompletionQueue {
             if self.dev.inner().inline() {
                 // Sleeps in the datapath (or, if another thread drives, briefly on the CQ's
                 // event), then drives again at the next `poll_one`.
-                self.dev.inner().wait_inline(&self.shared, left);
+                self.dev.inner().wait_inline(shared, left);
                 continue;
             }
             // Sleeps on the CQ's event (arm, re-check, sleep); another waiter may take what
             // woke us, hence the loop.
-            let ring = &self.shared.ring;
-            self.shared
-                .ready
-                .wait_until(|| !ring.is_empty(), Some(left));
+            let ring = &shared.ring;
+            shared.ready.wait_until(|| !ring.is_empty(), Some(left));
+        }
+    }
+
+    /// `wait` on a verbs CQ: busy-polls (the NIC fills it without our help), yielding the
+    /// CPU between polls.
+    fn wait_verbs(&self, deadline: Instant) -> Option<Completion> {
+        loop {
+            if let Some(c) = self.poll_one() {
+                return Some(c);
+            }
+            deadline.checked_duration_since(Instant::now())?;
+            std::thread::yield_now();
         }
     }
 
     /// Waits up to `timeout` until the queue holds a completion, without taking it (for a
     /// thread that hands completions to a consumer running elsewhere in order). Returns
     /// whether one is there.
+    ///
+    /// Not available on verbs (a completion cannot be looked at there without taking it):
+    /// returns `false` at once.
     pub fn wait_ready(&self, timeout: Duration) -> bool {
-        let ring = &self.shared.ring;
+        let Some(shared) = self.shared() else {
+            return false;
+        };
+        let ring = &shared.ring;
         let inner = self.dev.inner();
         if !inner.inline() {
-            return self
-                .shared
-                .ready
-                .wait_until(|| !ring.is_empty(), Some(timeout));
+            return shared.ready.wait_until(|| !ring.is_empty(), Some(timeout));
         }
         let deadline = Instant::now() + timeout;
         loop {
@@ -402,7 +661,7 @@ impl CompletionQueue {
             let Some(left) = deadline.checked_duration_since(Instant::now()) else {
                 return false;
             };
-            inner.wait_inline(&self.shared, left);
+            inner.wait_inline(shared, left);
         }
     }
 
@@ -420,6 +679,8 @@ pub struct QueuePair {
     info: QpInfo,
     send_cq: CqId,
     recv_cq: CqId,
+    #[cfg(feature = "verbs")]
+    verbs: Option<Arc<braid_verbs::Qp>>,
 }
 
 impl std::fmt::Debug for QueuePair {
@@ -432,18 +693,30 @@ impl std::fmt::Debug for QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
+        if self.dev.is_verbs() {
+            return; // The Qp destroys itself.
+        }
         let _ = self.dev.inner().lock().ep.destroy_qp(self.info.qpn);
     }
 }
 
 impl QueuePair {
-    /// What the peer needs to connect to this QP (address, QP number, first PSN).
+    /// What the peer needs to connect to this QP (address, QP number, first PSN; on verbs
+    /// the address is the port GID on port 4791, see `braid_verbs::qp_info`).
     pub fn info(&self) -> QpInfo {
         self.info
     }
 
-    /// Connects to the peer QP described by `peer`.
+    /// Connects to the peer QP described by `peer` (on verbs: INIT to RTR to RTS; a software
+    /// QP's info is refused with [`ResourceError::Unsupported`]).
     pub fn connect(&self, peer: QpInfo) -> Result<(), ResourceError> {
+        #[cfg(feature = "verbs")]
+        if let Some(qp) = &self.verbs {
+            let p = braid_verbs::peer_of(&peer).ok_or(ResourceError::Unsupported)?;
+            qp.connect(&p).map_err(|e| resource(&e))?;
+            self.gate.set_connected();
+            return Ok(());
+        }
         self.dev.inner().lock().ep.connect(self.info.qpn, peer)?;
         self.gate.set_connected();
         Ok(())
@@ -456,7 +729,14 @@ impl QueuePair {
     /// packets leave from this thread; when another thread holds it, the request is handed to
     /// that thread (or to the progress thread). On a QP in the error state an accepted request
     /// completes as `Flushed`.
+    ///
+    /// On verbs the request goes to the NIC at once; local keys, bounds and rights are
+    /// checked by the NIC and come back as `LocalProtectionError` completions.
     pub fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
+        #[cfg(feature = "verbs")]
+        if let Some(qp) = &self.verbs {
+            return qp.post_send(&wr);
+        }
         self.dev.inner().post(Post::Send {
             qpn: self.info.qpn,
             wr,
@@ -468,6 +748,10 @@ impl QueuePair {
     /// Posts a receive work request; refused or accepted as [`post_send`](Self::post_send)
     /// is (bad buffers, full queue).
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), PostError> {
+        #[cfg(feature = "verbs")]
+        if let Some(qp) = &self.verbs {
+            return qp.post_recv(&wr);
+        }
         self.dev.inner().post(Post::Recv {
             qpn: self.info.qpn,
             wr,
@@ -478,13 +762,20 @@ impl QueuePair {
 
     /// Moves the QP to the error state: outstanding work completes as flushed.
     pub fn set_error(&self) -> Result<(), ResourceError> {
+        #[cfg(feature = "verbs")]
+        if let Some(qp) = &self.verbs {
+            return qp.set_error().map_err(|e| resource(&e));
+        }
         self.dev
             .inner()
             .with_engine(|ep| ep.set_error(self.info.qpn))
     }
 
-    /// State and counters.
+    /// State and counters (`None` on verbs).
     pub fn stats(&self) -> Option<QpStats> {
+        if self.dev.is_verbs() {
+            return None;
+        }
         self.dev.inner().lock().ep.qp_stats(self.info.qpn)
     }
 }
