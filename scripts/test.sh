@@ -24,6 +24,16 @@ if [[ $(id -u) -eq 0 ]]; then
   # qemu-system-x86, kmod and cpio for the QEMU guest with Soft-RoCE (tests/netns/tests/guest.rs
   # boots it through scripts/guest/run.sh; the image is built and cached under target/guest).
   ./scripts/guest/build-image.sh deps
+  # The backend conformance suite built for the verbs backend, which the guest test
+  # (guest_verbs_conformance) runs over rxe0/rxe1 inside the guest. Copied aside: the
+  # workspace build below makes the software-only binary of the same name.
+  echo "== cargo build -p braid-tests --features verbs --bin braid-conformance"
+  cargo build --locked -p braid-tests --features verbs --bin braid-conformance
+  target_dir="${CARGO_TARGET_DIR:-target}"
+  mkdir -p "$target_dir/guest"
+  cp "$target_dir/debug/braid-conformance" "$target_dir/guest/braid-conformance-verbs"
+  BRAID_GUEST_TEST_EXE="$(realpath "$target_dir/guest/braid-conformance-verbs")"
+  export BRAID_GUEST_TEST_EXE
 fi
 
 echo "== cargo test --workspace"

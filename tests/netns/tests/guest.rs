@@ -14,16 +14,17 @@
 //! # Running another test binary in the guest
 //!
 //! [`run_in_guest`] takes a host executable, its arguments and environment, and returns the
-//! guest command's exit status and console. `BRAID_GUEST_TEST_EXE` plugs a binary into
-//! [`guest_extra_test_binary`] without code: for the verbs conformance suite
+//! guest command's exit status and console. [`guest_verbs_conformance`] runs the backend
+//! conformance suite on the verbs backend that way:
 //!
 //! ```text
-//! BRAID_GUEST_TEST_EXE=target/debug/deps/all-<hash> BRAID_GUEST_TEST_ARGS='conformance --test-threads=1' \
-//!   cargo test -p braid-netns --test guest guest_extra_test_binary -- --nocapture
+//! cargo build -p braid-tests --features verbs --bin braid-conformance
+//! cp target/debug/braid-conformance target/guest/braid-conformance-verbs
+//! BRAID_GUEST_TEST_EXE=target/guest/braid-conformance-verbs \
+//!   cargo test -p braid-netns --test guest guest_verbs_conformance -- --nocapture
 //! ```
 //!
-//! runs it in the guest with `BRAID_TEST_VERBS=1 BRAID_VERBS_DEVICES=rxe0,rxe1` and fails
-//! unless it exits 0. By hand, the same is `scripts/guest/run.sh EXE ARGS...`.
+//! By hand, the same is `BRAID_TEST_VERBS=1 scripts/guest/run.sh EXE [CASE...]`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -218,19 +219,29 @@ fn guest_harness_times_out() {
     assert!(!run.console.contains("BRAID-GUEST-EXIT"));
 }
 
-/// The hook for other suites: runs `BRAID_GUEST_TEST_EXE` (with `BRAID_GUEST_TEST_ARGS`,
-/// split on whitespace) in the guest against rxe0 and rxe1 and requires exit status 0.
-/// Without `BRAID_GUEST_TEST_EXE` it prints `SKIPPED` (under CI too, until a suite is wired
-/// in).
+/// The backend conformance suite (`braid_tests::conformance`) on the verbs backend over rxe0
+/// and rxe1: `BRAID_GUEST_TEST_EXE` is a `braid-conformance` built with `--features verbs`
+/// (scripts/test.sh builds it and sets this when running as root), run in the guest with
+/// `BRAID_TEST_VERBS=1 BRAID_VERBS_DEVICES=rxe0,rxe1` and `BRAID_GUEST_TEST_ARGS` (split on
+/// whitespace: case names, default all); it must exit 0. Unset: `SKIPPED`, and under CI a
+/// failure.
 #[test]
-fn guest_extra_test_binary() {
-    let Ok(exe) = std::env::var("BRAID_GUEST_TEST_EXE") else {
-        eprintln!("SKIPPED guest_extra_test_binary: BRAID_GUEST_TEST_EXE not set");
-        return;
-    };
-    if !guest_available("guest_extra_test_binary") {
+fn guest_verbs_conformance() {
+    const TEST: &str = "guest_verbs_conformance";
+    if !guest_available(TEST) {
         return;
     }
+    let Ok(exe) = std::env::var("BRAID_GUEST_TEST_EXE") else {
+        assert!(
+            !braid_netns::in_ci(),
+            "{TEST}: BRAID_GUEST_TEST_EXE not set under CI (scripts/test.sh sets it)"
+        );
+        eprintln!(
+            "SKIPPED {TEST}: BRAID_GUEST_TEST_EXE not set (cargo build -p braid-tests \\
+             --features verbs --bin braid-conformance, then point it at the binary)"
+        );
+        return;
+    };
     let exe = std::fs::canonicalize(&exe).expect("BRAID_GUEST_TEST_EXE does not exist");
     let args = std::env::var("BRAID_GUEST_TEST_ARGS").unwrap_or_default();
     let args: Vec<&str> = args.split_whitespace().collect();
@@ -243,7 +254,18 @@ fn guest_extra_test_binary() {
         ],
         None,
     );
-    assert_eq!(run.status, 0, "{} failed in the guest", exe.display());
+    assert_eq!(
+        run.status,
+        0,
+        "{} failed in the guest:\n{}",
+        exe.display(),
+        run.console
+    );
+    assert!(
+        run.console.contains("braid conformance on verbs"),
+        "the suite did not run on the verbs backend:\n{}",
+        run.console
+    );
 }
 
 /// The payload of guest_rust_binary_dlopens_ibverbs, run inside the guest only (ignored; run
