@@ -99,10 +99,10 @@ impl CompletionQueue {
         if let Some(fd) = self.shared.fd.get() {
             return Ok(fd.raw());
         }
-        // Made under the engine lock, which every publication holds: a publication either
-        // finishes before (and its completions are in the ring, checked below) or sees the
-        // descriptor and signals it.
-        let _core = self.dev.inner().lock();
+        // Made under every shard's engine lock, one of which every publication holds: a
+        // publication either finishes before (and its completions are in a ring, checked
+        // below) or sees the descriptor and signals it.
+        let _cores = self.dev.owner().lock_all();
         if self.shared.fd.get().is_none() {
             let _ = self.shared.fd.set(CqFd::new()?);
         }
@@ -111,7 +111,7 @@ impl CompletionQueue {
             .fd
             .get()
             .ok_or_else(|| io::Error::other("no CQ fd"))?;
-        if !self.shared.ring.is_empty() {
+        if !self.shared.is_empty() {
             fd.signal();
         }
         Ok(fd.raw())
@@ -220,11 +220,11 @@ mod tests {
             signaled: true,
         };
         qp_a.post_send(wr).unwrap();
-        let ring = &cq_a.shared.ring;
+        let shared = &cq_a.shared;
         assert!(
             cq_a.shared
                 .ready
-                .wait_until(|| !ring.is_empty(), Some(Duration::from_secs(20)))
+                .wait_until(|| !shared.is_empty(), Some(Duration::from_secs(20)))
         );
         let fd = cq_a.event_fd().unwrap();
         assert!(readable(fd, 0));

@@ -12,7 +12,7 @@ use braid_proto::{
     QpOptions, QpStats, RecvWr, Region, RemoteAddr, ResourceError, SendWr, Sge, Timestamp,
 };
 
-use super::config::{DeviceConfig, OpenError, open_datapath};
+use super::config::{DeviceConfig, OpenError, open_datapaths};
 use super::runtime::{Core, CqShared, Inner, Owner, Post, QpGate};
 
 /// An open device: an endpoint bound to a local address over a datapath.
@@ -36,17 +36,30 @@ impl Device {
         let mut engine = cfg.engine_config()?;
         // More source ports than paths: PLB re-paths a congested path onto a spare one.
         let ports = engine.source_ports();
-        let (datapath, report) = open_datapath(&cfg, ports, engine.max_datagram)?;
-        engine.max_datagram = engine.max_datagram.min(datapath.max_payload());
-        let owner = Owner::start(engine, datapath, report, cfg.busy_poll, cfg.progress)?;
+        let (datapaths, report) = open_datapaths(&cfg, ports, engine.max_datagram)?;
+        for d in &datapaths {
+            engine.max_datagram = engine.max_datagram.min(d.max_payload());
+        }
+        let owner = Owner::start(engine, datapaths, report, cfg.busy_poll, cfg.progress)?;
         Ok(Device {
             owner: Arc::new(owner),
         })
     }
 
-    /// The core this device's handles share with its progress thread.
+    /// The core this device's handles share with its progress thread: shard 0's, which has
+    /// the device's address and the handshake.
     pub(super) fn inner(&self) -> &Inner {
         self.owner.inner()
+    }
+
+    /// The shards and what spans them.
+    pub(super) fn owner(&self) -> &Owner {
+        &self.owner
+    }
+
+    /// The number of engine shards (see [`DeviceConfig::shards`]); each QP lives on one.
+    pub fn shards(&self) -> usize {
+        self.owner.shard_count()
     }
 
     /// Runs `f` on the engine and the handshake runtime under the engine lock, then sends what
@@ -95,24 +108,25 @@ impl Device {
         self.inner().lock().ep.chunk_size()
     }
 
-    /// Endpoint counters.
+    /// Endpoint counters (summed over the shards).
     pub fn stats(&self) -> EndpointStats {
-        self.inner().lock().ep.stats().clone()
+        self.owner.stats()
     }
 
-    /// Per-path counters.
+    /// Per-path counters (summed over the shards).
     pub fn path_stats(&self) -> Vec<PathStats> {
-        self.inner().lock().ep.path_stats().to_vec()
+        self.owner.path_stats()
     }
 
-    /// RTT distribution over every QP of this device (percentiles, extremes, sample count).
+    /// RTT distribution over every QP of this device (percentiles, extremes, sample count;
+    /// with several shards each percentile is the largest shard's).
     pub fn rtt_summary(&self) -> braid_proto::RttSummary {
-        self.inner().lock().ep.rtt_summary()
+        self.owner.rtt_summary()
     }
 
     /// Allocates a protection domain.
     pub fn alloc_pd(&self) -> ProtectionDomain {
-        let pd = self.inner().lock().ep.alloc_pd();
+        let pd = self.owner.alloc_pd();
         ProtectionDomain {
             dev: self.clone(),
             pd,
@@ -121,7 +135,7 @@ impl Device {
 
     /// Creates a completion queue.
     pub fn create_cq(&self) -> CompletionQueue {
-        let (id, shared) = self.inner().create_cq();
+        let (id, shared) = self.owner.create_cq();
         CompletionQueue {
             dev: self.clone(),
             id,
@@ -177,7 +191,7 @@ impl ProtectionDomain {
     }
 
     fn register(&self, region: Arc<Region>, access: Access) -> Result<MemoryRegion, ResourceError> {
-        let keys = self.dev.inner().register(self.pd, &region, access)?;
+        let keys = self.dev.owner().register(self.pd, &region, access)?;
         Ok(MemoryRegion {
             dev: self.dev.clone(),
             region,
@@ -214,14 +228,18 @@ impl ProtectionDomain {
         recv_cq: &CompletionQueue,
         opts: QpOptions,
     ) -> Result<QueuePair, ResourceError> {
-        let info = self
-            .dev
-            .inner()
+        let owner = self.dev.owner();
+        let shard = owner.pick_shard();
+        let info = owner
+            .shard(shard)
             .lock()
             .ep
             .create_qp_with(self.pd, send_cq.id, recv_cq.id, opts)?;
+        owner.cq_used_by(&send_cq.shared, shard);
+        owner.cq_used_by(&recv_cq.shared, shard);
         Ok(QueuePair {
             dev: self.dev.clone(),
+            shard,
             gate: Arc::new(QpGate::new(self.pd)),
             info,
             send_cq: send_cq.id,
@@ -253,7 +271,7 @@ impl std::fmt::Debug for MemoryRegion {
 
 impl Drop for MemoryRegion {
     fn drop(&mut self) {
-        self.dev.inner().deregister(self.keys.lkey);
+        self.dev.owner().deregister(self.keys.lkey);
     }
 }
 
@@ -337,7 +355,7 @@ impl CompletionQueue {
         if n > 0 || !self.dev.inner().inline() {
             return n;
         }
-        self.dev.inner().drive();
+        self.dev.owner().drive(&self.shared);
         self.shared.pop(out)
     }
 
@@ -366,15 +384,13 @@ impl CompletionQueue {
             if self.dev.inner().inline() {
                 // Sleeps in the datapath (or, if another thread drives, briefly on the CQ's
                 // event), then drives again at the next `poll_one`.
-                self.dev.inner().wait_inline(&self.shared, left);
+                self.dev.owner().wait_inline(&self.shared, left);
                 continue;
             }
             // Sleeps on the CQ's event (arm, re-check, sleep); another waiter may take what
             // woke us, hence the loop.
-            let ring = &self.shared.ring;
-            self.shared
-                .ready
-                .wait_until(|| !ring.is_empty(), Some(left));
+            let shared = &self.shared;
+            shared.ready.wait_until(|| !shared.is_empty(), Some(left));
         }
     }
 
@@ -382,27 +398,24 @@ impl CompletionQueue {
     /// thread that hands completions to a consumer running elsewhere in order). Returns
     /// whether one is there.
     pub fn wait_ready(&self, timeout: Duration) -> bool {
-        let ring = &self.shared.ring;
-        let inner = self.dev.inner();
-        if !inner.inline() {
-            return self
-                .shared
-                .ready
-                .wait_until(|| !ring.is_empty(), Some(timeout));
+        let shared = &self.shared;
+        let owner = self.dev.owner();
+        if !owner.inner().inline() {
+            return shared.ready.wait_until(|| !shared.is_empty(), Some(timeout));
         }
         let deadline = Instant::now() + timeout;
         loop {
-            if !ring.is_empty() {
+            if !shared.is_empty() {
                 return true;
             }
-            inner.drive();
-            if !ring.is_empty() {
+            owner.drive(shared);
+            if !shared.is_empty() {
                 return true;
             }
             let Some(left) = deadline.checked_duration_since(Instant::now()) else {
                 return false;
             };
-            inner.wait_inline(&self.shared, left);
+            owner.wait_inline(shared, left);
         }
     }
 
@@ -415,6 +428,8 @@ impl CompletionQueue {
 /// A reliable queue pair, connected to one peer QP.
 pub struct QueuePair {
     dev: Device,
+    /// The engine shard it lives on.
+    shard: usize,
     /// What its posts are checked against before they reach the engine.
     gate: Arc<QpGate>,
     info: QpInfo,
@@ -432,11 +447,16 @@ impl std::fmt::Debug for QueuePair {
 
 impl Drop for QueuePair {
     fn drop(&mut self) {
-        let _ = self.dev.inner().lock().ep.destroy_qp(self.info.qpn);
+        let _ = self.shard().lock().ep.destroy_qp(self.info.qpn);
     }
 }
 
 impl QueuePair {
+    /// The engine shard this QP lives on.
+    fn shard(&self) -> &Inner {
+        self.dev.owner().shard(self.shard)
+    }
+
     /// What the peer needs to connect to this QP (address, QP number, first PSN).
     pub fn info(&self) -> QpInfo {
         self.info
@@ -444,7 +464,7 @@ impl QueuePair {
 
     /// Connects to the peer QP described by `peer`.
     pub fn connect(&self, peer: QpInfo) -> Result<(), ResourceError> {
-        self.dev.inner().lock().ep.connect(self.info.qpn, peer)?;
+        self.shard().lock().ep.connect(self.info.qpn, peer)?;
         self.gate.set_connected();
         Ok(())
     }
@@ -457,7 +477,7 @@ impl QueuePair {
     /// that thread (or to the progress thread). On a QP in the error state an accepted request
     /// completes as `Flushed`.
     pub fn post_send(&self, wr: SendWr) -> Result<(), PostError> {
-        self.dev.inner().post(Post::Send {
+        self.shard().post(Post::Send {
             qpn: self.info.qpn,
             wr,
             cq: self.send_cq,
@@ -468,7 +488,7 @@ impl QueuePair {
     /// Posts a receive work request; refused or accepted as [`post_send`](Self::post_send)
     /// is (bad buffers, full queue).
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), PostError> {
-        self.dev.inner().post(Post::Recv {
+        self.shard().post(Post::Recv {
             qpn: self.info.qpn,
             wr,
             cq: self.recv_cq,
@@ -478,13 +498,11 @@ impl QueuePair {
 
     /// Moves the QP to the error state: outstanding work completes as flushed.
     pub fn set_error(&self) -> Result<(), ResourceError> {
-        self.dev
-            .inner()
-            .with_engine(|ep| ep.set_error(self.info.qpn))
+        self.shard().with_engine(|ep| ep.set_error(self.info.qpn))
     }
 
     /// State and counters.
     pub fn stats(&self) -> Option<QpStats> {
-        self.dev.inner().lock().ep.qp_stats(self.info.qpn)
+        self.shard().lock().ep.qp_stats(self.info.qpn)
     }
 }
