@@ -8,6 +8,7 @@
 //! - `encryption`: encrypted QPs: agreement at connect; tampered, replayed and forged
 //!   datagrams; encrypted devices over UDP.
 //! - `loopback`: devices over real UDP on 127.0.0.1, in one process and across two.
+//! - `shard`: devices with several engine shards, QPs spread over them.
 mod burst;
 mod encryption;
 mod fabric;
@@ -21,6 +22,7 @@ mod netns_paths;
 mod rc_fairness;
 mod rc_order;
 mod rc_recovery;
+mod shard;
 mod sim_e2e;
 mod support;
 mod telemetry;

@@ -157,6 +157,10 @@ pub struct DeviceConfig {
     /// 0 has the device's address and answers the connection handshake. AF_XDP binds every
     /// queue of its interface for one socket set, so an AF_XDP device runs one shard (its
     /// [`datapath_report`](crate::Device::datapath_report) says so when more were asked).
+    /// With [`Progress::Inline`], a poll drives the shards whose QPs report to the polled
+    /// queue; a blocking wait on a queue fed by one shard sleeps in that shard's datapath,
+    /// but one fed by several cannot sleep in all of them and waits on the queue's event in
+    /// slices of a millisecond: for latency, give each shard's QPs queues of their own.
     pub shards: usize,
 }
 

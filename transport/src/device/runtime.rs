@@ -2,6 +2,12 @@
 //! to whoever holds that lock, runs the progress thread (receive batches, timers) and the
 //! transmit loop, and keeps each completion queue's engine side.
 //!
+//! A device has one or more **shards** (`DeviceConfig::shards`, see [`Owner`]): each is all
+//! of the above (an [`Inner`]: its own engine, lock, datapath socket set, hand-off ring and
+//! progress thread), and a QP lives on exactly one, so QPs on different shards never share a
+//! lock on the data path. What follows describes one shard; the region table and the
+//! completion queues' application sides span them.
+//!
 //! Concurrency is confined to the engine behind one mutex and to the loom-checked structures
 //! of `braid-sync` around it:
 //! - **Posting.** A post is first checked, without the engine lock, against everything it
@@ -20,9 +26,10 @@
 //!   registration table's lock: checked before the deregistration, it is applied before it
 //!   (it keeps its buffers, as a work request posted earlier does); checked after, it is
 //!   refused with `InvalidLkey`.
-//! - **Completions.** Each completion queue is an SPSC ring: the engine-lock holder produces,
-//!   application threads consume (behind a per-CQ lock, since several threads may poll one CQ;
-//!   an empty CQ is seen without that lock). Waiters sleep on the CQ's [`braid_sync::Event`].
+//! - **Completions.** Each completion queue is one SPSC ring per shard: the shard's
+//!   engine-lock holder produces, application threads consume (behind a per-ring lock, since
+//!   several threads may poll one CQ; an empty CQ is seen without a lock). Waiters sleep on
+//!   the CQ's [`braid_sync::Event`], which every shard notifies.
 //! - **Transmit buffers** come from a lock-free [`braid_sync::Pool`].
 //! - The datapath's `send`, which any thread may call.
 //! - **Who drives** ([`Progress`]). With `Progress::Thread` only the progress thread
@@ -525,9 +532,11 @@ impl Owner {
         self.shards.len()
     }
 
-    /// The shard a new QP goes to (round robin).
+    /// The shard a new QP goes to: round robin, starting with shard 1 (so that the first QP
+    /// of a device is not on shard 0, which also runs the handshake's QPs; and so that a
+    /// single-QP device with several shards still exercises a shard of its own).
     pub(super) fn pick_shard(&self) -> usize {
-        self.next_qp.fetch_add(1, Ordering::Relaxed) % self.shards.len()
+        (self.next_qp.fetch_add(1, Ordering::Relaxed) + 1) % self.shards.len()
     }
 
     /// Records that a QP on `shard` reports to `cq` (steers inline driving).
