@@ -15,7 +15,10 @@ use clap::Parser;
 use serde::Serialize;
 
 #[derive(Parser)]
-#[command(name = "shard-bw", about = "WRITE bandwidth of several QPs over sharded devices")]
+#[command(
+    name = "shard-bw",
+    about = "WRITE bandwidth of several QPs over sharded devices"
+)]
 struct Cli {
     /// Engine shards per device.
     #[arg(long, default_value_t = 2)]

@@ -83,15 +83,25 @@ fn every_operation_on_qps_spread_over(shards: usize, progress: Progress) {
     const QPS: usize = 4;
     let (a, b) = (open(shards, progress), open(shards, progress));
     let pairs = connect(&a, &b, QPS);
-    assert_spread(&a.dev, &pairs.iter().map(|p| &p.0).collect::<Vec<_>>(), shards);
-    assert_spread(&b.dev, &pairs.iter().map(|p| &p.1).collect::<Vec<_>>(), shards);
+    assert_spread(
+        &a.dev,
+        &pairs.iter().map(|p| &p.0).collect::<Vec<_>>(),
+        shards,
+    );
+    assert_spread(
+        &b.dev,
+        &pairs.iter().map(|p| &p.1).collect::<Vec<_>>(),
+        shards,
+    );
     // One region on each side, used by every QP (so by every shard) at its own offsets.
     const SLOT: u64 = 64 << 10;
     let len = SLOT as usize * QPS;
     let src = a.pd.alloc_mr(len, Access::LOCAL_WRITE).unwrap();
-    let dst = b
-        .pd
-        .alloc_mr(len, Access::REMOTE_WRITE | Access::REMOTE_READ | Access::LOCAL_WRITE)
+    let dst =
+        b.pd.alloc_mr(
+            len,
+            Access::REMOTE_WRITE | Access::REMOTE_READ | Access::LOCAL_WRITE,
+        )
         .unwrap();
     let atomics = b.pd.alloc_mr(8 * QPS, Access::REMOTE_ATOMIC).unwrap();
     let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 251) as u8).collect();
@@ -107,16 +117,24 @@ fn every_operation_on_qps_spread_over(shards: usize, progress: Progress) {
             sges: vec![dst.sge(base + 40_000, 1000)],
         })
         .unwrap();
-        qa.post_send(wr(id(1), SendOp::Write(dst.remote(base)), vec![src.sge(base, 20_000)]))
-            .unwrap();
+        qa.post_send(wr(
+            id(1),
+            SendOp::Write(dst.remote(base)),
+            vec![src.sge(base, 20_000)],
+        ))
+        .unwrap();
         qa.post_send(wr(
             id(2),
             SendOp::Read(dst.remote(base)),
             vec![src.sge(base + 20_000, 20_000)],
         ))
         .unwrap();
-        qa.post_send(wr(id(3), SendOp::SendImm(i as u32), vec![src.sge(base, 1000)]))
-            .unwrap();
+        qa.post_send(wr(
+            id(3),
+            SendOp::SendImm(i as u32),
+            vec![src.sge(base, 1000)],
+        ))
+        .unwrap();
         qa.post_send(wr(
             id(4),
             SendOp::FetchAdd(atomics.remote(i * 8), 10 + i),
@@ -143,7 +161,10 @@ fn every_operation_on_qps_spread_over(shards: usize, progress: Progress) {
     }
     for (i, got) in per_qp.iter().enumerate() {
         let i = i as u64;
-        let got: Vec<_> = got.iter().map(|c| (c.wr_id - i * 100, c.status, c.opcode)).collect();
+        let got: Vec<_> = got
+            .iter()
+            .map(|c| (c.wr_id - i * 100, c.status, c.opcode))
+            .collect();
         assert_eq!(
             got,
             vec![
@@ -162,7 +183,14 @@ fn every_operation_on_qps_spread_over(shards: usize, progress: Progress) {
         let qpn = pairs[i].1.info().qpn;
         assert_eq!(
             (c.wr_id, c.status, c.opcode, c.byte_len, c.imm, c.qpn),
-            (i as u64 * 100 + 9, WcStatus::Success, WcOpcode::Recv, 1000, Some(i as u32), qpn)
+            (
+                i as u64 * 100 + 9,
+                WcStatus::Success,
+                WcOpcode::Recv,
+                1000,
+                Some(i as u32),
+                qpn
+            )
         );
     }
     for i in 0..QPS as u64 {
@@ -204,7 +232,11 @@ fn a_qp_error_on_one_shard_leaves_qps_on_another_working() {
     let (a, b) = (open(2, Progress::Thread), open(2, Progress::Thread));
     let pairs = connect(&a, &b, 2);
     let (bad, good) = (&pairs[0], &pairs[1]);
-    assert_ne!(bad.0.info().addr, good.0.info().addr, "the two QPs share a shard");
+    assert_ne!(
+        bad.0.info().addr,
+        good.0.info().addr,
+        "the two QPs share a shard"
+    );
     let src = a.pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
     let dst = b.pd.alloc_mr(64, Access::REMOTE_WRITE).unwrap();
     src.write(0, &[9; 64]).unwrap();
@@ -226,7 +258,11 @@ fn a_qp_error_on_one_shard_leaves_qps_on_another_working() {
     // The QP on shard 0, on the same CQ and regions, is untouched.
     for i in 0..10u64 {
         good.0
-            .post_send(wr(10 + i, SendOp::Write(dst.remote(i * 4)), vec![src.sge(0, 4)]))
+            .post_send(wr(
+                10 + i,
+                SendOp::Write(dst.remote(i * 4)),
+                vec![src.sge(0, 4)],
+            ))
             .unwrap();
         let c = wait(&a.cq);
         assert_eq!((c.wr_id, c.status), (10 + i, WcStatus::Success));
@@ -256,18 +292,29 @@ fn a_deregistered_region_is_revoked_on_every_shard() {
     let dst = b.pd.alloc_mr(64, Access::REMOTE_WRITE).unwrap();
     // First the key works through both of B's shards.
     for (i, (qa, _)) in pairs.iter().enumerate() {
-        qa.post_send(wr(i as u64, SendOp::Write(dst.remote(0)), vec![src.sge(0, 8)]))
-            .unwrap();
+        qa.post_send(wr(
+            i as u64,
+            SendOp::Write(dst.remote(0)),
+            vec![src.sge(0, 8)],
+        ))
+        .unwrap();
         assert_eq!(wait(&a.cq).status, WcStatus::Success);
     }
     let remote = dst.remote(0);
     drop(dst);
     // Then it is refused by both.
     for (i, (qa, _)) in pairs.iter().enumerate() {
-        qa.post_send(wr(10 + i as u64, SendOp::Write(remote), vec![src.sge(0, 8)]))
-            .unwrap();
+        qa.post_send(wr(
+            10 + i as u64,
+            SendOp::Write(remote),
+            vec![src.sge(0, 8)],
+        ))
+        .unwrap();
         let c = wait(&a.cq);
-        assert_eq!((c.wr_id, c.status), (10 + i as u64, WcStatus::RemoteAccessError));
+        assert_eq!(
+            (c.wr_id, c.status),
+            (10 + i as u64, WcStatus::RemoteAccessError)
+        );
     }
     // A local key deregistered is refused at post on every shard.
     let lkey = src.lkey();
@@ -301,7 +348,11 @@ fn the_handshake_connects_sharded_devices_beside_qps_on_other_shards() {
         .dev
         .wait_connected(b.dev.local_addr(), WAIT)
         .expect("the handshake connects");
-    assert_eq!(conn.remote.addr, b.dev.local_addr(), "handshake QPs are shard 0's");
+    assert_eq!(
+        conn.remote.addr,
+        b.dev.local_addr(),
+        "handshake QPs are shard 0's"
+    );
     assert_ne!(pairs[0].0.info().addr, a.dev.local_addr());
     a.dev
         .post_send_to(
@@ -313,7 +364,10 @@ fn the_handshake_connects_sharded_devices_beside_qps_on_other_shards() {
         .0
         .post_send(wr(2, SendOp::Write(dst.remote(16)), vec![src.sge(0, 16)]))
         .unwrap();
-    let mut done: Vec<_> = (0..2).map(|_| wait(&a.cq)).map(|c| (c.wr_id, c.status)).collect();
+    let mut done: Vec<_> = (0..2)
+        .map(|_| wait(&a.cq))
+        .map(|c| (c.wr_id, c.status))
+        .collect();
     done.sort_by_key(|d| d.0);
     assert_eq!(done, vec![(1, WcStatus::Success), (2, WcStatus::Success)]);
     let mut got = [0u8; 32];

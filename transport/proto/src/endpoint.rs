@@ -355,7 +355,10 @@ impl Endpoint {
         keys: MrKeys,
     ) -> Result<(), ResourceError> {
         let MrKeys { lkey, rkey } = keys;
-        if lkey == 0 || rkey == 0 || self.sh.mrs.contains_key(&lkey) || self.sh.rkeys.contains_key(&rkey)
+        if lkey == 0
+            || rkey == 0
+            || self.sh.mrs.contains_key(&lkey)
+            || self.sh.rkeys.contains_key(&rkey)
         {
             return Err(ResourceError::Busy);
         }
@@ -869,16 +872,27 @@ mod register_as_tests {
         let (mut a, mut b) = (endpoint(1), endpoint(2));
         let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
         let region = Region::new(64);
-        let keys = a.register(pa, region.clone(), Access::REMOTE_WRITE).unwrap();
-        assert_eq!(b.register_as(pb, region.clone(), Access::REMOTE_WRITE, keys), Ok(()));
+        let keys = a
+            .register(pa, region.clone(), Access::REMOTE_WRITE)
+            .unwrap();
+        assert_eq!(
+            b.register_as(pb, region.clone(), Access::REMOTE_WRITE, keys),
+            Ok(())
+        );
         // Either key in use, or 0, is refused; an unknown PD too.
         let other = MrKeys {
             lkey: keys.lkey,
             rkey: keys.rkey ^ 1,
         };
-        assert_eq!(b.register_as(pb, region.clone(), Access::NONE, other), Err(ResourceError::Busy));
+        assert_eq!(
+            b.register_as(pb, region.clone(), Access::NONE, other),
+            Err(ResourceError::Busy)
+        );
         let zero = MrKeys { lkey: 0, rkey: 5 };
-        assert_eq!(b.register_as(pb, region.clone(), Access::NONE, zero), Err(ResourceError::Busy));
+        assert_eq!(
+            b.register_as(pb, region.clone(), Access::NONE, zero),
+            Err(ResourceError::Busy)
+        );
         let fresh = MrKeys {
             lkey: keys.lkey ^ 1,
             rkey: keys.rkey ^ 1,

@@ -401,7 +401,9 @@ impl CompletionQueue {
         let shared = &self.shared;
         let owner = self.dev.owner();
         if !owner.inner().inline() {
-            return shared.ready.wait_until(|| !shared.is_empty(), Some(timeout));
+            return shared
+                .ready
+                .wait_until(|| !shared.is_empty(), Some(timeout));
         }
         let deadline = Instant::now() + timeout;
         loop {

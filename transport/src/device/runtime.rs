@@ -705,7 +705,10 @@ impl Owner {
     /// Per-path counters, summed over the shards path by path (the smoothed RTT weighted by
     /// each shard's samples on the path).
     pub(super) fn path_stats(&self) -> Vec<PathStats> {
-        let mut all = self.shards.iter().map(|s| s.lock().ep.path_stats().to_vec());
+        let mut all = self
+            .shards
+            .iter()
+            .map(|s| s.lock().ep.path_stats().to_vec());
         let mut sum = all.next().unwrap_or_default();
         for paths in all {
             for (p, q) in sum.iter_mut().zip(paths) {

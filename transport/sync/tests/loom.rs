@@ -546,7 +546,11 @@ fn sharded_completion_queue_wakes_its_waiter_and_keeps_each_shards_order() {
             for s in shards {
                 s.join().unwrap();
             }
-            assert_eq!(seen, vec![vec![0, 1], vec![0, 1]], "each shard's order, each once");
+            assert_eq!(
+                seen,
+                vec![vec![0, 1], vec![0, 1]],
+                "each shard's order, each once"
+            );
         },
     );
 }
