@@ -519,8 +519,11 @@ fn sharded_completion_queue_wakes_its_waiter_and_keeps_each_shards_order() {
                 let (mut tx, rx) = ring::channel::<usize>(2);
                 rings.push((rx.ring().clone(), loom::sync::Mutex::new(rx)));
                 let e = event.clone();
+                // Shard 0 produces two (its order is checked), shard 1 one (it keeps the
+                // model small enough to explore).
+                let count = 2 - shard;
                 shards.push(thread::spawn(move || {
-                    for c in 0..2 {
+                    for c in 0..count {
                         tx.push(shard * 10 + c).unwrap();
                         e.notify();
                     }
@@ -528,7 +531,7 @@ fn sharded_completion_queue_wakes_its_waiter_and_keeps_each_shards_order() {
             }
             let mut seen: Vec<Vec<usize>> = vec![Vec::new(); 2];
             let mut start = 0;
-            while seen.iter().map(Vec::len).sum::<usize>() < 4 {
+            while seen.iter().map(Vec::len).sum::<usize>() < 3 {
                 let mut got = false;
                 for k in 0..2 {
                     let (_, rx) = &rings[(start + k) % 2];
@@ -548,7 +551,7 @@ fn sharded_completion_queue_wakes_its_waiter_and_keeps_each_shards_order() {
             }
             assert_eq!(
                 seen,
-                vec![vec![0, 1], vec![0, 1]],
+                vec![vec![0, 1], vec![0]],
                 "each shard's order, each once"
             );
         },
