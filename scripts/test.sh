@@ -39,6 +39,12 @@ fi
 echo "== cargo test --workspace"
 cargo test --workspace --locked "$@"
 
+# The loopback suite again with every device split into two engine shards (BRAID_SHARDS=2,
+# see DeviceConfig::shards): the test binary built above (same workspace features, so no
+# rebuild), with each device's QPs on a shard other than its first. A few seconds.
+echo "== loopback suite with BRAID_SHARDS=2"
+BRAID_SHARDS=2 cargo test --workspace --locked "$@" --test all -- loopback::
+
 # Loom model checks of braid-sync's rings, doorbells and pool (transport/sync/tests/loom.rs),
 # in release (loom explores thousands of schedules per test) and in their own target dir, so
 # that the --cfg loom flag does not invalidate the main build cache. Each test prints how many

@@ -10,6 +10,7 @@
 //! - `loopback`: devices over real UDP on 127.0.0.1, in one process and across two.
 //! - `conformance`: the public API's behaviour case by case, on the software backend, or
 //!   on the verbs backend with `BRAID_TEST_VERBS=1` (see `braid_tests::conformance`).
+//! - `shard`: devices with several engine shards, QPs spread over them.
 mod burst;
 mod conformance;
 mod encryption;
@@ -25,6 +26,7 @@ mod netns_paths;
 mod rc_fairness;
 mod rc_order;
 mod rc_recovery;
+mod shard;
 mod sim_e2e;
 mod support;
 mod telemetry;

@@ -72,10 +72,13 @@ struct Side {
 
 fn open(kind: DatapathKind, ns: &Netns, ifname: &str, ip: Ipv4Addr) -> Side {
     // No spare ports: weights are mapped to links by each path's port, so a path that PLB
-    // moved to a spare port would be counted on the wrong link.
+    // moved to a spare port would be counted on the wrong link. One engine shard, whatever
+    // BRAID_SHARDS says: the paths are read off the device's one socket set, path 0 on PORT
+    // (a QP on another shard would use that shard's socket set).
     let cfg = DeviceConfig::udp(SocketAddr::from((ip, PORT)))
         .paths(PATHS)
         .ports(PATHS)
+        .shards(1)
         .datapath(kind)
         .interface(ifname);
     let dev = ns

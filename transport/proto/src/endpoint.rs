@@ -322,8 +322,9 @@ impl Endpoint {
         region: Arc<Region>,
         access: Access,
     ) -> Result<MrKeys, ResourceError> {
-        let users = self.pds.get_mut(&pd.0).ok_or(ResourceError::UnknownPd)?;
-        *users += 1;
+        if !self.pds.contains_key(&pd.0) {
+            return Err(ResourceError::UnknownPd);
+        }
         let lkey = loop {
             let k = self.sh.random_nonzero();
             if !self.sh.mrs.contains_key(&k) {
@@ -336,6 +337,33 @@ impl Endpoint {
                 break k;
             }
         };
+        let keys = MrKeys { lkey, rkey };
+        self.register_as(pd, region, access, keys)?;
+        Ok(keys)
+    }
+
+    /// Registers `region` in `pd` with `access` rights under `keys` chosen elsewhere: by
+    /// [`register`](Self::register) on another endpoint of the same device, so that a region
+    /// has the same keys in every engine shard of a device and a peer's remote key is valid
+    /// whichever shard its QP lives on. Refused with [`ResourceError::Busy`] if either key is
+    /// already in use here (or is 0).
+    pub fn register_as(
+        &mut self,
+        pd: PdId,
+        region: Arc<Region>,
+        access: Access,
+        keys: MrKeys,
+    ) -> Result<(), ResourceError> {
+        let MrKeys { lkey, rkey } = keys;
+        if lkey == 0
+            || rkey == 0
+            || self.sh.mrs.contains_key(&lkey)
+            || self.sh.rkeys.contains_key(&rkey)
+        {
+            return Err(ResourceError::Busy);
+        }
+        let users = self.pds.get_mut(&pd.0).ok_or(ResourceError::UnknownPd)?;
+        *users += 1;
         self.sh.mrs.insert(
             lkey,
             Mr {
@@ -346,7 +374,7 @@ impl Endpoint {
             },
         );
         self.sh.rkeys.insert(rkey, lkey);
-        Ok(MrKeys { lkey, rkey })
+        Ok(())
     }
 
     /// Deregisters the region with local key `lkey`. When it returns, the engine never
@@ -824,5 +852,58 @@ impl Endpoint {
     /// Number of QPs.
     pub fn qp_count(&self) -> usize {
         self.qps.len()
+    }
+}
+
+#[cfg(test)]
+mod register_as_tests {
+    use super::*;
+
+    fn endpoint(seed: u64) -> Endpoint {
+        let cfg = EndpointConfig {
+            seed,
+            ..EndpointConfig::default()
+        };
+        Endpoint::new(cfg, "127.0.0.1:1".parse().unwrap())
+    }
+
+    #[test]
+    fn a_region_registered_as_another_endpoints_keys_keeps_them_and_refuses_reuse() {
+        let (mut a, mut b) = (endpoint(1), endpoint(2));
+        let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
+        let region = Region::new(64);
+        let keys = a
+            .register(pa, region.clone(), Access::REMOTE_WRITE)
+            .unwrap();
+        assert_eq!(
+            b.register_as(pb, region.clone(), Access::REMOTE_WRITE, keys),
+            Ok(())
+        );
+        // Either key in use, or 0, is refused; an unknown PD too.
+        let other = MrKeys {
+            lkey: keys.lkey,
+            rkey: keys.rkey ^ 1,
+        };
+        assert_eq!(
+            b.register_as(pb, region.clone(), Access::NONE, other),
+            Err(ResourceError::Busy)
+        );
+        let zero = MrKeys { lkey: 0, rkey: 5 };
+        assert_eq!(
+            b.register_as(pb, region.clone(), Access::NONE, zero),
+            Err(ResourceError::Busy)
+        );
+        let fresh = MrKeys {
+            lkey: keys.lkey ^ 1,
+            rkey: keys.rkey ^ 1,
+        };
+        assert_eq!(
+            b.register_as(PdId(999), region, Access::NONE, fresh),
+            Err(ResourceError::UnknownPd)
+        );
+        // The PD is in use through the region until it is deregistered under the same key.
+        assert_eq!(b.dealloc_pd(pb), Err(ResourceError::Busy));
+        assert_eq!(b.deregister(keys.lkey), Ok(()));
+        assert_eq!(b.dealloc_pd(pb), Ok(()));
     }
 }

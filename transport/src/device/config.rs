@@ -153,8 +153,33 @@ pub struct DeviceConfig {
     pub progress: Progress,
     /// The transport: Braid's software transport (the default), an RDMA NIC through
     /// rdma-core, or whichever is there ([`Backend`]). On verbs, `local`, `datapath`,
-    /// `engine`, `interface`, `busy_poll` and `progress` do not apply.
+    /// `engine`, `interface`, `busy_poll`, `progress` and `shards` do not apply.
     pub backend: Backend,
+    /// Engine shards, 1 to 64 (default: `BRAID_SHARDS`, else 1). Each shard is
+    /// an engine of its own with its own lock, datapath (socket set) and progress thread;
+    /// each QP lives on one shard, picked round robin at creation, and its
+    /// [`QpInfo`](braid_proto::QpInfo) carries that shard's address, so peers send to it
+    /// directly. Regions, protection domains and completion queues span every shard. Shard
+    /// 0 has the device's address and answers the connection handshake. AF_XDP binds every
+    /// queue of its interface for one socket set, so an AF_XDP device runs one shard (its
+    /// [`datapath_report`](crate::Device::datapath_report) says so when more were asked).
+    /// With [`Progress::Inline`], a poll drives the shards whose QPs report to the polled
+    /// queue; a blocking wait on a queue fed by one shard sleeps in that shard's datapath,
+    /// but one fed by several cannot sleep in all of them and waits on the queue's event in
+    /// slices of a millisecond: for latency, give each shard's QPs queues of their own.
+    pub shards: usize,
+}
+
+/// The most engine shards a device may have (see [`DeviceConfig::shards`]).
+const MAX_SHARDS: usize = 64;
+
+/// The shard count `BRAID_SHARDS` names, else 1: the default of [`DeviceConfig::udp`], so
+/// that a whole test suite or application can be run sharded without changing its code.
+fn shards_from_env() -> usize {
+    std::env::var("BRAID_SHARDS")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(1)
 }
 
 impl DeviceConfig {
@@ -169,12 +194,19 @@ impl DeviceConfig {
             busy_poll: false,
             progress: Progress::from_env(),
             backend: Backend::Software,
+            shards: shards_from_env(),
         }
     }
 
     /// Sets the transport backend (see [`Backend`]).
     pub fn backend(mut self, backend: Backend) -> Self {
         self.backend = backend;
+        self
+    }
+
+    /// Sets the number of engine shards, 1 to 64 (see [`shards`](Self::shards)).
+    pub fn shards(mut self, n: usize) -> Self {
+        self.shards = n;
         self
     }
 
@@ -280,6 +312,9 @@ impl DeviceConfig {
         if self.engine.paths == 0 || self.engine.paths > braid_proto::MAX_PATHS {
             return Err(OpenError::InvalidConfig("paths must be 1 to 256"));
         }
+        if self.shards == 0 || self.shards > MAX_SHARDS {
+            return Err(OpenError::InvalidConfig("shards must be 1 to 64"));
+        }
         let mut engine = self.engine.clone();
         if !self.deterministic_seed {
             let mut seed = [0u8; 8];
@@ -329,6 +364,39 @@ pub(super) fn open_datapath(
         kind: DatapathKind::Udp,
         source,
     })
+}
+
+/// Binds the datapaths of a device, one per shard (see [`DeviceConfig::shards`]): shard 0's as
+/// [`open_datapath`] does, on `cfg.local`; the others of the same kind on `cfg.local`'s IP
+/// address with a port of their own. AF_XDP binds every queue of the interface for one
+/// socket set, so an AF_XDP device gets one (the report says so when more were asked).
+pub(super) fn open_datapaths(
+    cfg: &DeviceConfig,
+    ports: u16,
+    max_datagram: usize,
+) -> Result<(Vec<Box<dyn Datapath>>, String), OpenError> {
+    let (first, mut report) = open_datapath(cfg, ports, max_datagram)?;
+    if cfg.shards <= 1 {
+        return Ok((vec![first], report));
+    }
+    let kind: DatapathKind = first.kind().parse().unwrap_or(DatapathKind::Udp);
+    if kind == DatapathKind::Xdp {
+        report.push_str(&format!(
+            "; 1 shard, not {}: AF_XDP binds every queue of the interface once",
+            cfg.shards
+        ));
+        return Ok((vec![first], report));
+    }
+    let mut rest = cfg.clone();
+    rest.local.set_port(0);
+    rest.datapath = kind;
+    let mut datapaths = vec![first];
+    for _ in 1..cfg.shards {
+        let (d, _) = open_datapath(&rest, ports, max_datagram)?;
+        datapaths.push(d);
+    }
+    report.push_str(&format!("; {} shards", cfg.shards));
+    Ok((datapaths, report))
 }
 
 /// Binds one datapath of `kind` on `cfg.local` (`Auto` binds plain UDP sockets).

@@ -107,10 +107,10 @@ impl CompletionQueue {
         if let Some(fd) = shared.fd.get() {
             return Ok(fd.raw());
         }
-        // Made under the engine lock, which every publication holds: a publication either
-        // finishes before (and its completions are in the ring, checked below) or sees the
-        // descriptor and signals it.
-        let _core = self.dev.inner().lock();
+        // Made under every shard's engine lock, one of which every publication holds: a
+        // publication either finishes before (and its completions are in a ring, checked
+        // below) or sees the descriptor and signals it.
+        let _cores = self.dev.owner().lock_all();
         if shared.fd.get().is_none() {
             let _ = shared.fd.set(CqFd::new()?);
         }
@@ -118,7 +118,7 @@ impl CompletionQueue {
             .fd
             .get()
             .ok_or_else(|| io::Error::other("no CQ fd"))?;
-        if !shared.ring.is_empty() {
+        if !shared.is_empty() {
             fd.signal();
         }
         Ok(fd.raw())
@@ -228,11 +228,10 @@ mod tests {
         };
         qp_a.post_send(wr).unwrap();
         let shared = cq_a.shared().unwrap();
-        let ring = &shared.ring;
         assert!(
             shared
                 .ready
-                .wait_until(|| !ring.is_empty(), Some(Duration::from_secs(20)))
+                .wait_until(|| !shared.is_empty(), Some(Duration::from_secs(20)))
         );
         let fd = cq_a.event_fd().unwrap();
         assert!(readable(fd, 0));

@@ -16,7 +16,7 @@ use braid_proto::{
 use super::backend::{Chosen, choose};
 #[cfg(feature = "verbs")]
 use super::backend::{VerbsCq, VerbsDevice, VerbsPd, resource};
-use super::config::{DeviceConfig, OpenError, open_datapath};
+use super::config::{DeviceConfig, OpenError, open_datapaths};
 use super::runtime::{Core, CqShared, Inner, Owner, Post, QpGate};
 
 /// The page size verbs regions are aligned to (the kernel maps whole pages and requires a
@@ -74,28 +74,45 @@ impl Device {
         let mut engine = cfg.engine_config()?;
         // More source ports than paths: PLB re-paths a congested path onto a spare one.
         let ports = engine.source_ports();
-        let (datapath, report) = open_datapath(&cfg, ports, engine.max_datagram)?;
-        engine.max_datagram = engine.max_datagram.min(datapath.max_payload());
-        let owner = Owner::start(engine, datapath, report, cfg.busy_poll, cfg.progress)?;
+        let (datapaths, report) = open_datapaths(&cfg, ports, engine.max_datagram)?;
+        for d in &datapaths {
+            engine.max_datagram = engine.max_datagram.min(d.max_payload());
+        }
+        let owner = Owner::start(engine, datapaths, report, cfg.busy_poll, cfg.progress)?;
         Ok(Device {
             imp: DeviceImp::Software(Arc::new(owner)),
             backend: backend.into(),
         })
     }
 
-    /// The core this device's handles share with its progress thread.
+    /// The core this device's handles share with its progress thread: shard 0's, which has
+    /// the device's address and the handshake.
+    pub(super) fn inner(&self) -> &Inner {
+        self.owner().inner()
+    }
+
+    /// The shards and what spans them.
     ///
     /// Only handles of a software device reach this: every handle of a verbs device holds
-    /// its rdma-core object and returns before any call to `inner` (the checks at the top
-    /// of each method).
+    /// its rdma-core object and returns before any call to `owner` or `inner` (the checks at
+    /// the top of each method).
     // Without the `verbs` feature the match has one arm; with it, two.
     #[cfg_attr(not(feature = "verbs"), allow(clippy::infallible_destructuring_match))]
-    pub(super) fn inner(&self) -> &Inner {
+    pub(super) fn owner(&self) -> &Owner {
         match &self.imp {
-            DeviceImp::Software(owner) => owner.inner(),
+            DeviceImp::Software(owner) => owner,
             #[cfg(feature = "verbs")]
             DeviceImp::Verbs(_) => unreachable!("a verbs device's handles never use the engine"),
         }
+    }
+
+    /// The number of engine shards (see [`DeviceConfig::shards`]); each QP lives on one. A
+    /// verbs device has one (the NIC's).
+    pub fn shards(&self) -> usize {
+        if self.is_verbs() {
+            return 1;
+        }
+        self.owner().shard_count()
     }
 
     /// The verbs device, if this is one.
@@ -203,29 +220,29 @@ impl Device {
         self.inner().lock().ep.chunk_size()
     }
 
-    /// Endpoint counters (all zero on verbs: the NIC keeps its own).
+    /// Endpoint counters, summed over the shards (all zero on verbs: the NIC keeps its own).
     pub fn stats(&self) -> EndpointStats {
         if self.is_verbs() {
             return EndpointStats::default();
         }
-        self.inner().lock().ep.stats().clone()
+        self.owner().stats()
     }
 
-    /// Per-path counters (empty on verbs).
+    /// Per-path counters, summed over the shards (empty on verbs).
     pub fn path_stats(&self) -> Vec<PathStats> {
         if self.is_verbs() {
             return Vec::new();
         }
-        self.inner().lock().ep.path_stats().to_vec()
+        self.owner().path_stats()
     }
 
-    /// RTT distribution over every QP of this device (percentiles, extremes, sample count);
-    /// empty on verbs.
+    /// RTT distribution over every QP of this device (percentiles, extremes, sample count;
+    /// with several shards each percentile is the largest shard's); empty on verbs.
     pub fn rtt_summary(&self) -> braid_proto::RttSummary {
         if self.is_verbs() {
             return braid_proto::RttSummary::default();
         }
-        self.inner().lock().ep.rtt_summary()
+        self.owner().rtt_summary()
     }
 
     /// Allocates a protection domain. On verbs a failed `ibv_alloc_pd` is reported by the
@@ -239,7 +256,7 @@ impl Device {
                 verbs: Some(braid_verbs::Pd::new(&v.ctx).map_err(|e| resource(&e))),
             };
         }
-        let pd = self.inner().lock().ep.alloc_pd();
+        let pd = self.owner().alloc_pd();
         ProtectionDomain {
             dev: self.clone(),
             pd,
@@ -258,7 +275,7 @@ impl Device {
                 imp: CqImp::Verbs(braid_verbs::Cq::new(&v.ctx).map_err(|e| resource(&e))),
             };
         }
-        let (id, shared) = self.inner().create_cq();
+        let (id, shared) = self.owner().create_cq();
         CompletionQueue {
             dev: self.clone(),
             imp: CqImp::Software { id, shared },
@@ -347,7 +364,7 @@ impl ProtectionDomain {
                 access,
             });
         }
-        let keys = self.dev.inner().register(self.pd, &region, access)?;
+        let keys = self.dev.owner().register(self.pd, &region, access)?;
         Ok(MemoryRegion {
             dev: self.dev.clone(),
             #[cfg(feature = "verbs")]
@@ -406,6 +423,7 @@ impl ProtectionDomain {
                 braid_verbs::Qp::new(pd, scq, rcq, verbs_dev.timing).map_err(|e| resource(&e))?;
             return Ok(QueuePair {
                 dev: self.dev.clone(),
+                shard: 0,
                 gate: Arc::new(QpGate::new(self.pd)),
                 info: qp.info(),
                 send_cq: CqId(0),
@@ -418,14 +436,21 @@ impl ProtectionDomain {
             return Err(ResourceError::UnknownCq);
         }
         let (send_id, recv_id) = (send_cq.id(), recv_cq.id());
-        let info = self
-            .dev
-            .inner()
+        let owner = self.dev.owner();
+        let shard = owner.pick_shard();
+        let info = owner
+            .shard(shard)
             .lock()
             .ep
             .create_qp_with(self.pd, send_id, recv_id, opts)?;
+        for cq in [send_cq, recv_cq] {
+            if let Some(shared) = cq.shared() {
+                owner.cq_used_by(shared, shard);
+            }
+        }
         Ok(QueuePair {
             dev: self.dev.clone(),
+            shard,
             gate: Arc::new(QpGate::new(self.pd)),
             info,
             send_cq: send_id,
@@ -467,7 +492,7 @@ impl Drop for MemoryRegion {
         if self.dev.is_verbs() {
             return; // The Mr deregisters itself.
         }
-        self.dev.inner().deregister(self.keys.lkey);
+        self.dev.owner().deregister(self.keys.lkey);
     }
 }
 
@@ -580,7 +605,7 @@ impl CompletionQueue {
         if n > 0 || !self.dev.inner().inline() {
             return n;
         }
-        self.dev.inner().drive();
+        self.dev.owner().drive(shared);
         shared.pop(out)
     }
 
@@ -612,13 +637,12 @@ impl CompletionQueue {
             if self.dev.inner().inline() {
                 // Sleeps in the datapath (or, if another thread drives, briefly on the CQ's
                 // event), then drives again at the next `poll_one`.
-                self.dev.inner().wait_inline(shared, left);
+                self.dev.owner().wait_inline(shared, left);
                 continue;
             }
             // Sleeps on the CQ's event (arm, re-check, sleep); another waiter may take what
             // woke us, hence the loop.
-            let ring = &shared.ring;
-            shared.ready.wait_until(|| !ring.is_empty(), Some(left));
+            shared.ready.wait_until(|| !shared.is_empty(), Some(left));
         }
     }
 
@@ -644,24 +668,25 @@ impl CompletionQueue {
         let Some(shared) = self.shared() else {
             return false;
         };
-        let ring = &shared.ring;
-        let inner = self.dev.inner();
-        if !inner.inline() {
-            return shared.ready.wait_until(|| !ring.is_empty(), Some(timeout));
+        let owner = self.dev.owner();
+        if !owner.inner().inline() {
+            return shared
+                .ready
+                .wait_until(|| !shared.is_empty(), Some(timeout));
         }
         let deadline = Instant::now() + timeout;
         loop {
-            if !ring.is_empty() {
+            if !shared.is_empty() {
                 return true;
             }
-            inner.drive();
-            if !ring.is_empty() {
+            owner.drive(shared);
+            if !shared.is_empty() {
                 return true;
             }
             let Some(left) = deadline.checked_duration_since(Instant::now()) else {
                 return false;
             };
-            inner.wait_inline(shared, left);
+            owner.wait_inline(shared, left);
         }
     }
 
@@ -674,6 +699,8 @@ impl CompletionQueue {
 /// A reliable queue pair, connected to one peer QP.
 pub struct QueuePair {
     dev: Device,
+    /// The engine shard it lives on (0 on verbs, which has none).
+    shard: usize,
     /// What its posts are checked against before they reach the engine.
     gate: Arc<QpGate>,
     info: QpInfo,
@@ -696,11 +723,16 @@ impl Drop for QueuePair {
         if self.dev.is_verbs() {
             return; // The Qp destroys itself.
         }
-        let _ = self.dev.inner().lock().ep.destroy_qp(self.info.qpn);
+        let _ = self.shard().lock().ep.destroy_qp(self.info.qpn);
     }
 }
 
 impl QueuePair {
+    /// The engine shard this QP lives on.
+    fn shard(&self) -> &Inner {
+        self.dev.owner().shard(self.shard)
+    }
+
     /// What the peer needs to connect to this QP (address, QP number, first PSN; on verbs
     /// the address is the port GID on port 4791, see `braid_verbs::qp_info`).
     pub fn info(&self) -> QpInfo {
@@ -717,7 +749,7 @@ impl QueuePair {
             self.gate.set_connected();
             return Ok(());
         }
-        self.dev.inner().lock().ep.connect(self.info.qpn, peer)?;
+        self.shard().lock().ep.connect(self.info.qpn, peer)?;
         self.gate.set_connected();
         Ok(())
     }
@@ -737,7 +769,7 @@ impl QueuePair {
         if let Some(qp) = &self.verbs {
             return qp.post_send(&wr);
         }
-        self.dev.inner().post(Post::Send {
+        self.shard().post(Post::Send {
             qpn: self.info.qpn,
             wr,
             cq: self.send_cq,
@@ -752,7 +784,7 @@ impl QueuePair {
         if let Some(qp) = &self.verbs {
             return qp.post_recv(&wr);
         }
-        self.dev.inner().post(Post::Recv {
+        self.shard().post(Post::Recv {
             qpn: self.info.qpn,
             wr,
             cq: self.recv_cq,
@@ -766,9 +798,7 @@ impl QueuePair {
         if let Some(qp) = &self.verbs {
             return qp.set_error().map_err(|e| resource(&e));
         }
-        self.dev
-            .inner()
-            .with_engine(|ep| ep.set_error(self.info.qpn))
+        self.shard().with_engine(|ep| ep.set_error(self.info.qpn))
     }
 
     /// State and counters (`None` on verbs).
@@ -776,6 +806,6 @@ impl QueuePair {
         if self.dev.is_verbs() {
             return None;
         }
-        self.dev.inner().lock().ep.qp_stats(self.info.qpn)
+        self.shard().lock().ep.qp_stats(self.info.qpn)
     }
 }

@@ -2,6 +2,12 @@
 //! to whoever holds that lock, runs the progress thread (receive batches, timers) and the
 //! transmit loop, and keeps each completion queue's engine side.
 //!
+//! A device has one or more **shards** (`DeviceConfig::shards`, see [`Owner`]): each is all
+//! of the above (an [`Inner`]: its own engine, lock, datapath socket set, hand-off ring and
+//! progress thread), and a QP lives on exactly one, so QPs on different shards never share a
+//! lock on the data path. What follows describes one shard; the region table and the
+//! completion queues' application sides span them.
+//!
 //! Concurrency is confined to the engine behind one mutex and to the loom-checked structures
 //! of `braid-sync` around it:
 //! - **Posting.** A post is first checked, without the engine lock, against everything it
@@ -20,9 +26,10 @@
 //!   registration table's lock: checked before the deregistration, it is applied before it
 //!   (it keeps its buffers, as a work request posted earlier does); checked after, it is
 //!   refused with `InvalidLkey`.
-//! - **Completions.** Each completion queue is an SPSC ring: the engine-lock holder produces,
-//!   application threads consume (behind a per-CQ lock, since several threads may poll one CQ;
-//!   an empty CQ is seen without that lock). Waiters sleep on the CQ's [`braid_sync::Event`].
+//! - **Completions.** Each completion queue is one SPSC ring per shard: the shard's
+//!   engine-lock holder produces, application threads consume (behind a per-ring lock, since
+//!   several threads may poll one CQ; an empty CQ is seen without a lock). Waiters sleep on
+//!   the CQ's [`braid_sync::Event`], which every shard notifies.
 //! - **Transmit buffers** come from a lock-free [`braid_sync::Pool`].
 //! - The datapath's `send`, which any thread may call.
 //! - **Who drives** ([`Progress`]). With `Progress::Thread` only the progress thread
@@ -48,8 +55,8 @@ use std::time::{Duration, Instant};
 use braid_datapath::{Datapath, Ecn, RecvBatch, RecvMeta};
 use braid_proto::validate::{self, LocalMr};
 use braid_proto::{
-    Access, Completion, CqId, Endpoint, EndpointConfig, MrKeys, PdId, PostError, RecvWr, Region,
-    ResourceError, SendWr, Timestamp,
+    Access, Completion, CqId, Endpoint, EndpointConfig, EndpointStats, MrKeys, PathStats, PdId,
+    PostError, RecvWr, Region, ResourceError, RttSummary, SendWr, Timestamp,
 };
 use braid_sync::{Consumer, Doorbell, Event, Mpsc, Pool, Producer, Ring};
 
@@ -88,20 +95,31 @@ const TX_POOL: usize = 4;
 
 /// The application's side of a completion queue.
 pub(super) struct CqShared {
-    /// The ring's consumer end. Locked by whichever thread polls: several may poll one CQ.
-    rx: Mutex<Consumer<Completion>>,
-    /// The ring itself, to see an empty CQ without the lock (a spinning poller then touches
-    /// only the ring's producer counter, not a lock the engine side also takes).
-    pub(super) ring: Arc<Ring<Completion>>,
+    /// One ring per engine shard: shard `i` produces into `rings[i]`. A QP lives on one
+    /// shard, so each QP's completions are in one ring, in its order.
+    rings: Vec<CqRing>,
+    /// The ring a multi-shard poll starts with (round robin, so no shard starves another).
+    next: AtomicUsize,
+    /// The shards that have QPs reporting here (bit `i`: shard `i`; 0 for none yet). Only
+    /// steers who drives on an inline-progress device; completions are found in any ring.
+    shard_mask: AtomicU64,
     /// Notified by the engine side after it publishes completions; `wait` sleeps on it.
     pub(super) ready: Event,
     /// The CQ's file descriptor for epoll users, made on first request (`cq_fd.rs`).
     pub(super) fd: std::sync::OnceLock<cq_fd::CqFd>,
 }
 
-impl CqShared {
-    /// Takes up to `out.len()` completions from the ring; returns how many.
-    pub(super) fn pop(&self, out: &mut [Completion]) -> usize {
+/// One shard's ring of a completion queue.
+struct CqRing {
+    /// The ring's consumer end. Locked by whichever thread polls: several may poll one CQ.
+    rx: Mutex<Consumer<Completion>>,
+    /// The ring itself, to see an empty CQ without the lock (a spinning poller then touches
+    /// only the ring's producer counter, not a lock the engine side also takes).
+    ring: Arc<Ring<Completion>>,
+}
+
+impl CqRing {
+    fn pop(&self, out: &mut [Completion]) -> usize {
         if self.ring.is_empty() {
             return 0;
         }
@@ -112,6 +130,43 @@ impl CqShared {
                 *slot = c;
             }
         })
+    }
+}
+
+impl CqShared {
+    /// Takes up to `out.len()` completions from the rings; returns how many.
+    pub(super) fn pop(&self, out: &mut [Completion]) -> usize {
+        if let [one] = &self.rings[..] {
+            return one.pop(out);
+        }
+        let n = self.rings.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        let mut got = 0;
+        for k in 0..n {
+            if got == out.len() {
+                break;
+            }
+            got += self.rings[(start + k) % n].pop(&mut out[got..]);
+        }
+        got
+    }
+
+    /// Whether every ring is empty (without taking a lock).
+    pub(super) fn is_empty(&self) -> bool {
+        self.rings.iter().all(|r| r.ring.is_empty())
+    }
+
+    /// Records that a QP on shard `shard` reports here.
+    fn add_shard(&self, shard: usize) {
+        self.shard_mask.fetch_or(1 << shard, Ordering::Relaxed);
+    }
+
+    /// The shards with QPs reporting here, as a mask (all `count` if none yet).
+    fn shards(&self, count: usize) -> u64 {
+        match self.shard_mask.load(Ordering::Relaxed) {
+            0 => u64::MAX >> (64 - count),
+            m => m,
+        }
     }
 }
 
@@ -312,7 +367,13 @@ impl Core {
     }
 }
 
-/// The state a device's handles and its progress thread share.
+/// The regions of a device by local key, shared by its shards, for checking posts without
+/// an engine lock.
+type MrTable = RwLock<HashMap<u32, LocalMr>>;
+
+/// One engine shard of a device: the state its handles and its progress thread share. A
+/// device has one or more (`DeviceConfig::shards`), each with its own engine, lock, datapath
+/// and progress thread; [`Owner`] holds them and what spans them.
 pub(super) struct Inner {
     core: Mutex<Core>,
     pub(super) datapath: Box<dyn Datapath>,
@@ -329,10 +390,10 @@ pub(super) struct Inner {
     /// Which datapath was chosen and why (for `auto`, what failed before it).
     pub(super) report: String,
     busy_poll: bool,
-    /// The registered regions by local key, for checking posts without the engine lock.
-    /// Never taken while holding the engine lock (a poster holds it while it waits for the
-    /// engine).
-    mrs: RwLock<HashMap<u32, LocalMr>>,
+    /// The registered regions by local key, for checking posts without the engine lock;
+    /// one table for every shard of the device. Never taken while holding an engine lock (a
+    /// poster holds it while it waits for the engine).
+    mrs: Arc<MrTable>,
     /// The engine's queue limits (`max_send_wr`, `max_recv_wr`, after clamping).
     max_wr: (usize, usize),
     /// Who drives the datapath and the engine.
@@ -382,27 +443,336 @@ fn try_lock<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
     }
 }
 
-/// Owns the progress thread: dropping the last handle stops it.
+/// Owns a device's shards and their progress threads (dropping the last handle stops them),
+/// and what spans the shards: the region table and the choice of shard for a new QP.
+///
+/// Each shard is a whole engine with its own datapath (socket set, so its own UDP port),
+/// lock, hand-off ring and progress thread; a QP lives on one, and its `QpInfo` carries that
+/// shard's address, so the peer's datagrams reach the owning shard without any
+/// demultiplexing here. What spans shards is kept the same in each: every protection domain
+/// and completion queue is created in every shard's engine (the engines number them alike),
+/// and every region is registered in every engine under the same keys (shard 0 draws them,
+/// the others take them with `Endpoint::register_as`), so a remote key is valid whichever
+/// shard the peer's QP talks to, and a deregistration revokes the region in each. A
+/// completion queue has one ring per shard. Shard 0 has the device's address and runs the
+/// connection handshake (its QPs are shard 0's).
 pub(super) struct Owner {
-    inner: Arc<Inner>,
-    thread: Mutex<Option<JoinHandle<()>>>,
+    shards: Vec<Arc<Inner>>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    mrs: Arc<MrTable>,
+    /// Round-robin counter for the shard of the next QP.
+    next_qp: AtomicUsize,
 }
 
 impl Owner {
-    /// Starts a device's core: an engine with `engine` settings over `datapath` (opened as
-    /// `report` says), and its progress thread.
+    /// Starts a device's shards: one engine with `engine` settings over each of `datapaths`
+    /// (opened as `report` says), and one progress thread each.
     pub(super) fn start(
+        engine: EndpointConfig,
+        datapaths: Vec<Box<dyn Datapath>>,
+        report: String,
+        busy_poll: bool,
+        mode: Progress,
+    ) -> Result<Owner, OpenError> {
+        let mrs = Arc::new(MrTable::default());
+        let mut owner = Owner {
+            shards: Vec::with_capacity(datapaths.len()),
+            threads: Mutex::new(Vec::new()),
+            mrs: mrs.clone(),
+            next_qp: AtomicUsize::new(0),
+        };
+        for (index, datapath) in datapaths.into_iter().enumerate() {
+            let mut engine = engine.clone();
+            // Shard 0 keeps the seed (a deterministic single-shard device is unchanged); the
+            // others draw other QP numbers, PSNs and keys.
+            engine.seed = engine
+                .seed
+                .wrapping_add((index as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            let inner = Arc::new(Inner::new(
+                engine,
+                datapath,
+                report.clone(),
+                busy_poll,
+                mode,
+                mrs.clone(),
+            ));
+            let worker = inner.clone();
+            let name = if index == 0 {
+                "braid-progress".to_string()
+            } else {
+                format!("braid-progress-{index}")
+            };
+            // On an error `owner` drops here and stops the threads started so far.
+            let thread = std::thread::Builder::new()
+                .name(name)
+                .spawn(move || worker.progress())
+                .map_err(OpenError::Thread)?;
+            owner.shards.push(inner);
+            owner
+                .threads
+                .get_mut()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(thread);
+        }
+        Ok(owner)
+    }
+
+    /// Shard 0: the device's address, the handshake, the device-wide settings.
+    pub(super) fn inner(&self) -> &Inner {
+        &self.shards[0]
+    }
+
+    /// Shard `i`.
+    pub(super) fn shard(&self, i: usize) -> &Inner {
+        &self.shards[i]
+    }
+
+    /// The number of shards.
+    pub(super) fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// The shard a new QP goes to: round robin, starting with shard 1 (so that the first QP
+    /// of a device is not on shard 0, which also runs the handshake's QPs; and so that a
+    /// single-QP device with several shards still exercises a shard of its own).
+    pub(super) fn pick_shard(&self) -> usize {
+        (self.next_qp.fetch_add(1, Ordering::Relaxed) + 1) % self.shards.len()
+    }
+
+    /// Records that a QP on `shard` reports to `cq` (steers inline driving).
+    pub(super) fn cq_used_by(&self, cq: &CqShared, shard: usize) {
+        cq.add_shard(shard);
+    }
+
+    /// Takes every shard's engine lock, in shard order (nothing else takes two).
+    pub(super) fn lock_all(&self) -> Vec<MutexGuard<'_, Core>> {
+        self.shards.iter().map(|s| s.lock()).collect()
+    }
+
+    /// Allocates a protection domain in every shard's engine.
+    pub(super) fn alloc_pd(&self) -> PdId {
+        let mut ids = self.shards.iter().map(|s| s.lock().ep.alloc_pd());
+        let id = ids.next().expect("a device has a shard");
+        for other in ids {
+            // Every engine numbers its PDs and CQs from one counter, and each gets every one.
+            debug_assert_eq!(other, id, "shards numbered a protection domain apart");
+        }
+        id
+    }
+
+    /// Creates a completion queue in every shard's engine, with one ring per shard; returns
+    /// its id and the application's side.
+    pub(super) fn create_cq(&self) -> (CqId, Arc<CqShared>) {
+        let (producers, rings): (Vec<_>, Vec<_>) = self
+            .shards
+            .iter()
+            .map(|_| {
+                let (tx, rx) = braid_sync::ring::channel(CQ_RING);
+                let ring = CqRing {
+                    ring: rx.ring().clone(),
+                    rx: Mutex::new(rx),
+                };
+                (tx, ring)
+            })
+            .unzip();
+        let shared = Arc::new(CqShared {
+            rings,
+            next: AtomicUsize::new(0),
+            shard_mask: AtomicU64::new(0),
+            ready: Event::new(),
+            fd: std::sync::OnceLock::new(),
+        });
+        let mut id = None;
+        for (shard, tx) in self.shards.iter().zip(producers) {
+            let got = shard.add_cq(tx, &shared);
+            debug_assert!(id.is_none_or(|id| id == got), "shards numbered a CQ apart");
+            id.get_or_insert(got);
+        }
+        (id.expect("a device has a shard"), shared)
+    }
+
+    /// Registers `region` in protection domain `pd` with every shard's engine (shard 0 draws
+    /// the keys, the others take the same), then in the table posts are checked against.
+    pub(super) fn register(
+        &self,
+        pd: PdId,
+        region: &Arc<Region>,
+        access: Access,
+    ) -> Result<MrKeys, ResourceError> {
+        let keys = self.shards[0]
+            .lock()
+            .ep
+            .register(pd, region.clone(), access)?;
+        for (i, shard) in self.shards.iter().enumerate().skip(1) {
+            let r = shard
+                .lock()
+                .ep
+                .register_as(pd, region.clone(), access, keys);
+            if let Err(e) = r {
+                // Every shard holds the same keys, so this is not expected; undo what was
+                // done rather than leave a region valid on some shards only.
+                for s in &self.shards[..i] {
+                    let _ = s.lock().ep.deregister(keys.lkey);
+                }
+                return Err(e);
+            }
+        }
+        // After the engine locks are released (see `Inner::mrs`).
+        let mr = LocalMr {
+            pd: pd.0,
+            access,
+            len: region.len() as u64,
+        };
+        self.mrs
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(keys.lkey, mr);
+        Ok(keys)
+    }
+
+    /// Deregisters the region with local key `lkey`: when this returns, no post can use it
+    /// and no shard's engine touches its memory any more.
+    pub(super) fn deregister(&self, lkey: u32) {
+        // First out of the table posts are checked against (waiting for posts being checked),
+        // then out of each engine, whose lock first applies the posts checked before; through
+        // `with_engine`, so the refusals the revocation causes leave now.
+        self.mrs
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&lkey);
+        for shard in &self.shards {
+            let _ = shard.with_engine(|ep| ep.deregister(lkey));
+        }
+    }
+
+    /// Inline progress for a poller of `cq` that found it empty: drives each shard with QPs
+    /// reporting there (see `Inner::drive`). Returns whether it drove any.
+    pub(super) fn drive(&self, cq: &CqShared) -> bool {
+        if let [one] = &self.shards[..] {
+            return one.drive();
+        }
+        let mask = cq.shards(self.shards.len());
+        let mut drove = false;
+        for (i, shard) in self.shards.iter().enumerate() {
+            if mask & (1 << i) != 0 {
+                drove |= shard.drive();
+            }
+        }
+        drove
+    }
+
+    /// The blocking side of inline progress for `cq` (see `Inner::wait_inline`). A queue
+    /// whose QPs are all on one shard sleeps in that shard's datapath; one fed by several
+    /// shards cannot sleep in all their datapaths at once, so it drives them and then sleeps
+    /// on the queue's event for at most `INLINE_SLICE` before its caller drives again.
+    pub(super) fn wait_inline(&self, cq: &CqShared, left: Duration) {
+        let mask = cq.shards(self.shards.len());
+        if mask.count_ones() == 1 {
+            let i = mask.trailing_zeros() as usize;
+            if let Some(shard) = self.shards.get(i) {
+                return shard.wait_inline(cq, left);
+            }
+        }
+        self.drive(cq);
+        cq.ready
+            .wait_until(|| !cq.is_empty(), Some(left.min(INLINE_SLICE)));
+    }
+
+    /// Endpoint counters, summed over the shards.
+    pub(super) fn stats(&self) -> EndpointStats {
+        let mut all = self.shards.iter().map(|s| s.lock().ep.stats().clone());
+        let mut sum = all.next().unwrap_or_default();
+        for s in all {
+            sum.rx_datagrams += s.rx_datagrams;
+            sum.tx_datagrams += s.tx_datagrams;
+            sum.retransmits += s.retransmits;
+            sum.rx_bad_crc += s.rx_bad_crc;
+            sum.rx_malformed += s.rx_malformed;
+            sum.rx_unknown_qp += s.rx_unknown_qp;
+            sum.rx_wrong_peer += s.rx_wrong_peer;
+            sum.rx_duplicates += s.rx_duplicates;
+            sum.rx_out_of_window += s.rx_out_of_window;
+            sum.rx_bad_response += s.rx_bad_response;
+            sum.naks_sent += s.naks_sent;
+            sum.naks_received += s.naks_received;
+            sum.rto_fired += s.rto_fired;
+            sum.rx_auth_failed += s.rx_auth_failed;
+            sum.rx_replayed += s.rx_replayed;
+        }
+        sum
+    }
+
+    /// Per-path counters, summed over the shards path by path (the smoothed RTT weighted by
+    /// each shard's samples on the path).
+    pub(super) fn path_stats(&self) -> Vec<PathStats> {
+        let mut all = self
+            .shards
+            .iter()
+            .map(|s| s.lock().ep.path_stats().to_vec());
+        let mut sum = all.next().unwrap_or_default();
+        for paths in all {
+            for (p, q) in sum.iter_mut().zip(paths) {
+                let samples = p.rtt_samples + q.rtt_samples;
+                if samples > 0 {
+                    let weighted = u128::from(p.srtt_ns) * u128::from(p.rtt_samples)
+                        + u128::from(q.srtt_ns) * u128::from(q.rtt_samples);
+                    p.srtt_ns = (weighted / u128::from(samples)) as u64;
+                }
+                p.rtt_samples = samples;
+                p.packets += q.packets;
+                p.lost += q.lost;
+                p.retransmits += q.retransmits;
+                p.ce_marks += q.ce_marks;
+            }
+        }
+        sum
+    }
+
+    /// The RTT distribution over every QP. With several shards, the count, extremes and mean
+    /// are exact and each percentile is the largest of the shards' (an upper bound of the
+    /// device-wide one: at least that share of every shard's samples lies at or below it).
+    pub(super) fn rtt_summary(&self) -> RttSummary {
+        let mut all = self
+            .shards
+            .iter()
+            .map(|s| s.lock().ep.rtt_summary())
+            .filter(|r| r.samples > 0);
+        let Some(mut sum) = all.next() else {
+            return RttSummary::default();
+        };
+        for r in all {
+            let samples = sum.samples + r.samples;
+            let mean = (u128::from(sum.mean_ns) * u128::from(sum.samples)
+                + u128::from(r.mean_ns) * u128::from(r.samples))
+                / u128::from(samples);
+            sum.mean_ns = mean as u64;
+            sum.samples = samples;
+            sum.min_ns = sum.min_ns.min(r.min_ns);
+            sum.max_ns = sum.max_ns.max(r.max_ns);
+            sum.p50_ns = sum.p50_ns.max(r.p50_ns);
+            sum.p99_ns = sum.p99_ns.max(r.p99_ns);
+            sum.p999_ns = sum.p999_ns.max(r.p999_ns);
+        }
+        sum
+    }
+}
+
+impl Inner {
+    /// A shard: an engine with `engine` settings over `datapath`, sharing the region table
+    /// `mrs` with the device's other shards. Its progress thread is started by the caller.
+    fn new(
         engine: EndpointConfig,
         datapath: Box<dyn Datapath>,
         report: String,
         busy_poll: bool,
         mode: Progress,
-    ) -> Result<Owner, OpenError> {
+        mrs: Arc<MrTable>,
+    ) -> Inner {
         let ep = Endpoint::new(engine, datapath.local_addr());
         let max_wr = (ep.config().max_send_wr, ep.config().max_recv_wr);
         let (posts, posts_rx) = Mpsc::new(POST_RING);
         let max_payload = datapath.max_payload();
-        let inner = Arc::new(Inner {
+        Inner {
             core: Mutex::new(Core {
                 ep,
                 cqs: HashMap::new(),
@@ -417,7 +787,7 @@ impl Owner {
             busy_poll,
             tx_pool: Pool::new(TX_POOL),
             posts,
-            mrs: RwLock::new(HashMap::new()),
+            mrs,
             max_wr,
             mode,
             driver: Mutex::new(Driver::new(max_payload)),
@@ -425,28 +795,18 @@ impl Owner {
             sleeper: Doorbell::new(),
             progress_asleep: AtomicBool::new(false),
             progress_parked: AtomicBool::new(false),
-        });
-        let worker = inner.clone();
-        let thread = std::thread::Builder::new()
-            .name("braid-progress".into())
-            .spawn(move || worker.progress())
-            .map_err(OpenError::Thread)?;
-        Ok(Owner {
-            inner,
-            thread: Mutex::new(Some(thread)),
-        })
-    }
-
-    pub(super) fn inner(&self) -> &Inner {
-        &self.inner
+        }
     }
 }
 
 impl Drop for Owner {
     fn drop(&mut self) {
-        self.inner.stop.store(true, Ordering::Release);
-        self.inner.datapath.wake();
-        if let Some(t) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        for shard in &self.shards {
+            shard.stop.store(true, Ordering::Release);
+            shard.datapath.wake();
+        }
+        let threads = std::mem::take(self.threads.get_mut().unwrap_or_else(|e| e.into_inner()));
+        for t in threads {
             let _ = t.join();
         }
     }
@@ -613,16 +973,9 @@ impl Inner {
         r
     }
 
-    /// Creates a completion queue: its ring, the engine's side (which the engine-lock holder
-    /// fills) and the application's side, which is returned.
-    pub(super) fn create_cq(&self) -> (CqId, Arc<CqShared>) {
-        let (tx, rx) = braid_sync::ring::channel(CQ_RING);
-        let shared = Arc::new(CqShared {
-            ring: rx.ring().clone(),
-            rx: Mutex::new(rx),
-            ready: Event::new(),
-            fd: std::sync::OnceLock::new(),
-        });
+    /// Creates this shard's side of a completion queue: the engine's CQ and the sink (which
+    /// the engine-lock holder fills through `tx`) feeding the application's side `shared`.
+    fn add_cq(&self, tx: Producer<Completion>, shared: &Arc<CqShared>) -> CqId {
         let mut core = self.lock();
         let id = core.ep.create_cq();
         core.cqs.insert(
@@ -634,42 +987,7 @@ impl Inner {
                 shared: shared.clone(),
             },
         );
-        (id, shared)
-    }
-
-    /// Registers `region` in protection domain `pd` with the engine, then in the table posts
-    /// are checked against.
-    pub(super) fn register(
-        &self,
-        pd: PdId,
-        region: &Arc<Region>,
-        access: Access,
-    ) -> Result<MrKeys, ResourceError> {
-        let keys = self.lock().ep.register(pd, region.clone(), access)?;
-        // After the engine lock is released (see `Inner::mrs`).
-        let mr = LocalMr {
-            pd: pd.0,
-            access,
-            len: region.len() as u64,
-        };
-        self.mrs
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(keys.lkey, mr);
-        Ok(keys)
-    }
-
-    /// Deregisters the region with local key `lkey`: when this returns, no post can use it
-    /// and the engine no longer touches its memory.
-    pub(super) fn deregister(&self, lkey: u32) {
-        // First out of the table posts are checked against (waiting for posts being checked),
-        // then out of the engine, whose lock first applies the posts checked before; through
-        // `with_engine`, so the refusals the revocation causes leave now.
-        self.mrs
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&lkey);
-        let _ = self.with_engine(|ep| ep.deregister(lkey));
+        id
     }
 
     /// Receives one batch and hands it to the engine. The engine lock is taken at the first
@@ -794,8 +1112,7 @@ impl Inner {
         let left = left.min(INLINE_SLICE);
         self.seen_poller(self.now());
         let Some(mut drv) = try_lock(&self.driver) else {
-            let ring = &cq.ring;
-            cq.ready.wait_until(|| !ring.is_empty(), Some(left));
+            cq.ready.wait_until(|| !cq.is_empty(), Some(left));
             return;
         };
         let wait = {
@@ -809,7 +1126,7 @@ impl Inner {
         // published or a post handed off from here on wakes the datapath.
         self.sleeper.arm();
         let posts_armed = self.posts.arm();
-        let sleep = posts_armed && cq.ring.is_empty();
+        let sleep = posts_armed && cq.is_empty();
         let Driver { rx, tx, .. } = &mut *drv;
         self.receive(rx, Some(if sleep { wait } else { Duration::ZERO }));
         if posts_armed {
@@ -963,9 +1280,11 @@ mod tests {
     }
 
     fn config(mode: Progress) -> DeviceConfig {
+        // One shard: these tests hold shard 0's engine lock to force the hand-off.
         DeviceConfig::udp("127.0.0.1:0".parse().unwrap())
             .paths(4)
             .progress(mode)
+            .shards(1)
     }
 
     fn connect(a: &End, b: &End) {
@@ -1180,8 +1499,7 @@ mod tests {
     /// Waits until `cq` holds a completion without polling it (so without driving).
     fn wait_without_polling(cq: &CompletionQueue) -> bool {
         let shared = cq.shared().expect("a software CQ");
-        let ring = &shared.ring;
-        shared.ready.wait_until(|| !ring.is_empty(), Some(WAIT))
+        shared.ready.wait_until(|| !shared.is_empty(), Some(WAIT))
     }
 
     #[test]
