@@ -87,9 +87,11 @@ braid() { # LABEL KEY SERVER_ARGS CLIENT_ARGS CLIENT_TEST_ARGS...: KEY is the JS
         echo "RESULT $label $run ${v:--}"
     else
         cat /tmp/server.out /tmp/client.out
+        # A server whose client failed may wait for it forever (--once): stop it.
+        kill "$s" 2>/dev/null
         echo "RESULT $label $run -"
     fi
-    wait "$s" 2>/dev/null || kill "$s" 2>/dev/null
+    wait "$s" 2>/dev/null
 }
 run=1
 while [ "$run" -le "$RUNS" ]; do
