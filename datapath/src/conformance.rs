@@ -85,6 +85,23 @@ pub(crate) fn send_all(dp: &dyn Datapath, batch: &[Transmit<'_>]) {
     assert_eq!(sent, batch.len());
 }
 
+/// `payloads` as one batch to `dest`, all on `path`, not ECN-capable.
+pub(crate) fn on_path<P: AsRef<[u8]>>(
+    dest: SocketAddr,
+    path: u16,
+    payloads: &[P],
+) -> Vec<Transmit<'_>> {
+    payloads
+        .iter()
+        .map(|p| Transmit {
+            dest,
+            path,
+            ecn: Ecn::NotEct,
+            contents: p.as_ref(),
+        })
+        .collect()
+}
+
 /// A payload of `len` (at least 4) bytes starting with `i`.
 pub(crate) fn numbered(i: u32, len: usize) -> Vec<u8> {
     let mut p = vec![(i % 251) as u8; len.max(4)];

@@ -778,7 +778,7 @@ pub(crate) fn is_per_datagram_error(code: i32) -> bool {
 mod tests {
     use super::*;
     use crate::Ecn;
-    use crate::conformance::{self, Backend, recv_all, send_all};
+    use crate::conformance::{self, Backend, on_path, recv_all, send_all};
 
     impl Backend for UdpDatapath {
         const KIND: &'static str = "udp";
@@ -889,15 +889,7 @@ mod tests {
             let mut batch = RecvBatch::new(8, 2048);
             assert_eq!(b.recv(&mut batch, Some(Duration::ZERO)).unwrap(), 0);
             let payloads: Vec<[u8; 4]> = (0..20u32).map(|i| i.to_be_bytes()).collect();
-            let sends: Vec<Transmit<'_>> = payloads
-                .iter()
-                .map(|p| Transmit {
-                    dest: b.local_addr(),
-                    path: 1,
-                    ecn: Ecn::NotEct,
-                    contents: p,
-                })
-                .collect();
+            let sends = on_path(b.local_addr(), 1, &payloads);
             send_all(&a, &sends);
             let mut got = Vec::new();
             let deadline = std::time::Instant::now() + Duration::from_secs(5);

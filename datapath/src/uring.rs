@@ -1227,7 +1227,7 @@ impl Tx {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conformance::{self, Backend, index_of, numbered, recv_all, send_all};
+    use crate::conformance::{self, Backend, index_of, numbered, on_path, recv_all, send_all};
 
     impl Backend for UringDatapath {
         const KIND: &'static str = "uring";
@@ -1275,15 +1275,7 @@ mod tests {
         let a = loopback(1);
         let b = loopback(1);
         let payloads: Vec<Vec<u8>> = (0..10u32).map(|i| numbered(i, 100 + i as usize)).collect();
-        let batch: Vec<Transmit<'_>> = payloads
-            .iter()
-            .map(|p| Transmit {
-                dest: b.local_addr(),
-                path: 0,
-                ecn: Ecn::NotEct,
-                contents: p,
-            })
-            .collect();
+        let batch = on_path(b.local_addr(), 0, &payloads);
         send_all(&a, &batch);
         let mut scratch = RecvBatch::new(16, 2048);
         let pool = b.pool_range();
@@ -1318,15 +1310,7 @@ mod tests {
         let a = loopback(1);
         let b = loopback(1);
         let payloads: Vec<[u8; 4]> = (0..20u32).map(|i| i.to_be_bytes()).collect();
-        let batch: Vec<Transmit<'_>> = payloads
-            .iter()
-            .map(|p| Transmit {
-                dest: b.local_addr(),
-                path: 0,
-                ecn: Ecn::NotEct,
-                contents: p,
-            })
-            .collect();
+        let batch = on_path(b.local_addr(), 0, &payloads);
         send_all(&a, &batch);
         std::thread::sleep(Duration::from_millis(50));
         let mut scratch = RecvBatch::new(3, 16);
@@ -1456,15 +1440,7 @@ mod tests {
             );
         }
         let payloads: Vec<[u8; 4]> = (0..20u32).map(|i| i.to_be_bytes()).collect();
-        let sends: Vec<Transmit<'_>> = payloads
-            .iter()
-            .map(|p| Transmit {
-                dest: b.local_addr(),
-                path: 0,
-                ecn: Ecn::NotEct,
-                contents: p,
-            })
-            .collect();
+        let sends = on_path(b.local_addr(), 0, &payloads);
         send_all(&a, &sends);
         let mut got = Vec::new();
         let deadline = std::time::Instant::now() + Duration::from_secs(5);
