@@ -60,7 +60,10 @@ SERVER=""
 cleanup() {
     local rc=$?
     trap - EXIT
-    [ -n "$SERVER" ] && kill "$SERVER" 2>/dev/null && wait "$SERVER" 2>/dev/null
+    if [ -n "$SERVER" ]; then
+        kill "$SERVER" 2>/dev/null || true
+        wait "$SERVER" 2>/dev/null || true
+    fi
     "$NETNS" veth down "$NS" >/dev/null 2>&1 || true
     rm -rf "$TMP"
     exit "$rc"
