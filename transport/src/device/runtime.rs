@@ -700,6 +700,7 @@ impl Owner {
             sum.rto_fired += s.rto_fired;
             sum.rx_auth_failed += s.rx_auth_failed;
             sum.rx_replayed += s.rx_replayed;
+            sum.stalled_samples += s.stalled_samples;
         }
         sum
     }

@@ -148,7 +148,11 @@ impl Qp {
         if self.rsp.ack_pending {
             return self.send_ack(&peer, now, buf, sh);
         }
-        // Retransmissions first: they are not limited by the window.
+        // A READ or atomic asked for again, then retransmissions: they are not limited by
+        // the window.
+        if let Some(t) = self.send_reask(&peer, now, buf, sh) {
+            return Some(t);
+        }
         if let Some(t) = self.send_retransmission(&peer, now, buf, sh) {
             return Some(t);
         }
@@ -215,6 +219,49 @@ impl Qp {
         let h = self.header(wire::Kind::Ack, 0, path, now, flags)?;
         let len = self.seal.emit(buf, &h, &Body::Ack(ack), 0, |_| {}).ok()?;
         Some(self.transmit(peer, len, path, Ecn::NotEct))
+    }
+
+    /// The request of a READ or atomic queued by `queue_reask`, sent again under its PSN and
+    /// flagged as a retransmission: the responder takes it as a duplicate and resends its
+    /// unacknowledged response packets ([`Qp::answer_again`]). Not a sequenced packet of its
+    /// own, so it takes no place in the flight.
+    fn send_reask(
+        &mut self,
+        peer: &QpInfo,
+        now: Timestamp,
+        buf: &mut [u8],
+        sh: &mut Shared,
+    ) -> Option<Transmit> {
+        while let Some(msn) = self.req.reask.pop_front() {
+            let Some(wi) = self.wqe_index(msn) else {
+                continue;
+            };
+            let w = &self.req.sq[wi];
+            if !w.awaits_response() || w.unacked_pkts != 0 {
+                continue;
+            }
+            let psn = w.req_psn;
+            let what = SentWhat::Req {
+                msn,
+                offset: 0,
+                len: 0,
+            };
+            let path = self.next_path(sh);
+            let Some(len) = self.emit(&what, psn, path, wire::FLAG_RETRANSMIT, now, buf) else {
+                continue;
+            };
+            self.counters.retransmits += 1;
+            sh.stats.retransmits += 1;
+            for ps in [
+                &mut sh.paths[usize::from(path)],
+                &mut self.counters.path_stats[usize::from(path)],
+            ] {
+                ps.packets += 1;
+                ps.retransmits += 1;
+            }
+            return Some(self.transmit(peer, len, path, Ecn::Ect0));
+        }
+        None
     }
 
     /// The first packet queued for retransmission that still needs it, sent on another path.
@@ -336,6 +383,11 @@ impl Qp {
         }
         let what = self.next_new_packet(sh)?;
         let psn = self.rec.next_psn.get();
+        if let SentWhat::Req { msn, .. } = what
+            && let Some(wi) = self.wqe_index(msn)
+        {
+            self.req.sq[wi].req_psn = psn;
+        }
         let path = self.next_burst_path(sh);
         let len = self.emit(&what, psn, path, 0, now, buf)?;
         self.rec.next_psn += 1;
