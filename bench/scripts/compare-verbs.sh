@@ -23,7 +23,9 @@
 #   (optional) TESTS="perftest verbs sw" (which groups run)
 #   BRAID_PERF_VERBS_SERVER / BRAID_PERF_VERBS_CLIENT (extra braid-perf arguments for the
 #   verbs runs, default "--backend verbs"; e.g. to name the rxe device of each end)
-#   BRAID_PERF_SW_ARGS (default "--backend software") KEEP_LOG=FILE (keeps the guest console)
+#   BRAID_PERF_SW_ARGS (default "--backend software"; both ends of the software runs)
+#   BRAID_PERF_SW_CLIENT (extra client-only arguments, e.g. "--cc fixed", which a server
+#   does not take) KEEP_LOG=FILE (keeps the guest console)
 # Root (qemu, the image build); scripts/guest/build-image.sh deps installs qemu.
 set -euo pipefail
 
@@ -40,6 +42,7 @@ BRAID_PERF=${BRAID_PERF:-}
 VS=${BRAID_PERF_VERBS_SERVER---backend verbs}
 VC=${BRAID_PERF_VERBS_CLIENT---backend verbs}
 SW=${BRAID_PERF_SW_ARGS---backend software}
+SWC="$SW ${BRAID_PERF_SW_CLIENT:-}"
 OUT=${OUT:-}
 
 TMP=$(mktemp -d)
@@ -53,7 +56,7 @@ cat >"$inner" <<EOF
 #!/bin/sh
 RUNS=$RUNS SIZE=$SIZE ITERS=$ITERS LAT_ITERS=$LAT_ITERS STEP=$STEP_TIMEOUT TESTS="$TESTS"
 PERF=${BRAID_PERF:+/guest/bin/braid-perf}
-VS="$VS" VC="$VC" SW="$SW"
+VS="$VS" VC="$VC" SW="$SW" SWC="$SWC"
 EOF
 cat >>"$inner" <<'EOF'
 port=18600
@@ -132,8 +135,8 @@ while [ "$run" -le "$RUNS" ]; do
         braid verbs_lat p50_us "$VS" "$VC" --test write_lat --size 8 --iters "$LAT_ITERS"
     fi
     if [ -n "$PERF" ] && want sw; then
-        braid sw_bw bw_gbps "$SW" "$SW" --test write_bw --size "$SIZE" --iters "$ITERS"
-        braid sw_lat p50_us "$SW" "$SW" --test write_lat --size 8 --iters "$LAT_ITERS"
+        braid sw_bw bw_gbps "$SW" "$SWC" --test write_bw --size "$SIZE" --iters "$ITERS"
+        braid sw_lat p50_us "$SW" "$SWC" --test write_lat --size 8 --iters "$LAT_ITERS"
     fi
     run=$((run + 1))
 done
