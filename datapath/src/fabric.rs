@@ -1047,6 +1047,7 @@ impl Network for Fabric {
                         src: pkt.src,
                         len: pkt.bytes.len(),
                         ecn: pkt.ecn,
+                        queued_ns: 0,
                     },
                     bytes: pkt.bytes,
                 });
