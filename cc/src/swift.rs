@@ -33,6 +33,7 @@ use crate::{AckSample, Controller, ControllerFactory};
 /// | `undo_spurious_losses` | `true` | a loss that proves spurious gives its decrease back |
 /// | `base_delay_scale` | 0 | distance scaling of the target off: on a software host the minimum delay is mostly scheduling, not distance |
 /// | `ai_ref_delay_ns` | 0 | distance scaling of the additive increase off, for the same reason |
+/// | `hop_telemetry` | `false` | most fabrics stamp no per-hop telemetry; the round trip is the signal |
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SwiftConfig {
     /// Base target delay, ns. With `target_above_min_delay` it is headroom added to the lowest
@@ -87,6 +88,30 @@ pub struct SwiftConfig {
     /// window, which is that many times larger, in the same time as a short one. 0 turns
     /// it off.
     pub ai_ref_delay_ns: u64,
+    /// React to the most congested hop instead of the sum of every queue: when an ACK
+    /// sample carries in-band hop telemetry ([`AckSample::hop_queue_ns`], the largest
+    /// queueing delay one switch on the forward path saw), the delay compared with the
+    /// target is `min_delay + hop_queue` rather than the measured fabric delay. A flow
+    /// crossing two congested hops then sees the same signal as one crossing one of them,
+    /// and is not cut harder for it (the multi-bottleneck unfairness of a summed delay);
+    /// queues on the way back (the ACK's) no longer count either. Samples without
+    /// telemetry keep the measured delay.
+    pub hop_telemetry: bool,
+    /// Rate-fair additive increase: the increase per round trip grows with the smoothed
+    /// round trip over the minimum delay (at most `rtt_fair_max` times), so the window grows
+    /// by the same amount per unit of *time* whatever queues the connection's round trip
+    /// crosses. With Swift's one decrease per round trip, equal increases per round trip
+    /// give flows equal *windows* at a shared bottleneck, so a flow whose round trip is
+    /// longer (it crosses more standing queues, both ways) gets a lower *rate*; an increase
+    /// per unit of time gives windows in proportion to the round trip, equal rates. 0 (or
+    /// below 1) turns it off.
+    pub rtt_fair_max: f64,
+    /// With `hop_telemetry`, react to the *standing* queue of the bottleneck hop: the
+    /// lowest hop telemetry of the last one to two smoothed round trips rather than the
+    /// latest sample (a queue that drained within a round trip is a burst, not congestion;
+    /// the latest sample of a sprayed flow is the larger of several queues' momentary
+    /// depths).
+    pub hop_standing: bool,
 }
 
 impl Default for SwiftConfig {
@@ -112,6 +137,9 @@ impl Default for SwiftConfig {
             undo_spurious_losses: true,
             base_delay_scale: 0.0,
             ai_ref_delay_ns: 0,
+            hop_telemetry: false,
+            rtt_fair_max: 0.0,
+            hop_standing: false,
         }
     }
 }
@@ -228,6 +256,10 @@ pub struct Swift {
     /// The loss episode that may still be undone.
     undo: Option<LossEpisode>,
     undos: u64,
+    /// Lowest hop telemetry of the current and the previous epoch (one srtt each), ns, and
+    /// when the current one began.
+    hop_min: [Option<u64>; 2],
+    hop_epoch: Timestamp,
 }
 
 /// A loss decrease that may prove spurious.
@@ -276,6 +308,8 @@ impl Swift {
             idle_since: None,
             undo: None,
             undos: 0,
+            hop_min: [None, None],
+            hop_epoch: Timestamp::ZERO,
         }
     }
 
@@ -328,11 +362,33 @@ impl Swift {
         base + hops * self.cfg.per_hop_ns as f64 + self.flow_scaling(self.cwnd_packets())
     }
 
-    /// The factor on `ai` from distance scaling (`ai_ref_delay_ns`): at least 1.
+    /// The factor on `ai` from distance scaling (`ai_ref_delay_ns`) and the rate-fair
+    /// increase (`rtt_fair_max`): at least 1.
     fn ai_scale(&self) -> f64 {
-        match (self.cfg.ai_ref_delay_ns, self.min_delay_ns) {
+        let distance = match (self.cfg.ai_ref_delay_ns, self.min_delay_ns) {
             (r, Some(m)) if r > 0 && m > r => m as f64 / r as f64,
             _ => 1.0,
+        };
+        let fair = match self.min_delay_ns {
+            Some(m) if self.cfg.rtt_fair_max > 1.0 && m > 0 && self.has_rtt => {
+                (self.srtt_ns / m as f64).clamp(1.0, self.cfg.rtt_fair_max)
+            }
+            _ => 1.0,
+        };
+        distance * fair
+    }
+
+    /// Takes in hop telemetry `q` and returns the lowest of the last one to two round trips.
+    fn standing_hop_queue(&mut self, now: Timestamp, q: u64) -> u64 {
+        if now.nanos_since(self.hop_epoch) as f64 >= self.srtt_ns {
+            self.hop_min = [None, self.hop_min[0]];
+            self.hop_epoch = now;
+        }
+        self.hop_min[0] = Some(self.hop_min[0].map_or(q, |m| m.min(q)));
+        match self.hop_min {
+            [Some(a), Some(b)] => a.min(b),
+            [Some(a), None] => a,
+            _ => q,
         }
     }
 
@@ -399,6 +455,17 @@ impl Controller for Swift {
         }
         if let Some(d) = s.delay_ns() {
             self.sample_delay(now, d, s.ecn_ce == Some(true));
+            if self.cfg.hop_telemetry
+                && let (Some(q), Some(m)) = (s.hop_queue_ns, self.min_delay_ns)
+            {
+                // The bottleneck hop's queue on top of the base: the signal of one queue.
+                let q = if self.cfg.hop_standing {
+                    self.standing_hop_queue(now, q)
+                } else {
+                    q
+                };
+                self.last_delay_ns = Some(m.saturating_add(q));
+            }
         }
         if s.hops.is_some() {
             self.hops = s.hops;
@@ -922,6 +989,57 @@ mod tests {
             (0.9..=1.1).contains(&g),
             "short: +{g} packets in a round trip"
         );
+    }
+
+    /// Hop telemetry: a flow whose delay comes from two standing queues of 12 µs each (and a
+    /// 10 µs base) is cut by a summed signal where a flow crossing one of them is not, and
+    /// with telemetry both see the one bottleneck hop's 12 µs and keep the same window.
+    #[test]
+    fn hop_telemetry_does_not_cut_a_flow_crossing_two_queues_harder() {
+        let cfg = SwiftConfig {
+            base_target_ns: 15_000,
+            fs_range_ns: 0,
+            ..SwiftConfig::default()
+        };
+        let run = |telemetry: bool, queues: u64| {
+            let mut c = Swift::new(
+                SwiftConfig {
+                    hop_telemetry: telemetry,
+                    ..cfg
+                },
+                MTU,
+            );
+            // The base, measured first.
+            ack(&mut c, us(0), Some(10));
+            for t in 1..2000 {
+                let mut s = AckSample::new(us(t), MTU);
+                s.fabric_delay_ns = Some(10_000 + queues * 12_000);
+                s.hop_queue_ns = Some(12_000);
+                c.on_ack_with(us(t), &s);
+            }
+            c.cwnd_packets()
+        };
+        let (one, two) = (run(false, 1), run(false, 2));
+        assert!(two < one / 4.0, "summed delay: {two} vs {one} packets");
+        let (one_t, two_t) = (run(true, 1), run(true, 2));
+        assert!((one_t - two_t).abs() < 1e-9, "{one_t} vs {two_t}");
+        assert!(
+            (one_t - one).abs() < 1e-9,
+            "one queue: telemetry changes nothing"
+        );
+        // Samples without telemetry keep the measured delay.
+        let mut c = Swift::new(
+            SwiftConfig {
+                hop_telemetry: true,
+                ..cfg
+            },
+            MTU,
+        );
+        ack(&mut c, us(0), Some(10));
+        for t in 1..2000 {
+            ack(&mut c, us(t), Some(34));
+        }
+        assert!((c.cwnd_packets() - two).abs() < 1e-9);
     }
 
     fn ack_marked(c: &mut Swift, now: Timestamp, delay_us: u64, ce: bool) {
