@@ -219,11 +219,15 @@ impl ControllerFactory for SwiftConfig {
 /// *episode* that remembers the window before it and counts the losses reported in the same
 /// round trip. When [`on_spurious_loss`](Controller::on_spurious_loss) has cleared every one
 /// of them, none was real: the window goes back to `max(cwnd, window before)` and the decrease
-/// no longer blocks the next one. A delay decrease or a retransmit timeout (real congestion
-/// signals) ends the episode without undo, and so does the next loss decrease (which opens a
-/// new one); proofs for packets sent before the episode's first reported loss are ignored.
+/// no longer blocks the next one. A delay decrease (a real congestion signal) ends the episode
+/// without undo, and so does the next loss decrease (which opens a new one); proofs for
+/// packets sent before the episode's first reported loss are ignored.
 /// **Retransmit timeout**: `cwnd = min_cwnd` (after `rto_reset_threshold` consecutive ones;
-/// earlier ones count as a loss). `can_decrease` is `now − last_decrease ≥ srtt`: at most one
+/// earlier ones count as a loss). It opens an episode too (or extends the open one), which
+/// the probes it retransmits join: if every one of them proves spurious (their originals were
+/// acknowledged: the timeout measured a host that stalled, not a network that dropped), the
+/// window, the decrease time and the consecutive-timeout count go back, as Eifel's response
+/// to a spurious timeout (RFC 4015) does for TCP. `can_decrease` is `now − last_decrease ≥ srtt`: at most one
 /// decrease per smoothed round trip. ECN marks are ignored: Swift is delay-based.
 ///
 /// The window is clamped to `[min_cwnd, max_cwnd]` packets. Below one packet,
@@ -268,12 +272,18 @@ struct LossEpisode {
     /// Window before the decrease, bytes.
     cwnd_before: f64,
     last_decrease_before: Option<Timestamp>,
+    /// Consecutive retransmit timeouts before the episode (an undone timeout does not count
+    /// towards `rto_reset_threshold`).
+    consecutive_rto_before: u32,
     /// When the decrease happened.
     at: Timestamp,
     /// Losses reported in the episode and not yet proven spurious.
     pending: u32,
     /// Earliest send time of those losses.
     first_sent_at: Timestamp,
+    /// A retransmit timeout joined the episode and none of its probes was reported yet: the
+    /// timeout itself is not proven spurious until one is (and proves so).
+    awaiting_probe: bool,
 }
 
 impl Swift {
@@ -508,9 +518,11 @@ impl Controller for Swift {
             self.undo = self.cfg.undo_spurious_losses.then_some(LossEpisode {
                 cwnd_before: self.cwnd,
                 last_decrease_before: self.last_decrease,
+                consecutive_rto_before: self.consecutive_rto,
                 at: now,
                 pending: 0,
                 first_sent_at: sent_at,
+                awaiting_probe: false,
             });
             self.decrease(now, 1.0 - self.cfg.max_mdf);
         }
@@ -521,6 +533,7 @@ impl Controller for Swift {
         {
             u.pending = u.pending.saturating_add(1);
             u.first_sent_at = u.first_sent_at.min(sent_at);
+            u.awaiting_probe = false;
         }
     }
 
@@ -532,18 +545,38 @@ impl Controller for Swift {
             return;
         }
         u.pending -= 1;
-        if u.pending == 0 {
-            let (cwnd_before, last_decrease_before) = (u.cwnd_before, u.last_decrease_before);
+        if u.pending == 0 && !u.awaiting_probe {
+            let u = *u;
             self.undo = None;
-            self.cwnd = self.cwnd.max(cwnd_before);
+            self.cwnd = self.cwnd.max(u.cwnd_before);
             self.clamp();
-            self.last_decrease = last_decrease_before;
+            self.last_decrease = u.last_decrease_before;
+            self.consecutive_rto = self.consecutive_rto.min(u.consecutive_rto_before);
             self.undos += 1;
         }
     }
 
     fn on_retransmit_timeout(&mut self, now: Timestamp) {
-        self.undo = None;
+        // The timeout opens (or extends) an undo episode: the probes it retransmits are
+        // reported as losses right after (`on_congestion_event`, same instant), and if every
+        // one of them proves spurious the timeout measured a stalled host, not the network.
+        let episode = match self.undo.take() {
+            Some(u) => LossEpisode {
+                at: now,
+                awaiting_probe: true,
+                ..u
+            },
+            None => LossEpisode {
+                cwnd_before: self.cwnd,
+                last_decrease_before: self.last_decrease,
+                consecutive_rto_before: self.consecutive_rto,
+                at: now,
+                pending: 0,
+                first_sent_at: now,
+                awaiting_probe: true,
+            },
+        };
+        self.undo = self.cfg.undo_spurious_losses.then_some(episode);
         self.consecutive_rto = self.consecutive_rto.saturating_add(1);
         if self.consecutive_rto >= self.cfg.rto_reset_threshold {
             self.cwnd = self.cfg.min_cwnd * self.mtu;
@@ -714,6 +747,62 @@ mod tests {
         // A second proof for the same episode changes nothing.
         c.on_spurious_loss(us(32), us(1));
         assert!((c.cwnd_packets() - w0 * 0.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_retransmit_timeout_whose_probes_prove_spurious_gives_the_window_back() {
+        let mut c = Swift::new(
+            SwiftConfig {
+                rto_reset_threshold: 1,
+                ..fixed_target()
+            },
+            MTU,
+        );
+        ack(&mut c, us(0), Some(50));
+        let w0 = c.cwnd_packets();
+        // The timeout resets the window; its two probes are reported lost at once.
+        c.on_retransmit_timeout(us(1000));
+        c.on_congestion_event(us(1000), us(1), false, MTU);
+        c.on_congestion_event(us(1000), us(2), false, MTU);
+        assert!((c.cwnd_packets() - 0.01).abs() < 1e-9, "{}", c.cwnd_packets());
+        // One original acknowledged: not yet.
+        c.on_spurious_loss(us(1010), us(1));
+        assert!((c.cwnd_packets() - 0.01).abs() < 1e-9);
+        // Both: the host stalled, the network lost nothing.
+        c.on_spurious_loss(us(1011), us(2));
+        assert!((c.cwnd_packets() - w0).abs() < 1e-9, "{}", c.cwnd_packets());
+        assert_eq!(c.undos(), 1);
+        assert_eq!(c.pacing_rate(), None);
+    }
+
+    #[test]
+    fn a_retransmit_timeout_with_a_real_loss_keeps_the_reset() {
+        let mut c = Swift::new(
+            SwiftConfig {
+                rto_reset_threshold: 2,
+                ..fixed_target()
+            },
+            MTU,
+        );
+        ack(&mut c, us(0), Some(50));
+        // First timeout: a loss decrease (below the threshold), probe proves spurious: undone,
+        // and it does not count towards the threshold.
+        let w0 = c.cwnd_packets();
+        c.on_retransmit_timeout(us(1000));
+        c.on_congestion_event(us(1000), us(1), false, MTU);
+        c.on_spurious_loss(us(1010), us(1));
+        assert!((c.cwnd_packets() - w0).abs() < 1e-9);
+        c.on_retransmit_timeout(us(2000));
+        c.on_congestion_event(us(2000), us(3), false, MTU);
+        assert!(c.cwnd_packets() > 0.01, "one counted timeout only: no reset");
+        // The next one is the second in a row: reset, and its probe was really lost (its
+        // retransmission is what got acknowledged: no spurious proof ever comes).
+        c.on_retransmit_timeout(us(3000));
+        c.on_congestion_event(us(3000), us(4), false, MTU);
+        assert!((c.cwnd_packets() - 0.01).abs() < 1e-9, "{}", c.cwnd_packets());
+        // A proof for a packet sent before the episode changes nothing.
+        c.on_spurious_loss(us(3010), us(0));
+        assert!((c.cwnd_packets() - 0.01).abs() < 1e-9);
     }
 
     #[test]

@@ -4,6 +4,8 @@
  * Each must return the documented error code (or, for what only the engine can judge, an
  * error completion), never crash. One process, two devices on the loopback address.
  */
+#include <stddef.h>
+
 #include "common.h"
 
 static int checks = 0;
@@ -173,6 +175,13 @@ int main(void) {
     EXPECT(strncmp(attr.local_addr, "127.0.0.1:", 10) == 0, "local address %s", attr.local_addr);
     EXPECT(attr.datapath == BRAID_DATAPATH_UDP && attr.paths == 4 && attr.max_sge == BRAID_MAX_SGE,
            "attributes");
+    EXPECT(attr.backend == BRAID_BACKEND_SOFTWARE, "backend %u", attr.backend);
+    /* A program built against a header without `backend` gets the fields it has, and
+     * nothing is written past its struct. */
+    braid_device_attr older = {.struct_size = offsetof(braid_device_attr, backend), .backend = 77};
+    EXPECT_RC(braid_device_query(a.dev, &older), BRAID_OK);
+    EXPECT(older.backend == 77 && older.max_sge == BRAID_MAX_SGE && older.paths == 4,
+           "attributes of the older size");
     braid_device_stats ds = {.struct_size = sizeof ds + 1};
     EXPECT_RC(braid_device_query_stats(a.dev, &ds), BRAID_EINVAL);
     EXPECT_RC(braid_device_query_stats(NULL, &ds), BRAID_EFAULT);

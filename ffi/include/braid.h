@@ -91,6 +91,10 @@
 // `braid_device_report` says which one was opened and why.
 #define BRAID_DATAPATH_AUTO 3
 
+// Datapath of a device on the verbs backend (reported by `braid_device_query`, never
+// configured): the RDMA NIC moves the data.
+#define BRAID_DATAPATH_VERBS 4
+
 // Backend: Braid's software transport over the chosen datapath (the default).
 #define BRAID_BACKEND_SOFTWARE 0
 
@@ -309,7 +313,8 @@ typedef struct braid_device_config {
 typedef struct braid_device_attr {
   // `sizeof(braid_device_attr)`, set by the caller.
   uint32_t struct_size;
-  // The datapath in use: `BRAID_DATAPATH_UDP`, `_URING` or `_XDP` (never `_AUTO`).
+  // The datapath in use: `BRAID_DATAPATH_UDP`, `_URING`, `_XDP` or, on the verbs backend,
+  // `_VERBS` (never `_AUTO`).
   uint32_t datapath;
   // The address peers send to, NUL-terminated ("127.0.0.1:40123").
   char local_addr[64];
@@ -325,6 +330,11 @@ typedef struct braid_device_attr {
   uint32_t max_sge;
   // Largest message, bytes.
   uint32_t max_msg_size;
+  // The backend the device runs on: `BRAID_BACKEND_SOFTWARE` or `BRAID_BACKEND_VERBS`
+  // (never `_AUTO`: what auto chose). Added after the first release: a program built
+  // against a header without it passes the shorter `struct_size` and gets the fields
+  // before it.
+  uint32_t backend;
 } braid_device_attr;
 
 // Device counters: filled by `braid_device_query_stats`.
@@ -529,10 +539,12 @@ int32_t braid_device_open(const struct braid_device_config *cfg, struct braid_de
 // made from it must be destroyed first (else `BRAID_EBUSY`, and nothing changes).
 int32_t braid_device_close(struct braid_device *dev);
 
-// Describes an open device. Set `attr->struct_size = sizeof(braid_device_attr)` first.
+// Describes an open device. Set `attr->struct_size = sizeof(braid_device_attr)` first (the
+// size of an older header's `braid_device_attr`, without `backend`, is taken too: the
+// fields it has are filled).
 //
 // # Safety
-// `attr` must be NULL or point to a writable `braid_device_attr`.
+// `attr` must be NULL or point to a writable `braid_device_attr` of the `struct_size` set.
 int32_t braid_device_query(const struct braid_device *dev, struct braid_device_attr *attr);
 
 // Copies the device's datapath report (which datapath was opened and, for

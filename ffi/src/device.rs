@@ -150,6 +150,7 @@ fn datapath_code(name: &str) -> u32 {
     match name {
         "uring" => BRAID_DATAPATH_URING,
         "xdp" => BRAID_DATAPATH_XDP,
+        "verbs" => BRAID_DATAPATH_VERBS,
         _ => BRAID_DATAPATH_UDP,
     }
 }
@@ -339,10 +340,12 @@ pub extern "C" fn braid_device_close(dev: *mut braid_device) -> i32 {
     })
 }
 
-/// Describes an open device. Set `attr->struct_size = sizeof(braid_device_attr)` first.
+/// Describes an open device. Set `attr->struct_size = sizeof(braid_device_attr)` first (the
+/// size of an older header's `braid_device_attr`, without `backend`, is taken too: the
+/// fields it has are filled).
 ///
 /// # Safety
-/// `attr` must be NULL or point to a writable `braid_device_attr`.
+/// `attr` must be NULL or point to a writable `braid_device_attr` of the `struct_size` set.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn braid_device_query(
     dev: *const braid_device,
@@ -350,8 +353,21 @@ pub unsafe extern "C" fn braid_device_query(
 ) -> i32 {
     call("braid_device_query", || {
         let d = handle::get(dev)?;
-        // SAFETY: the caller's contract.
-        unsafe { get_sized(attr, "attr")? };
+        non_null(attr, "attr")?;
+        if !attr.is_aligned() {
+            return Err(Error::new(BRAID_EINVAL, "attr is misaligned"));
+        }
+        // SAFETY: non-null and aligned (checked); its first field is a u32.
+        let size = unsafe { attr.cast::<u32>().read() } as usize;
+        if size != size_of::<braid_device_attr>() && size != DEVICE_ATTR_V1_SIZE {
+            return Err(Error::new(
+                BRAID_EINVAL,
+                format!(
+                    "attr->struct_size is {size}, this library's is {}: rebuild against this braid.h",
+                    size_of::<braid_device_attr>()
+                ),
+            ));
+        }
         let mut local_addr = [0 as c_char; 64];
         let text = d.dev.local_addr().to_string();
         for (dst, b) in local_addr.iter_mut().zip(text.bytes().take(63)) {
@@ -367,9 +383,34 @@ pub unsafe extern "C" fn braid_device_query(
             max_recv_wr: d.max_recv_wr,
             max_sge: BRAID_MAX_SGE,
             max_msg_size: u32::MAX,
+            backend: if d.dev.is_verbs() {
+                BRAID_BACKEND_VERBS
+            } else {
+                BRAID_BACKEND_SOFTWARE
+            },
         };
-        // SAFETY: the caller's contract.
-        unsafe { put(attr, v, "attr")? };
+        #[cfg(feature = "verbs")]
+        let v = match d.dev.verbs_caps() {
+            // The NIC's limits, as its QPs are created with them.
+            Some(c) => braid_device_attr {
+                max_send_wr: c.qp_depth(),
+                max_recv_wr: c.qp_depth(),
+                max_sge: c.qp_sge(),
+                paths: 1,
+                ..v
+            },
+            None => v,
+        };
+        let v = braid_device_attr {
+            struct_size: size as u32,
+            ..v
+        };
+        // SAFETY: the caller's struct holds `size` writable bytes (its contract), the prefix
+        // of ours with the same layout (`size` is ours or the size before `backend`); plain
+        // data, so a byte copy of that prefix is valid.
+        unsafe {
+            core::ptr::copy_nonoverlapping((&raw const v).cast::<u8>(), attr.cast::<u8>(), size)
+        };
         Ok(BRAID_OK)
     })
 }

@@ -37,6 +37,9 @@ pub const BRAID_DATAPATH_XDP: u32 = 2;
 /// Datapath: AF_XDP if it can be set up, else io_uring, else UDP sockets;
 /// `braid_device_report` says which one was opened and why.
 pub const BRAID_DATAPATH_AUTO: u32 = 3;
+/// Datapath of a device on the verbs backend (reported by `braid_device_query`, never
+/// configured): the RDMA NIC moves the data.
+pub const BRAID_DATAPATH_VERBS: u32 = 4;
 
 /// Backend: Braid's software transport over the chosen datapath (the default).
 pub const BRAID_BACKEND_SOFTWARE: u32 = 0;
@@ -197,7 +200,8 @@ pub(crate) const DEVICE_CONFIG_V1_SIZE: usize = core::mem::offset_of!(braid_devi
 pub struct braid_device_attr {
     /// `sizeof(braid_device_attr)`, set by the caller.
     pub struct_size: u32,
-    /// The datapath in use: `BRAID_DATAPATH_UDP`, `_URING` or `_XDP` (never `_AUTO`).
+    /// The datapath in use: `BRAID_DATAPATH_UDP`, `_URING`, `_XDP` or, on the verbs backend,
+    /// `_VERBS` (never `_AUTO`).
     pub datapath: u32,
     /// The address peers send to, NUL-terminated ("127.0.0.1:40123").
     pub local_addr: [c_char; 64],
@@ -213,7 +217,15 @@ pub struct braid_device_attr {
     pub max_sge: u32,
     /// Largest message, bytes.
     pub max_msg_size: u32,
+    /// The backend the device runs on: `BRAID_BACKEND_SOFTWARE` or `BRAID_BACKEND_VERBS`
+    /// (never `_AUTO`: what auto chose). Added after the first release: a program built
+    /// against a header without it passes the shorter `struct_size` and gets the fields
+    /// before it.
+    pub backend: u32,
 }
+
+/// `sizeof(braid_device_attr)` before `backend` was added.
+pub(crate) const DEVICE_ATTR_V1_SIZE: usize = core::mem::offset_of!(braid_device_attr, backend);
 
 /// A local scatter/gather entry: `length` bytes at byte `offset` of the region with key
 /// `lkey`. Braid addresses regions by offset, not by virtual address.

@@ -14,8 +14,9 @@
 use std::time::Duration;
 
 use braid::{
-    Access, Backend, Completion, CompletionQueue, Device, DeviceConfig, MemoryRegion,
-    ProtectionDomain, QueuePair, RecvWr, SendOp, SendWr, Sge, WcOpcode, WcStatus,
+    Access, Backend, Completion, CompletionQueue, ConnectError, ConnectionEvent, Device,
+    DeviceConfig, MemoryRegion, ProtectionDomain, QueuePair, RecvWr, SendOp, SendWr, Sge, WcOpcode,
+    WcStatus,
 };
 
 /// How long a case waits for a completion it needs before declaring it lost (a liveness
@@ -69,10 +70,12 @@ pub struct Pair {
     pub b: Side,
 }
 
-fn open(backend: Backend) -> Device {
-    let cfg = DeviceConfig::udp("127.0.0.1:0".parse().unwrap())
-        .paths(4)
-        .backend(backend.clone());
+fn open(backend: Backend, tune: fn(DeviceConfig) -> DeviceConfig) -> Device {
+    let cfg = tune(
+        DeviceConfig::udp("127.0.0.1:0".parse().unwrap())
+            .paths(4)
+            .backend(backend.clone()),
+    );
     match Device::open(cfg) {
         Ok(d) => d,
         Err(e) => panic!("conformance: cannot open a {backend} device: {e}"),
@@ -89,12 +92,17 @@ fn side(dev: Device) -> Side {
 /// Opens two devices on the backend the environment names and connects a QP on each.
 /// Panics (so the case fails) when a device cannot be opened.
 pub fn pair() -> Pair {
+    pair_with(|cfg| cfg)
+}
+
+/// [`pair`] with device settings changed by `tune` (both ends).
+pub fn pair_with(tune: fn(DeviceConfig) -> DeviceConfig) -> Pair {
     let (ba, bb) = match verbs_devices() {
         Some((a, b)) => (Backend::Verbs(Some(a)), Backend::Verbs(Some(b))),
         None => (Backend::Software, Backend::Software),
     };
-    let a = side(open(ba));
-    let b = side(open(bb));
+    let a = side(open(ba, tune));
+    let b = side(open(bb, tune));
     if verbs_devices().is_some() {
         assert!(a.dev.is_verbs() && b.dev.is_verbs(), "asked for verbs");
     }
@@ -632,6 +640,181 @@ pub fn rnr_retry_exceeded(p: &Pair) {
     assert_eq!((f.wr_id, f.status), (17, WcStatus::Flushed), "{f:?}");
 }
 
+/// The RNR window of [`rnr_late_recv`]: 6 retries 100 ms apart (on verbs the delay rounds up
+/// to the IB table's 122.88 ms), so a RECV posted [`LATE_RECV_AFTER`] after the SEND is in
+/// time even on an emulated CPU.
+fn long_rnr_window(mut cfg: DeviceConfig) -> DeviceConfig {
+    cfg.engine.rnr_retry_limit = 6;
+    cfg.engine.rnr_timer_ns = 100_000_000;
+    cfg
+}
+
+/// How long after the SEND [`rnr_late_recv`] posts the RECV: long enough for the SEND to
+/// arrive and be refused (receiver not ready) first, well inside the RNR window.
+const LATE_RECV_AFTER: Duration = Duration::from_millis(150);
+
+/// The receiver's count of receiver-not-ready NAKs it sent: the engine's NAK counter on
+/// software, Soft-RoCE's `send_rnr_err` counter on an rxe device (`None` elsewhere: hardware
+/// names its counters otherwise).
+fn rnr_naks_sent(dev: &Device, name: Option<&str>) -> Option<u64> {
+    if !dev.is_verbs() {
+        return Some(dev.stats().naks_sent);
+    }
+    let name = name?;
+    let path = format!("/sys/class/infiniband/{name}/ports/1/hw_counters/send_rnr_err");
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// A SEND that arrives before its RECV is posted is refused as receiver-not-ready and
+/// retried; the RECV posted within the RNR window takes it, and both complete successfully
+/// with every byte.
+pub fn rnr_late_recv(p: &Pair) {
+    let data = pattern(14, 2500);
+    let src = mr(&p.a.pd, 4096, Access::LOCAL_WRITE);
+    src.write(0, &data).unwrap();
+    let dst = mr(&p.b.pd, 4096, Access::LOCAL_WRITE);
+    // The responder is the second device named.
+    let b_name = verbs_devices().map(|(_, b)| b);
+    let naks_before = rnr_naks_sent(&p.b.dev, b_name.as_deref());
+    p.a.qp
+        .post_send(send_wr(18, SendOp::Send, vec![src.sge(0, 2500)]))
+        .unwrap();
+    std::thread::sleep(LATE_RECV_AFTER);
+    assert!(
+        p.a.cq.poll_one().is_none(),
+        "the SEND cannot complete before its RECV is posted"
+    );
+    let naks_after = rnr_naks_sent(&p.b.dev, b_name.as_deref());
+    match (naks_before, naks_after) {
+        (Some(b), Some(a)) => assert!(a > b, "the receiver sent no RNR NAK ({b} -> {a})"),
+        _ => println!("note: rnr_late_recv: this device has no RNR NAK counter to check"),
+    }
+    p.b.qp
+        .post_recv(RecvWr {
+            wr_id: 19,
+            sges: vec![dst.sge(0, 4096)],
+        })
+        .unwrap();
+    expect(
+        next(&p.a.cq, "late send"),
+        18,
+        WcStatus::Success,
+        WcOpcode::Send,
+        "late send",
+    );
+    let r = next(&p.b.cq, "late recv");
+    expect(r, 19, WcStatus::Success, WcOpcode::Recv, "late recv");
+    assert_eq!(r.byte_len, 2500);
+    let got = bytes(&dst);
+    assert_eq!(&got[..2500], &data[..]);
+    assert!(got[2500..].iter().all(|&b| b == 0), "bytes past the SEND");
+}
+
+/// The connection handshake connects two devices by address alone (on verbs over each
+/// device's UDP socket, carrying the port GID, QP number and PSN, then RTR/RTS): both sides
+/// see one QP pair, a SEND one way and a WRITE the other move every byte, and on verbs a
+/// software device's request is refused (a software QP cannot talk to a NIC's).
+pub fn handshake_connects(p: &Pair) {
+    let (a, b) = (&p.a, &p.b);
+    a.dev
+        .enable_handshake(&a.pd, &a.cq, &a.cq)
+        .expect("enable a");
+    b.dev
+        .enable_handshake(&b.pd, &b.cq, &b.cq)
+        .expect("enable b");
+    assert_eq!(
+        a.dev.enable_handshake(&a.pd, &a.cq, &a.cq),
+        Err(ConnectError::AlreadyEnabled)
+    );
+    let (a_addr, b_addr) = (a.dev.local_addr(), b.dev.local_addr());
+    let ac = a.dev.wait_connected(b_addr, WAIT).expect("a connects to b");
+    assert_eq!((ac.peer, ac.accepted), (b_addr, false), "{ac:?}");
+    let bc = match b.dev.wait_connection_event(WAIT) {
+        Some(ConnectionEvent::Established(c)) => c,
+        other => panic!("b: expected the accepted connection, got {other:?}"),
+    };
+    assert_eq!((bc.peer, bc.accepted), (a_addr, true), "{bc:?}");
+    assert_eq!(
+        (bc.remote.qpn, bc.remote.psn, ac.remote.qpn, ac.remote.psn),
+        (ac.local.qpn, ac.local.psn, bc.local.qpn, bc.local.psn),
+        "each side holds the other's QP: {ac:?} / {bc:?}"
+    );
+    assert_ne!(
+        ac.local.qpn,
+        a.qp.info().qpn,
+        "the handshake makes a QP of its own"
+    );
+    assert_eq!(a.dev.local_qpn(b_addr), Some(ac.local.qpn));
+    assert_eq!(b.dev.local_qpn(a_addr), Some(bc.local.qpn));
+    if a.dev.is_verbs() {
+        // The QPs are the NICs': their infos name the port GIDs, as out-of-band ones do.
+        assert_eq!(ac.local.addr, a.qp.info().addr, "{ac:?}");
+        assert_eq!(ac.remote.addr, b.qp.info().addr, "{ac:?}");
+        assert_eq!(bc.remote.addr, a.qp.info().addr, "{bc:?}");
+    } else {
+        assert_eq!(ac.remote.addr, b_addr, "{ac:?}");
+    }
+
+    // SEND a -> b, 3000 bytes.
+    let data = pattern(12, 3000);
+    let src = mr(&a.pd, 4096, Access::LOCAL_WRITE);
+    src.write(0, &data).unwrap();
+    let dst = mr(&b.pd, 4096, Access::LOCAL_WRITE);
+    b.dev
+        .post_recv_to(
+            a_addr,
+            RecvWr {
+                wr_id: 42,
+                sges: vec![dst.sge(0, 4096)],
+            },
+        )
+        .expect("post_recv_to");
+    a.dev
+        .post_send_to(b_addr, send_wr(41, SendOp::Send, vec![src.sge(0, 3000)]))
+        .expect("post_send_to");
+    let s = next(&a.cq, "handshake send");
+    expect(s, 41, WcStatus::Success, WcOpcode::Send, "handshake send");
+    assert_eq!(s.qpn, ac.local.qpn);
+    let r = next(&b.cq, "handshake recv");
+    expect(r, 42, WcStatus::Success, WcOpcode::Recv, "handshake recv");
+    assert_eq!((r.byte_len, r.qpn), (3000, bc.local.qpn), "{r:?}");
+    let got = bytes(&dst);
+    assert_eq!(&got[..3000], &data[..]);
+    assert!(got[3000..].iter().all(|&b| b == 0), "bytes past the SEND");
+
+    // WRITE b -> a, 5000 bytes at offset 64: the accepted side uses the connection too.
+    let data = pattern(13, 5000);
+    let wsrc = mr(&b.pd, 8192, Access::LOCAL_WRITE);
+    wsrc.write(0, &data).unwrap();
+    let wdst = mr(&a.pd, 8192, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    b.dev
+        .post_send_to(
+            a_addr,
+            send_wr(43, SendOp::Write(wdst.remote(64)), vec![wsrc.sge(0, 5000)]),
+        )
+        .expect("post_send_to b");
+    let w = next(&b.cq, "handshake write");
+    expect(w, 43, WcStatus::Success, WcOpcode::Write, "handshake write");
+    let got = bytes(&wdst);
+    assert!(got[..64].iter().all(|&b| b == 0), "bytes before the WRITE");
+    assert_eq!(&got[64..5064], &data[..]);
+    assert!(got[5064..].iter().all(|&b| b == 0), "bytes after the WRITE");
+
+    if b.dev.is_verbs() {
+        // A software device's request to the verbs device is refused for its features.
+        let sw = Device::open(DeviceConfig::udp("127.0.0.1:0".parse().unwrap()))
+            .expect("software device");
+        let (pd, cq) = (sw.alloc_pd(), sw.create_cq());
+        sw.enable_handshake(&pd, &cq, &cq).expect("enable software");
+        match sw.wait_connected(b_addr, WAIT) {
+            Err(ConnectError::Failed(braid::handshake::ConnectFailure::Rejected(
+                braid::handshake::RejectReason::Features,
+            ))) => {}
+            other => panic!("software to verbs: expected a features reject, got {other:?}"),
+        }
+    }
+}
+
 /// A conformance case: runs on a connected pair, panics on a deviation.
 pub type Case = fn(&Pair);
 
@@ -653,7 +836,17 @@ pub const CASES: &[(&str, Case)] = &[
     ("set_error_flushes", set_error_flushes),
     ("recv_too_short", recv_too_short),
     ("rnr_retry_exceeded", rnr_retry_exceeded),
+    ("rnr_late_recv", rnr_late_recv),
+    ("handshake_connects", handshake_connects),
 ];
+
+/// The device settings case `name` runs with.
+fn tuning(name: &str) -> fn(DeviceConfig) -> DeviceConfig {
+    match name {
+        "rnr_late_recv" => long_rnr_window,
+        _ => |cfg| cfg,
+    }
+}
 
 /// Runs case `name` on a fresh pair.
 pub fn run(name: &str) {
@@ -661,5 +854,5 @@ pub fn run(name: &str) {
         .iter()
         .find(|(n, _)| *n == name)
         .unwrap_or_else(|| panic!("no conformance case {name}"));
-    case(&pair());
+    case(&pair_with(tuning(name)));
 }

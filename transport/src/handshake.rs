@@ -45,6 +45,14 @@
 //!   connection: [`HandshakeEvent::Replaced`] names the old local QP, then a fresh local QP is
 //!   connected. A REQUEST with an older incarnation is stale and dropped.
 //!
+//! On the verbs backend the same exchange runs over a UDP socket of the device's own (bound to
+//! [`DeviceConfig::local`](crate::DeviceConfig::local)) and carries the NIC's QP: the sender
+//! sets [`FEATURE_ROCE`] and puts its port GID in the address field (IPv6) and its handshake
+//! UDP port in the port field; the receiver keys the peer by source IP and that port, as
+//! always, and keeps the GID, QP number and PSN as the remote [`QpInfo`] (on
+//! [`ROCE_V2_PORT`], as every verbs `QpInfo`). A request whose RoCE bit differs from the
+//! responder's is rejected ([`RejectReason::Features`]): a software QP cannot talk to a NIC's.
+//!
 //! Nothing a peer sends can panic this code: every field is parsed with bounds checks and a
 //! malformed datagram is counted and dropped.
 //!
@@ -70,7 +78,8 @@
 //! +-------------------------------+---------------+---------------+
 //! |   sender's device UDP port    |  has seal key |  reserved (0) |
 //! +-------------------------------+---------------+---------------+
-//! |   sender's device IP address (4 or 16 bytes)                  |
+//! |   sender's device IP address (4 or 16 bytes; with the RoCE    |
+//! |   feature bit: the port GID of the sender's RDMA device)      |
 //! +---------------------------------------------------------------+
 //! |   X25519 public key (32 bytes), only if "has seal key" is 1   |
 //! +---------------------------------------------------------------+
@@ -100,8 +109,14 @@ pub const HANDSHAKE_QPN: u32 = u32::MAX;
 pub const HANDSHAKE_VERSION: u8 = 1;
 /// Feature bit: the sender's QP encrypts its traffic (its seal key is in the datagram).
 pub const FEATURE_SEAL: u32 = 1;
+/// Feature bit: the sender's QP is an RDMA NIC's RC QP (the verbs backend); the address field
+/// holds its port GID, the port field its handshake UDP port.
+pub const FEATURE_ROCE: u32 = 2;
 /// Feature bits this implementation understands; a REQUEST with others is rejected.
-pub const FEATURES_KNOWN: u32 = FEATURE_SEAL;
+pub const FEATURES_KNOWN: u32 = FEATURE_SEAL | FEATURE_ROCE;
+/// The UDP port of RoCE v2, which every verbs QP's [`QpInfo`] names (the remote QP of a
+/// connection made with [`FEATURE_ROCE`] gets it).
+pub const ROCE_V2_PORT: u16 = 4791;
 /// Most peers one handshake tracks (connecting or connected); requests beyond are rejected.
 pub const MAX_PEERS: usize = 65_536;
 /// Most datagrams waiting to be sent; beyond, new ones are dropped (requests are retransmitted,
@@ -388,6 +403,8 @@ pub struct Handshake {
     out: VecDeque<(SocketAddr, Vec<u8>)>,
     events: VecDeque<HandshakeEvent>,
     stats: HandshakeStats,
+    /// This device's QPs are an RDMA NIC's ([`FEATURE_ROCE`]).
+    roce: bool,
 }
 
 impl Handshake {
@@ -404,7 +421,23 @@ impl Handshake {
             out: VecDeque::new(),
             events: VecDeque::new(),
             stats: HandshakeStats::default(),
+            roce: false,
         }
+    }
+
+    /// The same for a device whose QPs are an RDMA NIC's (the verbs backend): every message
+    /// carries [`FEATURE_ROCE`], local QPs' addresses are their port GIDs, and only peers
+    /// that are RoCE too are served (see the module docs).
+    pub fn new_roce(cfg: HandshakeConfig, local: SocketAddr, incarnation: u64) -> Handshake {
+        Handshake {
+            roce: true,
+            ..Handshake::new(cfg, local, incarnation)
+        }
+    }
+
+    /// Whether this handshake serves RDMA NIC QPs ([`new_roce`](Self::new_roce)).
+    pub fn is_roce(&self) -> bool {
+        self.roce
     }
 
     /// This device's incarnation id.
@@ -604,7 +637,27 @@ impl Handshake {
         // a wildcard address).
         let peer = SocketAddr::new(src.ip(), msg.info.addr.port());
         let mut remote = msg.info;
-        remote.addr = peer;
+        let roce = msg.kind != KIND_REJECT && msg.features & FEATURE_ROCE != 0;
+        if roce {
+            // The address field is the peer QP's port GID: a GID is 16 bytes.
+            if !msg.info.addr.is_ipv6() {
+                self.stats.malformed += 1;
+                return;
+            }
+            remote.addr = SocketAddr::new(msg.info.addr.ip(), ROCE_V2_PORT);
+        } else {
+            remote.addr = peer;
+        }
+        if roce != self.roce && msg.kind != KIND_REJECT {
+            // A software QP and a NIC's cannot talk: refuse a request, drop the rest (a
+            // well-behaved peer never answers a request it could not serve).
+            if msg.kind == KIND_REQUEST {
+                self.send_reject_raw(peer, msg.incarnation, msg.info.qpn, RejectReason::Features);
+            } else {
+                self.stats.stale += 1;
+            }
+            return;
+        }
         match msg.kind {
             KIND_REQUEST => self.on_request(now, peer, remote, &msg, accept),
             KIND_REPLY => self.on_reply(peer, remote, &msg),
@@ -893,14 +946,22 @@ impl Handshake {
         echo_inc: u64,
         echo_qpn: u32,
     ) {
+        let mut info = local;
+        let mut features = features_of(&local);
+        if self.roce {
+            // The GID travels in the address field, the handshake's own port in the port
+            // field (the peer keys this device by it).
+            info.addr = SocketAddr::new(local.addr.ip(), self.local.port());
+            features |= FEATURE_ROCE;
+        }
         let m = Message {
             kind,
             reason: 0,
             incarnation: self.incarnation,
             echo_incarnation: echo_inc,
-            features: features_of(&local),
+            features,
             echo_qpn,
-            info: local,
+            info,
         };
         self.queue(peer, m.emit());
     }
@@ -1227,6 +1288,86 @@ impl Signal {
     }
 }
 
+/// Where the handshake runtime's QPs live: the engine's on the software transport, the NIC's
+/// on the verbs backend (`device/backend.rs`). The calls mirror the engine's.
+pub(crate) trait QpHost {
+    /// Whether these are an RDMA NIC's QPs (the handshake then speaks [`FEATURE_ROCE`]).
+    fn is_roce(&self) -> bool {
+        false
+    }
+    /// Takes the protection domain and queues of the QPs the handshake creates (the engine
+    /// needs nothing: the runtime keeps their ids).
+    fn adopt(
+        &mut self,
+        _pd: &ProtectionDomain,
+        _send_cq: &CompletionQueue,
+        _recv_cq: &CompletionQueue,
+    ) -> Result<(), ResourceError> {
+        Ok(())
+    }
+    /// Creates a QP in `Init`.
+    fn create_qp(
+        &mut self,
+        pd: PdId,
+        send_cq: CqId,
+        recv_cq: CqId,
+    ) -> Result<QpInfo, ResourceError>;
+    /// Connects `qpn` to `peer`.
+    fn connect(&mut self, qpn: u32, peer: QpInfo) -> Result<(), ResourceError>;
+    /// Moves `qpn` to the error state.
+    fn set_error(&mut self, qpn: u32) -> Result<(), ResourceError>;
+    /// Destroys `qpn`.
+    fn destroy_qp(&mut self, qpn: u32) -> Result<(), ResourceError>;
+    /// Whether `wr` could be posted once connected (checked when it is queued for a
+    /// connection that is not up yet, so a malformed request is refused to its poster).
+    fn check_send(&self, _wr: &SendWr) -> Result<(), PostError> {
+        Ok(())
+    }
+    /// Posts a send request.
+    fn post_send(&mut self, qpn: u32, wr: SendWr) -> Result<(), PostError>;
+    /// Posts a send request whose poster can no longer be told of a refusal: a refused one
+    /// completes with an error on `cq` (see `Endpoint::post_send_or_fail`).
+    fn post_send_or_fail(&mut self, qpn: u32, wr: SendWr, cq: CqId);
+    /// Posts a receive request.
+    fn post_recv(&mut self, qpn: u32, wr: RecvWr) -> Result<(), PostError>;
+    /// QPs alive (for tests).
+    #[cfg(test)]
+    fn qp_count(&self) -> usize;
+}
+
+impl QpHost for Endpoint {
+    fn create_qp(
+        &mut self,
+        pd: PdId,
+        send_cq: CqId,
+        recv_cq: CqId,
+    ) -> Result<QpInfo, ResourceError> {
+        Endpoint::create_qp(self, pd, send_cq, recv_cq)
+    }
+    fn connect(&mut self, qpn: u32, peer: QpInfo) -> Result<(), ResourceError> {
+        Endpoint::connect(self, qpn, peer)
+    }
+    fn set_error(&mut self, qpn: u32) -> Result<(), ResourceError> {
+        Endpoint::set_error(self, qpn)
+    }
+    fn destroy_qp(&mut self, qpn: u32) -> Result<(), ResourceError> {
+        Endpoint::destroy_qp(self, qpn)
+    }
+    fn post_send(&mut self, qpn: u32, wr: SendWr) -> Result<(), PostError> {
+        Endpoint::post_send(self, qpn, wr)
+    }
+    fn post_send_or_fail(&mut self, qpn: u32, wr: SendWr, cq: CqId) {
+        Endpoint::post_send_or_fail(self, qpn, wr, cq)
+    }
+    fn post_recv(&mut self, qpn: u32, wr: RecvWr) -> Result<(), PostError> {
+        Endpoint::post_recv(self, qpn, wr)
+    }
+    #[cfg(test)]
+    fn qp_count(&self) -> usize {
+        Endpoint::qp_count(self)
+    }
+}
+
 /// The handshake runtime of a device: the state machine plus what the device keeps per peer.
 /// Lives inside the device's engine lock, so every step sees a consistent engine.
 pub(crate) struct Runtime {
@@ -1246,16 +1387,23 @@ pub(crate) struct Runtime {
 }
 
 impl Runtime {
+    #[allow(clippy::too_many_arguments)]
     fn new(
         cfg: HandshakeConfig,
         local: SocketAddr,
         incarnation: u64,
+        roce: bool,
         pd: PdId,
         send_cq: CqId,
         recv_cq: CqId,
     ) -> Runtime {
+        let hs = if roce {
+            Handshake::new_roce(cfg, local, incarnation)
+        } else {
+            Handshake::new(cfg, local, incarnation)
+        };
         Runtime {
-            hs: Handshake::new(cfg, local, incarnation),
+            hs,
             pd,
             send_cq,
             recv_cq,
@@ -1277,7 +1425,7 @@ impl Runtime {
     /// Starts an attempt to `peer` unless one exists; returns the local QP.
     fn start(
         &mut self,
-        ep: &mut Endpoint,
+        ep: &mut dyn QpHost,
         now: Timestamp,
         peer: SocketAddr,
     ) -> Result<(QpInfo, bool), ConnectError> {
@@ -1301,7 +1449,7 @@ impl Runtime {
         Ok((local, false))
     }
 
-    fn retire(&mut self, ep: &mut Endpoint, peer: SocketAddr, qpn: u32) {
+    fn retire(&mut self, ep: &mut dyn QpHost, peer: SocketAddr, qpn: u32) {
         let _ = ep.set_error(qpn);
         if let Some(old) = self.retired.insert(peer, qpn) {
             let _ = ep.destroy_qp(old);
@@ -1317,7 +1465,7 @@ impl Runtime {
 
     /// Applies the state machine's events to the engine and turns them into connection
     /// events; sends its datagrams from the device's own port (path 0).
-    fn apply(&mut self, ep: &mut Endpoint, datapath: &dyn Datapath) {
+    fn apply(&mut self, ep: &mut dyn QpHost, datapath: &dyn Datapath) {
         let mut any = false;
         while let Some(e) = self.hs.poll_event() {
             any = true;
@@ -1408,7 +1556,7 @@ impl Runtime {
 /// datagram [`is_handshake`] claims). Without a runtime the datagram is dropped.
 pub(crate) fn on_datagram(
     rt: &mut Option<Runtime>,
-    ep: &mut Endpoint,
+    ep: &mut dyn QpHost,
     now: Timestamp,
     src: SocketAddr,
     bytes: &[u8],
@@ -1429,7 +1577,7 @@ pub(crate) fn on_datagram(
 /// Runs the handshake's timers (the device's progress thread calls this every round).
 pub(crate) fn on_timer(
     rt: &mut Option<Runtime>,
-    ep: &mut Endpoint,
+    ep: &mut dyn QpHost,
     now: Timestamp,
     datapath: &dyn Datapath,
 ) {
@@ -1438,6 +1586,13 @@ pub(crate) fn on_timer(
         rt.hs.handle_timeout(now);
         rt.apply(ep, datapath);
     }
+}
+
+/// When the handshake next needs [`on_timer`] (for a device that drives it on a thread of
+/// its own: the verbs backend's).
+#[cfg(feature = "verbs")]
+pub(crate) fn next_timeout(rt: &Option<Runtime>) -> Option<Timestamp> {
+    rt.as_ref()?.hs.poll_timeout()
 }
 
 /// The connection handshake on a device (see the module docs of `braid::handshake`).
@@ -1469,20 +1624,25 @@ impl Device {
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(1)
             .max(1);
-        self.with_handshake(|_, rt, _, dp| {
+        self.with_handshake(|host, rt, _, dp| {
             if rt.is_some() {
                 return Err(ConnectError::AlreadyEnabled);
             }
+            host.adopt(pd, send_cq, recv_cq)
+                .map_err(ConnectError::Resource)?;
             *rt = Some(Runtime::new(
                 cfg,
                 dp.local_addr(),
                 incarnation,
+                host.is_roce(),
                 pd.id(),
                 send_cq.id(),
                 recv_cq.id(),
             ));
             Ok(())
-        })
+        })?;
+        self.handshake_enabled();
+        Ok(())
     }
 
     /// Starts connecting to the device at `peer` (no-op if a connection exists or is being
@@ -1560,6 +1720,8 @@ impl Device {
             let (local, up) = rt.start(ep, now, peer)?;
             let r = if up {
                 ep.post_send(local.qpn, wr).map_err(ConnectError::Post)
+            } else if let Err(e) = ep.check_send(&wr) {
+                Err(ConnectError::Post(e))
             } else {
                 let q = rt.pending.entry(peer).or_default();
                 if q.len() >= MAX_PENDING_WR {
@@ -1667,6 +1829,18 @@ mod tests {
         }
     }
 
+    /// The QP info a verbs QP of the device at `port` has: its GID (fe80::`port`) on the
+    /// RoCE v2 port.
+    fn gid_qp(port: u16, qpn: u32) -> QpInfo {
+        QpInfo {
+            addr: SocketAddr::new(
+                IpAddr::V6(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, port)),
+                ROCE_V2_PORT,
+            ),
+            ..qp(port, qpn)
+        }
+    }
+
     /// One side: a handshake plus a counter handing out QP numbers to accepted requests.
     struct Side {
         hs: Handshake,
@@ -1684,18 +1858,29 @@ mod tests {
                 refuse: false,
             }
         }
+        /// A side whose QPs are a NIC's (the verbs backend).
+        fn new_roce(port: u16, incarnation: u64) -> Side {
+            Side {
+                hs: Handshake::new_roce(HandshakeConfig::default(), addr(port), incarnation),
+                ..Side::new(port, incarnation)
+            }
+        }
         fn deliver(&mut self, now: Timestamp, from: u16, d: &[u8]) {
             self.deliver_from(now, addr(from), d);
         }
         fn deliver_from(&mut self, now: Timestamp, from: SocketAddr, d: &[u8]) {
-            let (port, refuse) = (self.port, self.refuse);
+            let (port, refuse, roce) = (self.port, self.refuse, self.hs.is_roce());
             let next = &mut self.next_qpn;
             self.hs.handle_datagram(now, from, d, &mut |_| {
                 if refuse {
                     return Err(RejectReason::Refused);
                 }
                 *next += 1;
-                Ok(qp(port, *next))
+                Ok(if roce {
+                    gid_qp(port, *next)
+                } else {
+                    qp(port, *next)
+                })
             });
         }
         fn events(&mut self) -> Vec<HandshakeEvent> {
@@ -1757,6 +1942,89 @@ mod tests {
             }]
         ));
         assert_eq!(a.hs.poll_timeout(), None);
+    }
+
+    /// On verbs the handshake carries the port GID, QP number and PSN: each side keys the
+    /// peer by its handshake address and keeps the peer QP's GID as the remote address.
+    #[test]
+    fn roce_sides_connect_and_keep_the_peer_gid() {
+        let now = Timestamp::ZERO;
+        let (mut a, mut b) = (Side::new_roce(1000, 1), Side::new_roce(2000, 2));
+        a.hs.connect(now, addr(2000), gid_qp(1000, 11)).unwrap();
+        let req = a.out();
+        assert_eq!(req.len(), 1);
+        b.deliver(now, 1000, &req[0]);
+        exchange(now, &mut a, &mut b);
+        let Some(PeerState::Connected { local, remote, .. }) = a.hs.state(addr(2000)) else {
+            panic!("a not connected: {:?}", a.hs.state(addr(2000)));
+        };
+        assert_eq!(local, gid_qp(1000, 11));
+        assert_eq!(remote, gid_qp(2000, 200_001));
+        let Some(PeerState::Connected { local, remote, .. }) = b.hs.state(addr(1000)) else {
+            panic!("b not connected");
+        };
+        assert_eq!((local, remote), (gid_qp(2000, 200_001), gid_qp(1000, 11)));
+        assert_eq!(b.hs.stats().confirmed, 1);
+    }
+
+    /// A software QP cannot talk to a NIC's: a request across the two kinds is rejected for
+    /// its features, both ways, and nothing connects.
+    #[test]
+    fn roce_and_software_sides_refuse_each_other() {
+        let now = Timestamp::ZERO;
+        for roce_requests in [false, true] {
+            let (mut a, mut b) = if roce_requests {
+                (Side::new_roce(1000, 1), Side::new(2000, 2))
+            } else {
+                (Side::new(1000, 1), Side::new_roce(2000, 2))
+            };
+            let info = if roce_requests {
+                gid_qp(1000, 11)
+            } else {
+                qp(1000, 11)
+            };
+            a.hs.connect(now, addr(2000), info).unwrap();
+            exchange(now, &mut a, &mut b);
+            assert!(
+                matches!(
+                    a.events()[..],
+                    [HandshakeEvent::Failed {
+                        reason: ConnectFailure::Rejected(RejectReason::Features),
+                        ..
+                    }]
+                ),
+                "roce requester: {roce_requests}"
+            );
+            assert_eq!(b.hs.peer_count(), 0);
+            assert_eq!(b.next_qpn, 200_000, "no QP was made for it");
+            assert_eq!(a.hs.state(addr(2000)), None);
+        }
+    }
+
+    /// A reply whose RoCE bit differs from the request's is not a connection.
+    #[test]
+    fn a_reply_of_the_other_kind_is_dropped() {
+        let now = Timestamp::ZERO;
+        let (mut a, mut b) = (Side::new_roce(1000, 1), Side::new_roce(2000, 2));
+        a.hs.connect(now, addr(2000), gid_qp(1000, 11)).unwrap();
+        let req = a.out();
+        b.deliver(now, 1000, &req[0]);
+        let reply = b.out().remove(0);
+        // The same reply, emitted by a software side: the RoCE bit is clear.
+        let mut forged = Message::parse(&reply).unwrap();
+        forged.features &= !FEATURE_ROCE;
+        forged.info.addr = addr(2000);
+        a.deliver(now, 2000, &forged.emit());
+        assert!(matches!(
+            a.hs.state(addr(2000)),
+            Some(PeerState::Connecting { .. })
+        ));
+        assert_eq!(a.hs.stats().stale, 1);
+        a.deliver(now, 2000, &reply);
+        assert!(matches!(
+            a.hs.state(addr(2000)),
+            Some(PeerState::Connected { .. })
+        ));
     }
 
     #[test]

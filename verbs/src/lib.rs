@@ -5,7 +5,8 @@
 //! first time a device is opened ([`sys`](crate) holds the table), so a build with this crate
 //! runs on machines without rdma-core and reports [`VerbsError::NoLibrary`] or
 //! [`VerbsError::NoDevice`] there. It has no connection manager (rdma_cm): peers exchange
-//! [`QpInfo`] out of band, as Braid's software QPs do. It sprays nothing and repairs nothing:
+//! [`QpInfo`] out of band or through Braid's connection handshake (in `braid`, over a UDP
+//! socket next to the NIC), as Braid's software QPs do. It sprays nothing and repairs nothing:
 //! the NIC's RC transport does that.
 //!
 //! How Braid's types map:
@@ -25,8 +26,9 @@ use std::collections::{HashMap, VecDeque};
 use std::ffi::{CStr, c_int, c_void};
 use std::hash::{BuildHasher, Hasher};
 use std::net::{Ipv6Addr, SocketAddr, SocketAddrV6};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use braid_proto::{
     Access, Completion, PostError, QpInfo, RecvWr, ResourceError, SendOp, SendWr, WcOpcode,
@@ -147,6 +149,20 @@ pub struct Caps {
     pub gid_index: u8,
     /// The GID in use.
     pub gid: [u8; 16],
+}
+
+impl Caps {
+    /// Work requests per send or receive queue of the QPs Braid creates on this device:
+    /// [`QUEUE_DEPTH`], or less if the device allows less.
+    pub fn qp_depth(&self) -> u32 {
+        QUEUE_DEPTH.min(self.max_qp_wr.max(1))
+    }
+
+    /// Scatter/gather entries per work request of the QPs Braid creates on this device:
+    /// [`MAX_SGE`], or less if the device allows less.
+    pub fn qp_sge(&self) -> u32 {
+        MAX_SGE.min(self.max_sge.max(1))
+    }
 }
 
 fn lib() -> Result<&'static Lib, VerbsError> {
@@ -571,13 +587,21 @@ impl Pending {
     }
 }
 
-/// A completion queue.
+/// A completion queue, with a completion channel for [`wait`](Cq::wait) when the device gives
+/// one.
 pub struct Cq {
     ctx: Arc<Context>,
     cq: *mut sys::ibv_cq,
+    /// The completion channel the CQ reports to (its fd non-blocking), or null if
+    /// `ibv_create_comp_channel` failed (`wait` then polls).
+    channel: *mut sys::ibv_comp_channel,
     /// The QPs reporting here, by QP number.
     qps: Mutex<HashMap<u32, Arc<Pending>>>,
     poll: Mutex<()>,
+    /// Completions of requests the NIC never saw ([`Qp::complete_unposted`]), handed out
+    /// before the NIC's; `has_unposted` lets a poll skip the lock while there are none.
+    unposted: Mutex<VecDeque<Completion>>,
+    has_unposted: AtomicBool,
 }
 
 // SAFETY: see `Context`.
@@ -587,8 +611,15 @@ unsafe impl Sync for Cq {}
 
 impl Drop for Cq {
     fn drop(&mut self) {
-        // SAFETY: every QP using this CQ holds an Arc of it, so none is left.
-        unsafe { (self.ctx.lib.destroy_cq)(self.cq) };
+        // SAFETY: every QP using this CQ holds an Arc of it, so none is left; every event
+        // taken from the channel was acknowledged (`take_events`), as destroy_cq requires; the
+        // channel outlives the CQ and is destroyed once, after it.
+        unsafe {
+            (self.ctx.lib.destroy_cq)(self.cq);
+            if !self.channel.is_null() {
+                (self.ctx.lib.destroy_comp_channel)(self.channel);
+            }
+        }
     }
 }
 
@@ -627,41 +658,157 @@ pub fn wc_status(status: u32) -> WcStatus {
 /// Entries taken from the NIC per `poll_cq` call.
 const POLL_BATCH: usize = 32;
 
+/// Longest sleep of [`Cq::wait`] on the completion channel before it polls again.
+pub const WAIT_SLICE: Duration = Duration::from_millis(10);
+
+/// A completion channel whose fd does not block (so a waiter never sleeps in
+/// `ibv_get_cq_event`), or null if the device gives none.
+fn open_channel(ctx: &Context) -> *mut sys::ibv_comp_channel {
+    // SAFETY: live context.
+    let ch = unsafe { (ctx.lib.create_comp_channel)(ctx.ctx) };
+    if ch.is_null() {
+        return ch;
+    }
+    // SAFETY: the channel's fd is an open descriptor it owns; only its flags change.
+    let ok = unsafe {
+        let fd = (*ch).fd;
+        let fl = libc::fcntl(fd, libc::F_GETFL);
+        fl >= 0 && libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) == 0
+    };
+    if !ok {
+        // SAFETY: created above, used by no CQ.
+        unsafe { (ctx.lib.destroy_comp_channel)(ch) };
+        return std::ptr::null_mut();
+    }
+    ch
+}
+
 impl Cq {
     /// Creates a completion queue.
     pub fn new(ctx: &Arc<Context>) -> Result<Arc<Cq>, VerbsError> {
         let depth = CQ_DEPTH.min(ctx.caps.max_cqe.max(1));
         let depth = c_int::try_from(depth).unwrap_or(c_int::MAX);
-        // SAFETY: live context; no completion channel, vector 0.
-        let cq = unsafe {
-            (ctx.lib.create_cq)(
-                ctx.ctx,
-                depth,
-                std::ptr::null_mut(),
-                std::ptr::null_mut(),
-                0,
-            )
-        };
+        let channel = open_channel(ctx);
+        // SAFETY: live context; `channel` is null or a live channel of it; vector 0.
+        let cq =
+            unsafe { (ctx.lib.create_cq)(ctx.ctx, depth, std::ptr::null_mut(), channel.cast(), 0) };
         if cq.is_null() {
+            let e = errno();
+            if !channel.is_null() {
+                // SAFETY: created above, used by no CQ.
+                unsafe { (ctx.lib.destroy_comp_channel)(channel) };
+            }
             return Err(VerbsError::Call {
                 call: "ibv_create_cq",
-                errno: errno(),
+                errno: e,
             });
         }
         Ok(Arc::new(Cq {
             ctx: ctx.clone(),
             cq,
+            channel,
             qps: Mutex::new(HashMap::new()),
             poll: Mutex::new(()),
+            unposted: Mutex::new(VecDeque::new()),
+            has_unposted: AtomicBool::new(false),
         }))
+    }
+
+    /// Waits up to `timeout` for completions and takes up to `out.len()` of them; returns how
+    /// many (0 when the time ran out). Sleeps on the CQ's completion channel: poll, arm the
+    /// notification (`ibv_req_notify_cq`), poll again (what arrived before the arming raises
+    /// no event), then sleep on the channel's fd. Several threads may wait on one CQ: the
+    /// sleep is cut into slices of [`WAIT_SLICE`], so a waiter whose event another took looks
+    /// again soon. Without a channel it polls, yielding the CPU in between.
+    pub fn wait(&self, out: &mut [Completion], timeout: Duration) -> usize {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let n = self.poll(out);
+            if n > 0 || out.is_empty() {
+                return n;
+            }
+            let Some(left) = deadline.checked_duration_since(Instant::now()) else {
+                return 0;
+            };
+            if self.channel.is_null() || !self.arm() {
+                std::thread::yield_now();
+                continue;
+            }
+            let n = self.poll(out);
+            if n > 0 {
+                return n;
+            }
+            self.sleep(left.min(WAIT_SLICE));
+        }
+    }
+
+    /// Asks for an event at the next completion; false if the provider cannot.
+    fn arm(&self) -> bool {
+        // SAFETY: `cq` is live; its context's ops table is filled by the provider.
+        let rc = unsafe {
+            let ctx = (*self.cq).context;
+            match (*ctx).ops.req_notify_cq {
+                Some(notify) => notify(self.cq, 0),
+                None => -1,
+            }
+        };
+        rc == 0
+    }
+
+    /// Sleeps until the channel's fd is readable or `t` passed, then takes and acknowledges
+    /// the events there.
+    fn sleep(&self, t: Duration) {
+        // SAFETY: `channel` is non-null (checked by the caller) and live while `self` is.
+        let fd = unsafe { (*self.channel).fd };
+        let mut p = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = c_int::try_from(t.as_millis().max(1)).unwrap_or(c_int::MAX);
+        // SAFETY: one valid pollfd.
+        let ready = unsafe { libc::poll(&mut p, 1, ms) };
+        if ready > 0 {
+            self.take_events();
+        }
+    }
+
+    /// Takes every event waiting on the channel (its fd is non-blocking) and acknowledges
+    /// them.
+    fn take_events(&self) {
+        let mut taken = 0u32;
+        loop {
+            let mut cq = std::ptr::null_mut();
+            let mut ctx = std::ptr::null_mut();
+            // SAFETY: live channel; out-pointers to locals. Non-blocking: fails with EAGAIN
+            // when no event is left (another waiter may have taken it).
+            let rc = unsafe { (self.ctx.lib.get_cq_event)(self.channel, &mut cq, &mut ctx) };
+            if rc != 0 || taken == u32::MAX {
+                break;
+            }
+            taken += 1;
+        }
+        if taken > 0 {
+            // SAFETY: this channel serves only this CQ; `taken` events of it were taken.
+            unsafe { (self.ctx.lib.ack_cq_events)(self.cq, taken) };
+        }
     }
 
     /// Takes up to `out.len()` completions without waiting; returns how many.
     pub fn poll(&self, out: &mut [Completion]) -> usize {
         // One poller at a time, so completions leave in the order the NIC reported them.
         let _one = self.poll.lock().unwrap_or_else(|e| e.into_inner());
-        let mut wcs = [sys::ibv_wc::default(); POLL_BATCH];
         let mut done = 0;
+        if self.has_unposted.load(Ordering::Acquire) {
+            let mut q = self.unposted.lock().unwrap_or_else(|e| e.into_inner());
+            while done < out.len() {
+                let Some(c) = q.pop_front() else { break };
+                out[done] = c;
+                done += 1;
+            }
+            self.has_unposted.store(!q.is_empty(), Ordering::Release);
+        }
+        let mut wcs = [sys::ibv_wc::default(); POLL_BATCH];
         while done < out.len() {
             let want = (out.len() - done).min(POLL_BATCH);
             // SAFETY: `cq` is live; its context's ops table is filled by the provider;
@@ -832,7 +979,9 @@ pub struct Qp {
     pending: Arc<Pending>,
     timing: QpTiming,
     /// In RTS: sends are refused with `NotConnected` before (as Braid's software QPs do).
-    connected: std::sync::atomic::AtomicBool,
+    connected: AtomicBool,
+    /// Moved to the error state: sends are taken and flushed by the NIC, as verbs does.
+    errored: AtomicBool,
 }
 
 // SAFETY: see `Context`.
@@ -884,8 +1033,8 @@ impl Qp {
         timing: QpTiming,
     ) -> Result<Qp, VerbsError> {
         let caps = &pd.ctx.caps;
-        let depth = QUEUE_DEPTH.min(caps.max_qp_wr.max(1));
-        let sge = MAX_SGE.min(caps.max_sge.max(1));
+        let depth = caps.qp_depth();
+        let sge = caps.qp_sge();
         let mut init = sys::ibv_qp_init_attr {
             qp_context: std::ptr::null_mut(),
             send_cq: send_cq.cq,
@@ -920,7 +1069,8 @@ impl Qp {
             psn: random_psn(),
             pending: Arc::new(Pending::default()),
             timing,
-            connected: std::sync::atomic::AtomicBool::new(false),
+            connected: AtomicBool::new(false),
+            errored: AtomicBool::new(false),
         };
         for cq in [send_cq, recv_cq] {
             cq.qps
@@ -1030,18 +1180,45 @@ impl Qp {
             qp_state: sys::IBV_QPS_ERR,
             ..Default::default()
         };
-        self.modify(&mut a, sys::IBV_QP_STATE, "ibv_modify_qp(ERR)")
+        self.modify(&mut a, sys::IBV_QP_STATE, "ibv_modify_qp(ERR)")?;
+        self.errored.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Completes a send request the NIC never took (its post was refused after its poster
+    /// was told it was accepted: a request queued for a connection that came up, or failed,
+    /// later) with `status` on the send CQ.
+    pub fn complete_unposted(&self, wr: &SendWr, status: WcStatus) {
+        let opcode = match wr.op {
+            SendOp::Write(_) | SendOp::WriteImm(..) => WcOpcode::Write,
+            SendOp::Read(_) => WcOpcode::Read,
+            SendOp::FetchAdd(..) => WcOpcode::FetchAdd,
+            SendOp::CompareSwap { .. } => WcOpcode::CompareSwap,
+            _ => WcOpcode::Send,
+        };
+        let c = Completion {
+            wr_id: wr.wr_id,
+            status,
+            opcode,
+            byte_len: 0,
+            imm: None,
+            qpn: self.qpn,
+        };
+        let cq = &self.send_cq;
+        cq.unposted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push_back(c);
+        cq.has_unposted.store(true, Ordering::Release);
     }
 
     /// Posts a send work request. Local keys, bounds and rights are checked by the NIC and
     /// reported as completions; what is refused here is a malformed request.
     pub fn post_send(&self, wr: &SendWr) -> Result<(), PostError> {
-        if !self.connected.load(Ordering::Acquire) {
+        if !self.connected.load(Ordering::Acquire) && !self.errored.load(Ordering::Acquire) {
             return Err(PostError::NotConnected);
         }
-        if wr.sges.len() > MAX_SGE as usize {
-            return Err(PostError::TooManySges);
-        }
+        check_send(wr)?;
         let mut sges: Vec<sys::ibv_sge> = wr
             .sges
             .iter()
@@ -1185,6 +1362,36 @@ impl Qp {
             return Err(post_error(rc));
         }
         Ok(())
+    }
+}
+
+/// Whether `wr` has a shape a verbs QP takes (what [`Qp::post_send`] refuses before the NIC
+/// sees it): at most [`MAX_SGE`] entries, a total length that fits 32 bits, and for atomics
+/// one 8-byte entry and an 8-byte-aligned remote offset.
+pub fn check_send(wr: &SendWr) -> Result<(), PostError> {
+    if wr.sges.len() > MAX_SGE as usize {
+        return Err(PostError::TooManySges);
+    }
+    wr.sges
+        .iter()
+        .try_fold(0u32, |acc, s| acc.checked_add(s.len))
+        .ok_or(PostError::TooManySges)?;
+    let atomic = |r: &braid_proto::RemoteAddr| {
+        if wr.sges.len() != 1 || wr.sges[0].len != 8 || !r.offset.is_multiple_of(8) {
+            Err(PostError::BadAtomic)
+        } else {
+            Ok(())
+        }
+    };
+    match &wr.op {
+        SendOp::Send
+        | SendOp::SendImm(_)
+        | SendOp::Write(_)
+        | SendOp::WriteImm(..)
+        | SendOp::Read(_) => Ok(()),
+        SendOp::FetchAdd(r, _) => atomic(r),
+        SendOp::CompareSwap { remote, .. } => atomic(remote),
+        _ => Err(PostError::BadAtomic),
     }
 }
 

@@ -2,13 +2,13 @@
 //!
 //! Why our own table instead of a crate: `ibverbs`/`ibverbs-sys` link libibverbs at build time
 //! and need cmake and libclang to generate their bindings; `sideway` (MPL-2.0, on
-//! `rdma-mummy-sys`) loads it at run time but brings a much larger API than the nineteen calls
-//! and eleven structures below. The layouts are those of rdma-core's `infiniband/verbs.h`
+//! `rdma-mummy-sys`) loads it at run time but brings a much larger API than the twenty-three
+//! calls and twelve structures below. The layouts are those of rdma-core's `infiniband/verbs.h`
 //! (stable ABI since libibverbs 1.1; checked against rdma-core 44 with `offsetof`, and the
 //! sizes are asserted at the bottom of this file).
 //!
-//! `ibv_post_send`, `ibv_post_recv` and `ibv_poll_cq` are `static inline` in `verbs.h`: they
-//! call through the function table in `struct ibv_context`, so [`ibv_context_ops`] spells
+//! `ibv_post_send`, `ibv_post_recv`, `ibv_poll_cq` and `ibv_req_notify_cq` are `static inline`
+//! in `verbs.h`: they call through the function table in `struct ibv_context`, so [`ibv_context_ops`] spells
 //! that table out up to the entries we call.
 #![allow(non_camel_case_types)]
 
@@ -28,7 +28,8 @@ pub(crate) struct ibv_device {
 pub(crate) struct ibv_context_ops {
     _compat_0_10: [*const c_void; 11],
     pub(crate) poll_cq: Option<unsafe extern "C" fn(*mut ibv_cq, c_int, *mut ibv_wc) -> c_int>,
-    _compat_12_24: [*const c_void; 13],
+    pub(crate) req_notify_cq: Option<unsafe extern "C" fn(*mut ibv_cq, c_int) -> c_int>,
+    _compat_13_24: [*const c_void; 12],
     pub(crate) post_send:
         Option<unsafe extern "C" fn(*mut ibv_qp, *mut ibv_send_wr, *mut *mut ibv_send_wr) -> c_int>,
     pub(crate) post_recv:
@@ -48,6 +49,15 @@ pub(crate) struct ibv_context {
 pub(crate) struct ibv_pd {
     pub(crate) context: *mut ibv_context,
     pub(crate) handle: u32,
+}
+
+/// `struct ibv_comp_channel`: a file descriptor that becomes readable when a CQ armed with
+/// `ibv_req_notify_cq` gets a completion.
+#[repr(C)]
+pub(crate) struct ibv_comp_channel {
+    pub(crate) context: *mut ibv_context,
+    pub(crate) fd: c_int,
+    pub(crate) refcnt: c_int,
 }
 
 /// The head of `struct ibv_cq`.
@@ -423,6 +433,11 @@ type DeregMr = unsafe extern "C" fn(*mut ibv_mr) -> c_int;
 type CreateCq =
     unsafe extern "C" fn(*mut ibv_context, c_int, *mut c_void, *mut c_void, c_int) -> *mut ibv_cq;
 type DestroyCq = unsafe extern "C" fn(*mut ibv_cq) -> c_int;
+type CreateCompChannel = unsafe extern "C" fn(*mut ibv_context) -> *mut ibv_comp_channel;
+type DestroyCompChannel = unsafe extern "C" fn(*mut ibv_comp_channel) -> c_int;
+type GetCqEvent =
+    unsafe extern "C" fn(*mut ibv_comp_channel, *mut *mut ibv_cq, *mut *mut c_void) -> c_int;
+type AckCqEvents = unsafe extern "C" fn(*mut ibv_cq, u32);
 type CreateQp = unsafe extern "C" fn(*mut ibv_pd, *mut ibv_qp_init_attr) -> *mut ibv_qp;
 type ModifyQp = unsafe extern "C" fn(*mut ibv_qp, *mut ibv_qp_attr, c_int) -> c_int;
 type DestroyQp = unsafe extern "C" fn(*mut ibv_qp) -> c_int;
@@ -446,6 +461,10 @@ pub(crate) struct Lib {
     pub(crate) dereg_mr: DeregMr,
     pub(crate) create_cq: CreateCq,
     pub(crate) destroy_cq: DestroyCq,
+    pub(crate) create_comp_channel: CreateCompChannel,
+    pub(crate) destroy_comp_channel: DestroyCompChannel,
+    pub(crate) get_cq_event: GetCqEvent,
+    pub(crate) ack_cq_events: AckCqEvents,
     pub(crate) create_qp: CreateQp,
     pub(crate) modify_qp: ModifyQp,
     pub(crate) destroy_qp: DestroyQp,
@@ -488,6 +507,10 @@ impl Lib {
             dereg_mr: need!("ibv_dereg_mr", DeregMr),
             create_cq: need!("ibv_create_cq", CreateCq),
             destroy_cq: need!("ibv_destroy_cq", DestroyCq),
+            create_comp_channel: need!("ibv_create_comp_channel", CreateCompChannel),
+            destroy_comp_channel: need!("ibv_destroy_comp_channel", DestroyCompChannel),
+            get_cq_event: need!("ibv_get_cq_event", GetCqEvent),
+            ack_cq_events: need!("ibv_ack_cq_events", AckCqEvents),
             create_qp: need!("ibv_create_qp", CreateQp),
             modify_qp: need!("ibv_modify_qp", ModifyQp),
             destroy_qp: need!("ibv_destroy_qp", DestroyQp),
@@ -506,6 +529,8 @@ const _: () = {
     assert!(size_of::<ibv_port_attr>() == 52);
     assert!(offset_of!(ibv_context, ops) == 8);
     assert!(offset_of!(ibv_context_ops, poll_cq) == 88);
+    assert!(offset_of!(ibv_context_ops, req_notify_cq) == 96);
+    assert!(size_of::<ibv_comp_channel>() == 16);
     assert!(offset_of!(ibv_context_ops, post_send) == 200);
     assert!(offset_of!(ibv_context_ops, post_recv) == 208);
     assert!(offset_of!(ibv_qp, qp_num) == 52);

@@ -39,4 +39,6 @@ cases!(
     set_error_flushes,
     recv_too_short,
     rnr_retry_exceeded,
+    rnr_late_recv,
+    handshake_connects,
 );

@@ -18,6 +18,7 @@ mod fabric;
 mod fabric_shapes;
 mod fault_matrix;
 mod fuzz_corpus;
+mod host_stall;
 mod hostile;
 mod loopback;
 mod netns;

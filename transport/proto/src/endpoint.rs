@@ -62,6 +62,7 @@ use crate::wire::{self, Op};
 pub use crate::qp::QpStats;
 use crate::qp::*;
 use crate::shared::{Mr, Shared};
+use crate::stall::HostStall;
 
 /// ECN codepoint for ECN-capable transport, codepoint 0.
 pub const ECN_ECT0: u8 = Ecn::Ect0.to_bits();
@@ -238,6 +239,7 @@ impl Endpoint {
             rkeys: key_map(),
             completions: VecDeque::new(),
             stats: EndpointStats::default(),
+            stall: HostStall::default(),
         };
         Endpoint {
             local,
@@ -723,6 +725,7 @@ impl Endpoint {
     pub fn handle_datagram(&mut self, now: Timestamp, src: SocketAddr, ecn: u8, datagram: &[u8]) {
         let ecn = Ecn::from_bits(ecn);
         self.sh.stats.rx_datagrams += 1;
+        self.sh.stall.note(now, self.qps.timers.earliest());
         if wire::is_sealed(datagram) {
             self.handle_sealed(now, src, ecn, datagram);
             return;
@@ -805,6 +808,7 @@ impl Endpoint {
     /// Runs the timers that are due at `now`: retransmit timeouts and RNR waits. Only the QPs
     /// that are due are visited (in creation order), found in O(log n) each.
     pub fn handle_timeout(&mut self, now: Timestamp) {
+        self.sh.stall.note(now, self.qps.timers.earliest());
         self.qps.timers.take_due(now, &mut self.due);
         for &i in &self.due {
             self.qps.at_mut(i).on_timeout(now, &mut self.sh);

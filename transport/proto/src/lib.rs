@@ -28,6 +28,7 @@ pub mod seal;
 mod seq;
 pub mod share;
 mod shared;
+mod stall;
 pub mod tracker;
 pub mod types;
 pub mod validate;

@@ -10,6 +10,7 @@ use rand_core::RngCore;
 use crate::hist::RttHistogram;
 use crate::keymap::KeyMap;
 use crate::mem::{Access, Region};
+use crate::stall::HostStall;
 use crate::types::*;
 use crate::wire::Syndrome;
 
@@ -34,6 +35,8 @@ pub(crate) struct Shared {
     pub(crate) rtt_hist: RttHistogram,
     pub(crate) req_chunk: u32,
     pub(crate) resp_chunk: u32,
+    /// The latest stall of this host ([`crate::stall`]).
+    pub(crate) stall: HostStall,
 }
 
 impl Shared {

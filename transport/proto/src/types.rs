@@ -494,6 +494,9 @@ pub struct EndpointStats {
     /// Sealed datagrams dropped as replays: their tag verified, but their sealing sequence
     /// number was seen before or is older than the anti-replay window.
     pub rx_replayed: u64,
+    /// Delay samples dropped because they measured a host stall, this host's or the peer's,
+    /// rather than the network (see the engine's `stall` module).
+    pub stalled_samples: u64,
 }
 
 /// Counters for one path (summed over the endpoint's QPs).

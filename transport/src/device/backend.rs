@@ -6,9 +6,11 @@
 //! verbs holds a [`VerbsDevice`], its protection domains, regions, queues and QPs hold the
 //! matching `braid_verbs` objects, and every call goes straight to libibverbs (no engine, no
 //! progress thread: the NIC is the progress engine). What only the software transport has
-//! (encrypted QPs, path statistics, the in-band connection handshake, a CQ's file
-//! descriptor) is refused or empty on verbs, as each method's doc says.
+//! (encrypted QPs, path statistics, a CQ's file descriptor) is refused or empty on verbs, as
+//! each method's doc says. The connection handshake runs on verbs too: over a UDP socket of
+//! the device's own, creating and connecting the NIC's QPs (`HandshakeHost`).
 use std::fmt;
+use std::net::SocketAddr;
 
 /// The transport a device runs on.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
@@ -122,15 +124,17 @@ pub(super) enum Chosen {
 /// Picks the backend `backend` asks for.
 ///
 /// On verbs, QPs take their RNR retry count and delay from `engine` (as the software engine
-/// does, so both report `RnrRetryExceeded` the same way).
+/// does, so both report `RnrRetryExceeded` the same way), and the device's connection
+/// handshake gets a UDP socket bound to `local`.
 pub(super) fn choose(
     backend: &Backend,
     engine: &braid_proto::EndpointConfig,
+    local: SocketAddr,
 ) -> Result<Chosen, VerbsUnavailable> {
     match backend {
         Backend::Software => Ok(Chosen::Software("software (as configured)".into())),
-        Backend::Verbs(name) => open_verbs(name.as_deref(), "as configured", engine),
-        Backend::Auto => match open_verbs(None, "auto: first choice", engine) {
+        Backend::Verbs(name) => open_verbs(name.as_deref(), "as configured", engine, local),
+        Backend::Auto => match open_verbs(None, "auto: first choice", engine, local) {
             Ok(c) => Ok(c),
             Err(why) => {
                 let report = format!("software (auto; verbs unavailable: {why})");
@@ -146,6 +150,7 @@ fn open_verbs(
     _name: Option<&str>,
     _why: &str,
     _engine: &braid_proto::EndpointConfig,
+    _local: SocketAddr,
 ) -> Result<Chosen, VerbsUnavailable> {
     Err(VerbsUnavailable::NotBuilt)
 }
@@ -155,6 +160,7 @@ fn open_verbs(
     name: Option<&str>,
     why: &str,
     engine: &braid_proto::EndpointConfig,
+    local: SocketAddr,
 ) -> Result<Chosen, VerbsUnavailable> {
     use braid_verbs::VerbsError;
     let ctx = braid_verbs::Context::open(name).map_err(|e| match e {
@@ -166,16 +172,26 @@ fn open_verbs(
         VerbsError::PortNotActive { device, .. } => VerbsUnavailable::PortNotActive { device },
         other => VerbsUnavailable::Failed(other.to_string()),
     })?;
+    let timing = braid_verbs::QpTiming::like_software(engine.rnr_retry_limit, engine.rnr_timer_ns);
+    let handshake = HandshakeHost::bind(local, &ctx, timing)
+        .map_err(|e| VerbsUnavailable::Failed(format!("handshake socket on {local}: {e}")))?;
     let c = ctx.caps();
     let report = format!(
-        "verbs {} ({why}; mtu {}, roce {:?}, gid index {})",
-        c.device, c.active_mtu, c.roce, c.gid_index
+        "verbs {} ({why}; mtu {}, roce {:?}, gid index {}; handshake on udp {})",
+        c.device,
+        c.active_mtu,
+        c.roce,
+        c.gid_index,
+        handshake.local_addr()
     );
     log::info!("braid device: backend {report}");
-    let timing = braid_verbs::QpTiming::like_software(engine.rnr_retry_limit, engine.rnr_timer_ns);
-    Ok(Chosen::Verbs(Box::new(VerbsDevice::new(
-        ctx, report, timing,
-    ))))
+    Ok(Chosen::Verbs(Box::new(VerbsDevice {
+        ctx,
+        report,
+        timing,
+        handshake: std::sync::Arc::new(handshake),
+        driver: std::sync::Mutex::new(None),
+    })))
 }
 
 #[cfg(feature = "verbs")]
@@ -183,78 +199,273 @@ pub(super) use verbs_impl::*;
 
 #[cfg(feature = "verbs")]
 mod verbs_impl {
+    use std::collections::HashMap;
     use std::io;
     use std::net::SocketAddr;
+    use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
-    use std::time::Duration;
+    use std::thread::JoinHandle;
+    use std::time::{Duration, Instant};
 
-    use braid_datapath::{Datapath, RecvBatch, Transmit};
-    use braid_proto::{Endpoint, EndpointConfig, ResourceError};
+    use braid_datapath::udp::{UdpConfig, UdpDatapath};
+    use braid_datapath::{Datapath, RecvBatch};
+    use braid_proto::{
+        CqId, PdId, PostError, QpInfo, RecvWr, ResourceError, SendWr, Timestamp, WcStatus,
+    };
+
+    use crate::handshake::{self, QpHost, Runtime};
+    use crate::{CompletionQueue, ProtectionDomain};
 
     pub(in crate::device) use braid_verbs::{Caps, Cq, Pd};
 
-    /// An open verbs device, plus an idle engine that only the handshake calls reach (the
-    /// in-band handshake runs over Braid's datagrams, which a verbs device does not have:
-    /// its connections never come up, and `wait_connected` times out).
+    /// An open verbs device: the rdma-core context, and the connection handshake's socket and
+    /// state (the handshake speaks over UDP next to the NIC and creates the NIC's QPs).
     pub(in crate::device) struct VerbsDevice {
         pub(in crate::device) ctx: Arc<braid_verbs::Context>,
         pub(in crate::device) report: String,
-        pub(in crate::device) addr: SocketAddr,
-        pub(in crate::device) idle: Mutex<(Endpoint, Option<crate::handshake::Runtime>)>,
-        pub(in crate::device) null: NullDatapath,
         /// RNR and retry settings of every QP.
         pub(in crate::device) timing: braid_verbs::QpTiming,
+        pub(in crate::device) handshake: Arc<HandshakeHost>,
+        /// The thread that receives handshake datagrams and runs its timers, once enabled.
+        pub(super) driver: Mutex<Option<JoinHandle<()>>>,
     }
 
     impl VerbsDevice {
-        pub(super) fn new(
-            ctx: Arc<braid_verbs::Context>,
-            report: String,
-            timing: braid_verbs::QpTiming,
-        ) -> VerbsDevice {
-            let addr = braid_verbs::qp_info(ctx.caps().gid, 0, 0).addr;
-            VerbsDevice {
-                ctx,
-                report,
-                addr,
-                idle: Mutex::new((Endpoint::new(EndpointConfig::default(), addr), None)),
-                null: NullDatapath { addr },
-                timing,
-            }
-        }
-
         pub(in crate::device) fn caps(&self) -> &Caps {
             self.ctx.caps()
         }
+
+        /// Starts the handshake's thread (once).
+        pub(in crate::device) fn start_handshake_driver(&self) {
+            let mut d = self.driver.lock().unwrap_or_else(|e| e.into_inner());
+            if d.is_some() {
+                return;
+            }
+            let host = self.handshake.clone();
+            let spawned = std::thread::Builder::new()
+                .name("braid-verbs-hs".into())
+                .spawn(move || host.drive());
+            match spawned {
+                Ok(h) => *d = Some(h),
+                // Without its thread the handshake answers nothing and its attempts time out
+                // when the application next calls in; say why.
+                Err(e) => log::error!("braid verbs backend: no handshake thread: {e}"),
+            }
+        }
     }
 
-    /// The datapath the idle handshake engine of a verbs device sees: sends vanish, nothing
-    /// arrives.
-    #[derive(Debug)]
-    pub(in crate::device) struct NullDatapath {
-        addr: SocketAddr,
+    impl Drop for VerbsDevice {
+        fn drop(&mut self) {
+            self.handshake.stop.store(true, Ordering::Release);
+            self.handshake.dp.wake();
+            let d = self.driver.get_mut().unwrap_or_else(|e| e.into_inner());
+            if let Some(h) = d.take() {
+                let _ = h.join();
+            }
+        }
     }
 
-    impl Datapath for NullDatapath {
-        fn kind(&self) -> &'static str {
-            "verbs"
+    /// Longest sleep of the handshake thread between looks at its stop flag.
+    const IDLE_WAIT: Duration = Duration::from_millis(200);
+    /// Datagrams taken per receive.
+    const RECV_BATCH: usize = 16;
+
+    /// The handshake of a verbs device: its UDP socket, the state machine and the QPs it made.
+    pub(in crate::device) struct HandshakeHost {
+        dp: UdpDatapath,
+        state: Mutex<(VerbsQps, Option<Runtime>)>,
+        epoch: Instant,
+        stop: AtomicBool,
+    }
+
+    impl HandshakeHost {
+        pub(super) fn bind(
+            local: SocketAddr,
+            ctx: &Arc<braid_verbs::Context>,
+            timing: braid_verbs::QpTiming,
+        ) -> io::Result<HandshakeHost> {
+            let mut cfg = UdpConfig::new(local, 1);
+            cfg.gso = false;
+            cfg.gro = false;
+            Ok(HandshakeHost {
+                dp: UdpDatapath::bind(cfg)?,
+                state: Mutex::new((
+                    VerbsQps {
+                        ctx: ctx.clone(),
+                        timing,
+                        res: None,
+                        qps: HashMap::new(),
+                    },
+                    None,
+                )),
+                epoch: Instant::now(),
+                stop: AtomicBool::new(false),
+            })
         }
-        fn local_addr(&self) -> SocketAddr {
-            self.addr
+
+        pub(in crate::device) fn local_addr(&self) -> SocketAddr {
+            self.dp.local_addr()
         }
-        fn paths(&self) -> u16 {
-            1
+
+        fn now(&self) -> Timestamp {
+            Timestamp::from_nanos(
+                u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX),
+            )
         }
-        fn max_payload(&self) -> usize {
-            1200
+
+        /// Runs `f` on the QPs and the handshake runtime under their lock; wakes the thread if
+        /// `f` set an earlier timer than the one it sleeps towards.
+        pub(in crate::device) fn with<R>(
+            &self,
+            f: impl FnOnce(&mut dyn QpHost, &mut Option<Runtime>, Timestamp, &dyn Datapath) -> R,
+        ) -> R {
+            let now = self.now();
+            let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let (qps, rt) = &mut *g;
+            let before = handshake::next_timeout(rt);
+            let r = f(qps, rt, now, &self.dp);
+            let after = handshake::next_timeout(rt);
+            drop(g);
+            if after.is_some_and(|a| before.is_none_or(|b| a < b)) {
+                self.dp.wake();
+            }
+            r
         }
-        fn send(&self, batch: &[Transmit<'_>]) -> io::Result<usize> {
-            Ok(batch.len())
+
+        /// The handshake thread: receives datagrams, hands them to the handshake, runs its
+        /// timers, until the device is dropped.
+        fn drive(&self) {
+            let mut batch = RecvBatch::new(RECV_BATCH, handshake::MAX_DATAGRAM.max(2048));
+            while !self.stop.load(Ordering::Acquire) {
+                let wait = {
+                    let g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                    handshake::next_timeout(&g.1)
+                        .map_or(IDLE_WAIT, |t| t.saturating_since(self.now()))
+                        .min(IDLE_WAIT)
+                };
+                let n = match self.dp.recv(&mut batch, Some(wait)) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        log::warn!("braid verbs backend: handshake receive: {e}");
+                        std::thread::sleep(Duration::from_millis(10));
+                        0
+                    }
+                };
+                let now = self.now();
+                let mut g = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                let (qps, rt) = &mut *g;
+                for (meta, bytes) in batch.iter().take(n) {
+                    if handshake::is_handshake(bytes) {
+                        handshake::on_datagram(rt, qps, now, meta.src, bytes, &self.dp);
+                    }
+                }
+                handshake::on_timer(rt, qps, now, &self.dp);
+            }
         }
-        fn recv(&self, _batch: &mut RecvBatch, _timeout: Option<Duration>) -> io::Result<usize> {
-            Ok(0)
+    }
+
+    /// The NIC QPs the handshake created, by QP number, and the protection domain and queues
+    /// it creates them with.
+    pub(in crate::device) struct VerbsQps {
+        ctx: Arc<braid_verbs::Context>,
+        timing: braid_verbs::QpTiming,
+        res: Option<(Arc<Pd>, Arc<Cq>, Arc<Cq>)>,
+        qps: HashMap<u32, Arc<braid_verbs::Qp>>,
+    }
+
+    impl VerbsQps {
+        fn qp(&self, qpn: u32) -> Option<&Arc<braid_verbs::Qp>> {
+            self.qps.get(&qpn)
         }
-        fn wake(&self) {}
+    }
+
+    impl QpHost for VerbsQps {
+        fn is_roce(&self) -> bool {
+            true
+        }
+
+        fn adopt(
+            &mut self,
+            pd: &ProtectionDomain,
+            send_cq: &CompletionQueue,
+            recv_cq: &CompletionQueue,
+        ) -> Result<(), ResourceError> {
+            let pd = pd.verbs_pd().ok_or(ResourceError::UnknownPd)?.clone()?;
+            let scq = send_cq
+                .verbs_cq()
+                .ok_or(ResourceError::UnknownCq)?
+                .clone()?;
+            let rcq = recv_cq
+                .verbs_cq()
+                .ok_or(ResourceError::UnknownCq)?
+                .clone()?;
+            if !Arc::ptr_eq(pd.context(), &self.ctx) {
+                return Err(ResourceError::UnknownPd);
+            }
+            self.res = Some((pd, scq, rcq));
+            Ok(())
+        }
+
+        fn create_qp(&mut self, _: PdId, _: CqId, _: CqId) -> Result<QpInfo, ResourceError> {
+            let (pd, scq, rcq) = self.res.as_ref().ok_or(ResourceError::UnknownPd)?;
+            let qp = braid_verbs::Qp::new(pd, scq, rcq, self.timing).map_err(|e| resource(&e))?;
+            let info = qp.info();
+            self.qps.insert(qp.qpn(), Arc::new(qp));
+            Ok(info)
+        }
+
+        fn connect(&mut self, qpn: u32, peer: QpInfo) -> Result<(), ResourceError> {
+            let qp = self.qp(qpn).ok_or(ResourceError::UnknownQp)?;
+            let p = braid_verbs::peer_of(&peer).ok_or(ResourceError::Unsupported)?;
+            qp.connect(&p).map_err(|e| resource(&e))
+        }
+
+        fn set_error(&mut self, qpn: u32) -> Result<(), ResourceError> {
+            let qp = self.qp(qpn).ok_or(ResourceError::UnknownQp)?;
+            qp.set_error().map_err(|e| resource(&e))
+        }
+
+        fn destroy_qp(&mut self, qpn: u32) -> Result<(), ResourceError> {
+            self.qps
+                .remove(&qpn)
+                .map(drop)
+                .ok_or(ResourceError::UnknownQp)
+        }
+
+        fn check_send(&self, wr: &SendWr) -> Result<(), PostError> {
+            braid_verbs::check_send(wr)
+        }
+
+        fn post_send(&mut self, qpn: u32, wr: SendWr) -> Result<(), PostError> {
+            self.qp(qpn).ok_or(PostError::UnknownQp)?.post_send(&wr)
+        }
+
+        fn post_send_or_fail(&mut self, qpn: u32, wr: SendWr, _: CqId) {
+            let Some(qp) = self.qp(qpn) else {
+                log::error!("braid verbs backend: queued request for a destroyed QP {qpn}");
+                return;
+            };
+            // A QP that failed (error state) takes the post and the NIC flushes it; the
+            // shape was checked when it was queued; what is left is a full send queue,
+            // which the queue depth (no smaller than MAX_PENDING_WR on devices whose
+            // max_qp_wr allows) rules out for the requests queued before the connection.
+            if let Err(e) = qp.post_send(&wr) {
+                let status = match e {
+                    PostError::QueueFull | PostError::NotConnected => WcStatus::Flushed,
+                    _ => WcStatus::LocalProtectionError,
+                };
+                qp.complete_unposted(&wr, status);
+            }
+        }
+
+        fn post_recv(&mut self, qpn: u32, wr: RecvWr) -> Result<(), PostError> {
+            self.qp(qpn).ok_or(PostError::UnknownQp)?.post_recv(&wr)
+        }
+
+        #[cfg(test)]
+        fn qp_count(&self) -> usize {
+            self.qps.len()
+        }
     }
 
     /// A verbs protection domain, or why it could not be allocated (reported by the first
@@ -294,9 +505,10 @@ mod tests {
     #[test]
     fn auto_falls_back_to_software_and_says_why_when_verbs_is_unavailable() {
         let cfg = braid_proto::EndpointConfig::default();
-        match choose(&Backend::Verbs(None), &cfg) {
+        let local: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        match choose(&Backend::Verbs(None), &cfg, local) {
             Err(why) => {
-                let Ok(Chosen::Software(report)) = choose(&Backend::Auto, &cfg) else {
+                let Ok(Chosen::Software(report)) = choose(&Backend::Auto, &cfg, local) else {
                     panic!("auto must fall back to software when verbs fails: {why}");
                 };
                 assert!(
@@ -307,13 +519,13 @@ mod tests {
             }
             #[cfg(feature = "verbs")]
             Ok(Chosen::Verbs(v)) => {
-                let Ok(Chosen::Verbs(_)) = choose(&Backend::Auto, &cfg) else {
+                let Ok(Chosen::Verbs(_)) = choose(&Backend::Auto, &cfg, local) else {
                     panic!("auto must pick the verbs device {} that exists", v.report);
                 };
             }
             Ok(Chosen::Software(r)) => panic!("verbs asked, software chosen: {r}"),
         }
-        let Ok(Chosen::Software(r)) = choose(&Backend::Software, &cfg) else {
+        let Ok(Chosen::Software(r)) = choose(&Backend::Software, &cfg, local) else {
             panic!("software must always open");
         };
         assert_eq!(r, "software (as configured)");

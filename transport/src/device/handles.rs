@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use braid_datapath::Datapath;
 use braid_proto::{
-    Access, Completion, CqId, Endpoint, EndpointStats, MrKeys, PathStats, PdId, PostError, QpInfo,
-    QpOptions, QpStats, RecvWr, Region, RemoteAddr, ResourceError, SendWr, Sge, Timestamp,
+    Access, Completion, CqId, EndpointStats, MrKeys, PathStats, PdId, PostError, QpInfo, QpOptions,
+    QpStats, RecvWr, Region, RemoteAddr, ResourceError, SendWr, Sge, Timestamp,
 };
 
 use super::backend::{Chosen, choose};
@@ -18,6 +18,18 @@ use super::backend::{Chosen, choose};
 use super::backend::{VerbsCq, VerbsDevice, VerbsPd, resource};
 use super::config::{DeviceConfig, OpenError, open_datapaths};
 use super::runtime::{Core, CqShared, Inner, Owner, Post, QpGate};
+
+/// A completion to fill a poll buffer with before polling.
+fn blank_completion() -> Completion {
+    Completion {
+        wr_id: 0,
+        status: braid_proto::WcStatus::Flushed,
+        opcode: braid_proto::WcOpcode::Send,
+        byte_len: 0,
+        imm: None,
+        qpn: 0,
+    }
+}
 
 /// The page size verbs regions are aligned to (the kernel maps whole pages and requires a
 /// region's address and its IOVA 0 to share the page offset). 64 KiB covers every Linux page
@@ -60,17 +72,18 @@ impl Device {
     // Without the `verbs` feature the match below has one arm; with it, two.
     #[cfg_attr(not(feature = "verbs"), allow(clippy::infallible_destructuring_match))]
     pub fn open(cfg: DeviceConfig) -> Result<Device, OpenError> {
-        let backend = match choose(&cfg.backend, &cfg.engine).map_err(OpenError::Verbs)? {
-            Chosen::Software(report) => report,
-            #[cfg(feature = "verbs")]
-            Chosen::Verbs(v) => {
-                let backend = v.report.as_str().into();
-                return Ok(Device {
-                    imp: DeviceImp::Verbs(Arc::from(v)),
-                    backend,
-                });
-            }
-        };
+        let backend =
+            match choose(&cfg.backend, &cfg.engine, cfg.local).map_err(OpenError::Verbs)? {
+                Chosen::Software(report) => report,
+                #[cfg(feature = "verbs")]
+                Chosen::Verbs(v) => {
+                    let backend = v.report.as_str().into();
+                    return Ok(Device {
+                        imp: DeviceImp::Verbs(Arc::from(v)),
+                        backend,
+                    });
+                }
+            };
         let mut engine = cfg.engine_config()?;
         // More source ports than paths: PLB re-paths a congested path onto a spare one.
         let ports = engine.source_ports();
@@ -148,10 +161,12 @@ impl Device {
 
     /// Runs `f` on the engine and the handshake runtime under the engine lock, then sends what
     /// the engine produced (for `crate::handshake`).
+    /// On verbs, the handshake runs over the device's own UDP socket and creates the NIC's
+    /// QPs (`backend.rs`).
     pub(crate) fn with_handshake<R>(
         &self,
         f: impl FnOnce(
-            &mut Endpoint,
+            &mut dyn crate::handshake::QpHost,
             &mut Option<crate::handshake::Runtime>,
             Timestamp,
             &dyn Datapath,
@@ -159,11 +174,7 @@ impl Device {
     ) -> R {
         #[cfg(feature = "verbs")]
         if let Some(v) = self.verbs() {
-            // The handshake needs Braid's datagrams: on verbs it runs on an idle engine and
-            // a datapath where nothing arrives (see `backend.rs`).
-            let mut idle = v.idle.lock().unwrap_or_else(|e| e.into_inner());
-            let (ep, hs) = &mut *idle;
-            return f(ep, hs, Timestamp::ZERO, &v.null);
+            return v.handshake.with(|qps, rt, now, dp| f(qps, rt, now, dp));
         }
         let inner = self.inner();
         let r = {
@@ -175,11 +186,23 @@ impl Device {
         r
     }
 
-    /// The address peers send to (on verbs: the port GID as an IPv6 address, port 4791).
+    /// Starts what drives the handshake once it is enabled: on verbs, the thread that
+    /// receives its datagrams and runs its timers (a software device's progress thread does
+    /// that already).
+    pub(crate) fn handshake_enabled(&self) {
+        #[cfg(feature = "verbs")]
+        if let Some(v) = self.verbs() {
+            v.start_handshake_driver();
+        }
+    }
+
+    /// The address peers send to and connect to with the handshake
+    /// ([`connect_to`](Self::connect_to)). On verbs that is the device's handshake UDP socket
+    /// (bound to [`DeviceConfig::local`]); its QPs' [`QpInfo`] name the port GID instead.
     pub fn local_addr(&self) -> SocketAddr {
         #[cfg(feature = "verbs")]
         if let Some(v) = self.verbs() {
-            return v.addr;
+            return v.handshake.local_addr();
         }
         self.inner().datapath.local_addr()
     }
@@ -290,6 +313,25 @@ pub struct ProtectionDomain {
     pd: PdId,
     #[cfg(feature = "verbs")]
     verbs: Option<VerbsPd>,
+}
+
+impl ProtectionDomain {
+    /// The verbs PD (or why it could not be allocated); `None` on the software backend.
+    #[cfg(feature = "verbs")]
+    pub(super) fn verbs_pd(&self) -> Option<&VerbsPd> {
+        self.verbs.as_ref()
+    }
+}
+
+impl CompletionQueue {
+    /// The verbs CQ (or why it could not be created); `None` on the software backend.
+    #[cfg(feature = "verbs")]
+    pub(super) fn verbs_cq(&self) -> Option<&VerbsCq> {
+        match &self.imp {
+            CqImp::Verbs(cq) => Some(cq),
+            CqImp::Software { .. } => None,
+        }
+    }
 }
 
 impl std::fmt::Debug for ProtectionDomain {
@@ -611,19 +653,12 @@ impl CompletionQueue {
 
     /// Takes one completion without waiting.
     pub fn poll_one(&self) -> Option<Completion> {
-        let mut one = [Completion {
-            wr_id: 0,
-            status: braid_proto::WcStatus::Flushed,
-            opcode: braid_proto::WcOpcode::Send,
-            byte_len: 0,
-            imm: None,
-            qpn: 0,
-        }];
+        let mut one = [blank_completion()];
         (self.poll(&mut one) == 1).then_some(one[0])
     }
 
     /// Waits up to `timeout` for one completion. Several threads may wait on one CQ; each
-    /// completion goes to one of them. On verbs it polls the NIC's CQ, yielding in between.
+    /// completion goes to one of them. On verbs it sleeps on the CQ's completion channel.
     pub fn wait(&self, timeout: Duration) -> Option<Completion> {
         let deadline = Instant::now() + timeout;
         let Some(shared) = self.shared() else {
@@ -646,9 +681,15 @@ impl CompletionQueue {
         }
     }
 
-    /// `wait` on a verbs CQ: busy-polls (the NIC fills it without our help), yielding the
-    /// CPU between polls.
+    /// `wait` on a verbs CQ: sleeps on the CQ's completion channel (`braid_verbs::Cq::wait`).
     fn wait_verbs(&self, deadline: Instant) -> Option<Completion> {
+        #[cfg(feature = "verbs")]
+        if let CqImp::Verbs(cq) = &self.imp {
+            let cq = cq.as_ref().ok()?;
+            let mut one = [blank_completion()];
+            let left = deadline.saturating_duration_since(Instant::now());
+            return (cq.wait(&mut one, left) == 1).then(|| one[0]);
+        }
         loop {
             if let Some(c) = self.poll_one() {
                 return Some(c);

@@ -89,6 +89,8 @@ const POLLER_SEEN_STEP_NS: u64 = 100_000;
 /// How long the backed-off progress thread sleeps before it looks again, and the longest an
 /// inline waiter sleeps in the datapath or on its CQ's event before it looks again.
 const INLINE_SLICE: Duration = Duration::from_millis(1);
+/// Datagrams of one UDP GSO message at most (the kernel's limit before Linux 6.9).
+const GSO_RUN_MAX: usize = 64;
 /// Transmit batches kept for reuse (each is `BATCH` datagram buffers): one per thread that
 /// sends at the same time is enough; more are allocated and freed.
 const TX_POOL: usize = 4;
@@ -698,6 +700,7 @@ impl Owner {
             sum.rto_fired += s.rto_fired;
             sum.rx_auth_failed += s.rx_auth_failed;
             sum.rx_replayed += s.rx_replayed;
+            sum.stalled_samples += s.stalled_samples;
         }
         sum
     }
@@ -812,18 +815,32 @@ impl Drop for Owner {
     }
 }
 
+/// Datagrams taken from the engine for one `Datapath::send`: `BATCH`, and past that the rest
+/// of a run of same-path datagrams that reached the end of the batch (see `Inner::drain`).
 struct TxBatch {
+    /// `BATCH + run_max` buffers: a run of up to `run_max` datagrams that starts in the last
+    /// slot of the first `BATCH` still fits.
     bufs: Vec<Box<[u8]>>,
     metas: Vec<braid_proto::Transmit>,
+    /// Longest run topped up past `BATCH`: as many datagrams of the largest size as one GSO
+    /// message holds (44 of 1472 bytes; 1 for datagrams above 32 KiB, where nothing is
+    /// coalesced).
+    run_max: usize,
+    /// A datagram taken from the engine after the batch was full that does not continue its
+    /// last run: it leads the next batch. Its buffer index.
+    carry: Option<(braid_proto::Transmit, usize)>,
 }
 
 impl TxBatch {
     fn new(size: usize) -> TxBatch {
+        let run_max = (braid_datapath::MAX_DATAGRAM / size.max(1)).clamp(1, GSO_RUN_MAX);
         TxBatch {
-            bufs: (0..BATCH)
+            bufs: (0..BATCH + run_max)
                 .map(|_| vec![0u8; size].into_boxed_slice())
                 .collect(),
-            metas: Vec::with_capacity(BATCH),
+            metas: Vec::with_capacity(BATCH + run_max),
+            run_max,
+            carry: None,
         }
     }
 }
@@ -894,8 +911,12 @@ impl Inner {
         r
     }
 
-    /// Hands completions to their queues and fills `batch` with up to `BATCH` datagrams.
-    /// Returns whether the engine may have more to send.
+    /// Hands completions to their queues and fills `batch` with up to `BATCH` datagrams, led
+    /// by the one the last call carried over. If the batch fills up, the run of same-path
+    /// datagrams at its end is topped up until it ends (at most `run_max` in all past
+    /// `BATCH`), so the datapath sends it as one GSO message instead of two; the datagram
+    /// that ends it is carried over to the next batch. Returns whether the engine may have
+    /// more to send (always when a datagram was carried over).
     fn drain(&self, core: &mut Core, now: Timestamp, batch: &mut TxBatch) -> bool {
         while let Some((cq, c)) = core.ep.poll_completion() {
             if let Some(sink) = core.cqs.get_mut(&cq) {
@@ -911,11 +932,38 @@ impl Inner {
             self.datapath.wake();
         }
         batch.metas.clear();
+        if let Some((t, i)) = batch.carry.take() {
+            batch.bufs.swap(0, i);
+            batch.metas.push(t);
+        }
         while batch.metas.len() < BATCH {
             let i = batch.metas.len();
             match core.ep.poll_transmit(now, &mut batch.bufs[i]) {
                 Some(t) => batch.metas.push(t),
                 None => return false,
+            }
+        }
+        // The run that reached the end of the batch: its first datagram's index.
+        let last = batch.metas[BATCH - 1];
+        let run_start = batch.metas[..BATCH]
+            .iter()
+            .rposition(|t| {
+                (t.path, t.dest, t.ecn, t.len) != (last.path, last.dest, last.ecn, last.len)
+            })
+            .map_or(0, |i| i + 1);
+        while batch.metas.len() < run_start + batch.run_max {
+            let i = batch.metas.len();
+            let Some(t) = core.ep.poll_transmit(now, &mut batch.bufs[i]) else {
+                return false;
+            };
+            if (t.path, t.dest, t.ecn) != (last.path, last.dest, last.ecn) || t.len > last.len {
+                batch.carry = Some((t, i));
+                return true;
+            }
+            batch.metas.push(t);
+            if t.len < last.len {
+                // A shorter datagram ends a GSO run.
+                return true;
             }
         }
         true

@@ -261,6 +261,7 @@ impl Qp {
         self.req.sq_base_msn = self.req.next_msn;
         self.req.pack_idx = 0;
         self.req.awaited.clear();
+        self.req.reask.clear();
         self.ranges.clear();
         self.flush_rq(sh);
         self.rsp.resp.clear();

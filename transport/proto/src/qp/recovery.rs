@@ -135,6 +135,12 @@ pub(crate) struct Recovery {
     pub(crate) unresolved_losses: VecDeque<Timestamp>,
     /// Duplicate flags expected for retransmissions already proven spurious.
     pub(crate) dup_expected: u32,
+    /// When the last counted retransmit timeout fired, and the interval it was armed for: a
+    /// delay sample of a packet sent before it and outstanding for longer than that interval
+    /// spans the silence that fired it (a stalled peer) and is not a measurement
+    /// ([`crate::stall`]).
+    pub(crate) rto_at: Timestamp,
+    pub(crate) rto_armed_ns: u64,
 }
 
 impl AckFeedback {
@@ -202,6 +208,8 @@ impl Recovery {
             last_echo: (0, 0),
             unresolved_losses: VecDeque::new(),
             dup_expected: 0,
+            rto_at: Timestamp::ZERO,
+            rto_armed_ns: u64::MAX,
         }
     }
 }
@@ -461,6 +469,9 @@ impl Qp {
         {
             self.rec.last_echo = (a.echo_psn, a.echo_ts_ns);
             let full = (now.as_nanos() - a.echo_ts_ns).max(1);
+            if self.sample_spans_a_stall(now, a.echo_ts_ns, full, sh) {
+                return;
+            }
             let rtt = full.saturating_sub(u64::from(a.hold_ns)).max(1);
             self.rec.rtt.sample(rtt);
             self.rec.rtt_hist.record(rtt);
@@ -496,6 +507,26 @@ impl Qp {
                 }
             }
         }
+    }
+
+    /// Whether the delay sample of a packet sent at `sent_ns` and acknowledged now (`full`
+    /// ns) measured a stall rather than the network ([`crate::stall`]): this host's own (it
+    /// covers a quarter of the sample or more), or the peer's (the packet was outstanding for
+    /// longer than a counted retransmit timeout that fired meanwhile). Such a sample feeds
+    /// neither the RTT estimate nor path scoring nor the controller.
+    fn sample_spans_a_stall(
+        &mut self,
+        now: Timestamp,
+        sent_ns: u64,
+        full: u64,
+        sh: &mut Shared,
+    ) -> bool {
+        let local = sh.stall.taints(sent_ns, now);
+        let remote = sent_ns < self.rec.rto_at.as_nanos() && full > self.rec.rto_armed_ns;
+        if local || remote {
+            sh.stats.stalled_samples += 1;
+        }
+        local || remote
     }
 
     fn charge_ce(&mut self, echo_psn: u32, ce_new: u32, sh: &mut Shared) {
@@ -579,7 +610,13 @@ impl Qp {
     /// Declares packet `i` lost: it leaves the flight and queues for retransmission, its
     /// path is charged, and (if `charge_cc` and the path is not an outlier that path scoring
     /// handles alone) the controller hears of a congestion event.
-    fn declare_lost(&mut self, i: usize, now: Timestamp, charge_cc: bool, sh: &mut Shared) {
+    pub(crate) fn declare_lost(
+        &mut self,
+        i: usize,
+        now: Timestamp,
+        charge_cc: bool,
+        sh: &mut Shared,
+    ) {
         let p = &mut self.rec.sent[i];
         p.lost = true;
         let (psn, path, len, ts) = (p.psn, p.path, p.wire_len, p.send_ts);
@@ -712,8 +749,13 @@ impl Qp {
         // no window cut, no re-path, no backoff.
         if counted {
             self.cc.on_retransmit_timeout(now);
+            self.rec.rto_at = now;
+            self.rec.rto_armed_ns = rto;
         }
         self.send_rto_probes(now, rto, counted, sh);
+        if waiting {
+            self.queue_reask();
+        }
         if counted {
             self.rec.backoff = (self.rec.backoff + 1).min(MAX_BACKOFF_SHIFT);
         }

@@ -25,6 +25,9 @@ pub(crate) struct SendWqe {
     pub(crate) rnr_retries: u32,
     pub(crate) rnr_until: Timestamp,
     pub(crate) status: Option<WcStatus>,
+    /// PSN of the request's (last) packet, once sent: a READ or atomic still waiting for its
+    /// response when the retransmit timer fires asks for it again under this number.
+    pub(crate) req_psn: u32,
 }
 
 /// The requester's state: the send queue and its sequence numbers.
@@ -39,6 +42,9 @@ pub(crate) struct Requester {
     pub(crate) awaited: AwaitedResponses,
     /// A work request was refused: send nothing new, fail once the earlier ones finish.
     pub(crate) failing: bool,
+    /// READs and atomics (by MSN) to ask for again: their requests were acknowledged, their
+    /// responses have not all come, and the retransmit timer fired (see `queue_reask`).
+    pub(crate) reask: VecDeque<u32>,
 }
 
 impl SendWqe {
@@ -74,6 +80,7 @@ impl SendWqe {
             rnr_retries: 0,
             rnr_until: Timestamp::ZERO,
             status: None,
+            req_psn: 0,
         }
     }
 
@@ -171,6 +178,7 @@ impl Requester {
             pack_idx: 0,
             awaited: AwaitedResponses::default(),
             failing: false,
+            reask: VecDeque::new(),
         }
     }
 }
@@ -306,7 +314,7 @@ impl Qp {
             sh.stats.rx_bad_response += 1;
             return;
         }
-        self.accepted(now, h, ecn);
+        self.accepted(now, h, ecn, sh);
         self.after_accept(sh);
         self.complete_sq(sh);
         self.rearm_rto(now, sh);
@@ -339,7 +347,7 @@ impl Qp {
             sh.stats.rx_bad_response += 1;
             return;
         }
-        self.accepted(now, h, ecn);
+        self.accepted(now, h, ecn, sh);
         self.after_accept(sh);
         self.complete_sq(sh);
         self.rearm_rto(now, sh);
@@ -353,6 +361,33 @@ impl Qp {
             "awaited-response count out of step with the send queue"
         );
         self.req.awaited.any()
+    }
+    /// The retransmit timer fired while a READ or atomic waits for its response: queues the
+    /// oldest such request whose own packet was acknowledged, to be sent again (under its PSN,
+    /// flagged as a retransmission) so that the responder resends what it has not had
+    /// acknowledged at once ([`Qp::answer_again`]).
+    ///
+    /// This keeps the retry on the side that owns the budget, as in verbs (rxe's requester
+    /// resends a READ request for the missing part; the responder re-executes a duplicate
+    /// READ): otherwise the requester counts its timeouts on its own clock while only the
+    /// responder's timer, backed off on another host's round-trip estimate, resends the
+    /// response, and after an outage the responder's next try can come after the requester
+    /// gave up. A request whose packet is still unacknowledged needs nothing here: the probe
+    /// resends it, and the responder takes that duplicate as the same question.
+    pub(crate) fn queue_reask(&mut self) {
+        // Only packetized requests can wait; `pack_idx` bounds the scan (a timeout is rare).
+        let oldest = self
+            .req
+            .sq
+            .iter()
+            .take(self.req.pack_idx)
+            .find(|w| w.awaits_response() && w.unacked_pkts == 0)
+            .map(|w| w.msn);
+        if let Some(msn) = oldest
+            && !self.req.reask.contains(&msn)
+        {
+            self.req.reask.push_back(msn);
+        }
     }
     pub(crate) fn on_nak(&mut self, now: Timestamp, n: &wire::Nak, sh: &mut Shared) {
         sh.stats.naks_received += 1;

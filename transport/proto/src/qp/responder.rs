@@ -133,12 +133,19 @@ impl Responder {
 }
 
 impl Qp {
-    /// Records a newly accepted packet of the peer's for acknowledgement.
-    pub(crate) fn accepted(&mut self, now: Timestamp, h: &Header, ecn: Ecn) {
+    /// Records a newly accepted packet of the peer's for acknowledgement. It becomes the
+    /// packet the next ACK echoes, unless this host is catching up after a stall: it may have
+    /// waited in the socket since the stall began, so its receipt time (from which the ACK's
+    /// holding time counts) is unknown, and the peer would take this host's stall for fabric
+    /// delay ([`crate::stall`]); the previous echo, whose receipt time is known, stays.
+    pub(crate) fn accepted(&mut self, now: Timestamp, h: &Header, ecn: Ecn, sh: &Shared) {
         self.rsp.rx.accept(h.psn);
         self.rsp.ack_pending = true;
-        self.rsp.echo = Some((h.psn, h.send_ts_ns, now));
-        self.rsp.echo_hop = self.rsp.rx_hop;
+        if self.rsp.echo.is_none() || !sh.stall.catching_up(now) {
+            self.rsp.echo = Some((h.psn, h.send_ts_ns, now));
+            // The hop telemetry goes with the echoed packet: kept when its echo is kept.
+            self.rsp.echo_hop = self.rsp.rx_hop;
+        }
         if ecn.is_ce() {
             self.rsp.ce_count += 1;
         }
@@ -198,10 +205,13 @@ impl Qp {
             return;
         }
         if !self.admit(h, sh) {
+            if h.flags & wire::FLAG_RETRANSMIT != 0 && (r.op == Op::Read || r.op.is_atomic()) {
+                self.answer_again(now, sh);
+            }
             return;
         }
         match self.execute(h.psn, r, payload, sh) {
-            Ok(()) => self.accepted(now, h, ecn),
+            Ok(()) => self.accepted(now, h, ecn, sh),
             Err(Some(Syndrome::ReceiverNotReady)) => self.nak(h, r.msn, Syndrome::ReceiverNotReady),
             Err(Some(syndrome)) => {
                 // Fatal: the responder stops at this packet ([`crate::rc_order`]), and this
@@ -213,6 +223,36 @@ impl Qp {
             Err(None) => sh.stats.rx_bad_response += 1,
         }
         self.after_accept(sh);
+    }
+    /// The requester sent a READ or atomic request again that this side had executed: its
+    /// retransmit timer fired while it still waits for the response ([`Qp::queue_reask`]),
+    /// so the peer is alive and the response, or its acknowledgement, was lost. Rather than
+    /// wait for this side's own timer (backed off, maybe far, on this host's round-trip
+    /// estimate), the oldest response packets not acknowledged and older than a smoothed
+    /// round trip are resent now, as a retransmit timeout's probe would be (their
+    /// acknowledgement lets loss detection find the rest); the backoff and the retry budget
+    /// start over. A copy the network duplicated finds nothing that old, and costs nothing.
+    pub(crate) fn answer_again(&mut self, now: Timestamp, sh: &mut Shared) {
+        self.made_progress();
+        let age = self.rec.rtt.srtt_ns.max(REO_WND_MIN_NS);
+        let mut probes = 0;
+        for i in 0..self.rec.sent.len() {
+            if probes == RTO_PROBE_PACKETS {
+                break;
+            }
+            let p = &self.rec.sent[i];
+            if p.acked || p.lost || matches!(p.what, SentWhat::Req { .. }) {
+                continue;
+            }
+            if p.send_ts.add_nanos(age) > now {
+                continue;
+            }
+            probes += 1;
+            self.declare_lost(i, now, false, sh);
+        }
+        if probes > 0 {
+            self.rearm_rto(now, sh);
+        }
     }
     /// After a packet of the peer's was accepted or refused: completes the receives that may
     /// complete now and, once every packet before a fatal refusal has arrived, moves the QP

@@ -148,7 +148,11 @@ impl Qp {
         if self.rsp.ack_pending {
             return self.send_ack(&peer, now, buf, sh);
         }
-        // Retransmissions first: they are not limited by the window.
+        // A READ or atomic asked for again, then retransmissions: they are not limited by
+        // the window.
+        if let Some(t) = self.send_reask(&peer, now, buf, sh) {
+            return Some(t);
+        }
         if let Some(t) = self.send_retransmission(&peer, now, buf, sh) {
             return Some(t);
         }
@@ -231,6 +235,49 @@ impl Qp {
         Some(self.transmit(peer, len, path, Ecn::NotEct))
     }
 
+    /// The request of a READ or atomic queued by `queue_reask`, sent again under its PSN and
+    /// flagged as a retransmission: the responder takes it as a duplicate and resends its
+    /// unacknowledged response packets ([`Qp::answer_again`]). Not a sequenced packet of its
+    /// own, so it takes no place in the flight.
+    fn send_reask(
+        &mut self,
+        peer: &QpInfo,
+        now: Timestamp,
+        buf: &mut [u8],
+        sh: &mut Shared,
+    ) -> Option<Transmit> {
+        while let Some(msn) = self.req.reask.pop_front() {
+            let Some(wi) = self.wqe_index(msn) else {
+                continue;
+            };
+            let w = &self.req.sq[wi];
+            if !w.awaits_response() || w.unacked_pkts != 0 {
+                continue;
+            }
+            let psn = w.req_psn;
+            let what = SentWhat::Req {
+                msn,
+                offset: 0,
+                len: 0,
+            };
+            let path = self.next_path(sh);
+            let Some(len) = self.emit(&what, psn, path, wire::FLAG_RETRANSMIT, now, buf) else {
+                continue;
+            };
+            self.counters.retransmits += 1;
+            sh.stats.retransmits += 1;
+            for ps in [
+                &mut sh.paths[usize::from(path)],
+                &mut self.counters.path_stats[usize::from(path)],
+            ] {
+                ps.packets += 1;
+                ps.retransmits += 1;
+            }
+            return Some(self.transmit(peer, len, path, Ecn::Ect0));
+        }
+        None
+    }
+
     /// The first packet queued for retransmission that still needs it, sent on another path.
     fn send_retransmission(
         &mut self,
@@ -302,6 +349,27 @@ impl Qp {
         None
     }
 
+    /// Burst deferral, as TCP's TSO deferral: at the start of a burst of `route.burst` > 1
+    /// new packets, waits until the window (and the SACK span) holds the whole burst, as long
+    /// as at least a burst's worth is in flight, whose acknowledgements will make the room.
+    /// Without it a window-limited sender sends as many packets as each ACK frees (about one
+    /// receive batch of the peer's), and the datapath's GSO messages are that short however
+    /// long the burst. Never when the window holds fewer than two bursts (the wait would
+    /// leave it half empty), and never for a burst of 1, so nothing changes there.
+    fn defers_burst(&self, sh: &Shared) -> bool {
+        let burst = self.route.burst;
+        if burst <= 1 || self.route.burst_left > 0 {
+            return false;
+        }
+        let need = u64::from(burst) * sh.cfg.max_datagram as u64;
+        let window = self.cc.window();
+        let in_flight = self.rec.in_flight_bytes;
+        let span = self.rec.next_psn.since(self.rec.snd_una);
+        in_flight >= need
+            && window >= 2 * need
+            && (in_flight + need > window || span + u32::from(burst) > wire::SACK_BITS)
+    }
+
     /// A new packet, within the SACK span, the window and the pacing rate.
     fn send_new(
         &mut self,
@@ -320,7 +388,7 @@ impl Qp {
         {
             return None;
         }
-        if !self.has_new_work() {
+        if !self.has_new_work() || self.defers_burst(sh) {
             return None;
         }
         if now < self.pace_at() {
@@ -329,6 +397,11 @@ impl Qp {
         }
         let what = self.next_new_packet(sh)?;
         let psn = self.rec.next_psn.get();
+        if let SentWhat::Req { msn, .. } = what
+            && let Some(wi) = self.wqe_index(msn)
+        {
+            self.req.sq[wi].req_psn = psn;
+        }
         let path = self.next_burst_path(sh);
         let len = self.emit(&what, psn, path, 0, now, buf)?;
         self.rec.next_psn += 1;
@@ -365,5 +438,125 @@ impl Qp {
             self.rec.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));
         }
         Some(self.transmit(peer, len, path, Ecn::Ect0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+
+    use crate::cc::FixedWindowConfig;
+    use crate::{
+        Access, Endpoint, EndpointConfig, QpOptions, Region, RemoteAddr, SendOp, SendWr, Sge,
+        Timestamp, WcStatus,
+    };
+
+    /// One 400 KB WRITE from A to B, A's window fixed at `window` packets and its bursts
+    /// `burst` long, B acknowledging every `ack_every` data packets (each ACK goes back to A
+    /// before B takes the next packet): the number of new packets A sent each time it was
+    /// polled, in order, after checking that the WRITE completed.
+    fn rounds(burst: u16, window: u32, ack_every: usize) -> Vec<usize> {
+        const LEN: usize = 400_000;
+        let at = |s: &str| s.parse::<SocketAddr>().expect("address");
+        let (ea, eb) = (at("10.0.0.1:4791"), at("10.0.0.2:4791"));
+        let cfg = |seed| EndpointConfig {
+            seed,
+            burst,
+            cc: Arc::new(FixedWindowConfig { packets: window }),
+            ..EndpointConfig::default()
+        };
+        let mut a = Endpoint::new(cfg(1), ea);
+        let mut b = Endpoint::new(cfg(2), eb);
+        let (apd, bpd) = (a.alloc_pd(), b.alloc_pd());
+        let (acq, bcq) = (a.create_cq(), b.create_cq());
+        let qa = a
+            .create_qp_with(apd, acq, acq, QpOptions::default())
+            .expect("qp a");
+        let qb = b
+            .create_qp_with(bpd, bcq, bcq, QpOptions::default())
+            .expect("qp b");
+        a.connect(qa.qpn, qb).expect("connect a");
+        b.connect(qb.qpn, qa).expect("connect b");
+        let sk = a
+            .register(apd, Region::new(LEN), Access::NONE)
+            .expect("src");
+        let dk = b
+            .register(bpd, Region::new(LEN), Access::REMOTE_WRITE)
+            .expect("dst");
+        let wr = SendWr {
+            wr_id: 1,
+            op: SendOp::Write(RemoteAddr {
+                rkey: dk.rkey,
+                offset: 0,
+            }),
+            sges: vec![Sge {
+                lkey: sk.lkey,
+                offset: 0,
+                len: LEN as u32,
+            }],
+            signaled: true,
+        };
+        a.post_send(qa.qpn, wr).expect("post");
+        let mut now = Timestamp::ZERO;
+        let mut buf = vec![0u8; 2048];
+        let mut wire = std::collections::VecDeque::new();
+        let mut sent = Vec::new();
+        for _ in 0..100_000 {
+            let mut round = 0;
+            while let Some(t) = a.poll_transmit(now, &mut buf) {
+                wire.push_back(buf[..t.len].to_vec());
+                round += 1;
+            }
+            if round > 0 {
+                sent.push(round);
+            }
+            // B takes `ack_every` packets, then its ACK reaches A.
+            let took = wire.len().min(ack_every);
+            for d in wire.drain(..took) {
+                b.handle_datagram(now, ea, 0, &d);
+            }
+            while let Some(t) = b.poll_transmit(now, &mut buf) {
+                a.handle_datagram(now, eb, 0, &buf[..t.len]);
+            }
+            if let Some((_, wc)) = a.poll_completion() {
+                assert_eq!(wc.status, WcStatus::Success);
+                return sent;
+            }
+            now = now.add_nanos(1_000);
+            if took == 0 {
+                a.handle_timeout(now);
+                b.handle_timeout(now);
+            }
+        }
+        panic!("the WRITE never completed");
+    }
+
+    #[test]
+    fn a_window_limited_sender_waits_for_room_for_a_whole_burst() {
+        // Window 64, bursts of 16, an ACK every 5 packets: after the first window A sends
+        // only whole bursts (the last of the message may be shorter).
+        let sent = rounds(16, 64, 5);
+        assert_eq!(sent[0], 64, "the first window leaves at once: {sent:?}");
+        let (last, steady) = sent[1..].split_last().expect("more than one round");
+        assert!(steady.len() > 10, "{sent:?}");
+        assert!(
+            steady.iter().all(|&n| n % 16 == 0),
+            "rounds not whole bursts: {sent:?}"
+        );
+        assert!(*last <= 64, "{sent:?}");
+    }
+
+    #[test]
+    fn without_room_for_two_bursts_or_with_bursts_of_one_the_ack_clock_rules() {
+        // Each ACK of 5 frees 5 packets of window: they go at once.
+        for (burst, window) in [(1, 64), (16, 24)] {
+            let sent = rounds(burst, window, 5);
+            assert!(
+                sent[1..sent.len() - 1].iter().all(|&n| n <= 5),
+                "burst {burst}, window {window}: {sent:?}"
+            );
+            assert!(sent.len() > 30, "{sent:?}");
+        }
     }
 }
