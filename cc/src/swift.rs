@@ -34,6 +34,7 @@ use crate::{AckSample, Controller, ControllerFactory};
 /// | `base_delay_scale` | 0 | distance scaling of the target off: on a software host the minimum delay is mostly scheduling, not distance |
 /// | `ai_ref_delay_ns` | 0 | distance scaling of the additive increase off, for the same reason |
 /// | `hop_telemetry` | `false` | most fabrics stamp no per-hop telemetry; the round trip is the signal |
+/// | `fast_start` | `false` | the paper's Swift has no slow start |
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SwiftConfig {
     /// Base target delay, ns. With `target_above_min_delay` it is headroom added to the lowest
@@ -112,6 +113,15 @@ pub struct SwiftConfig {
     /// the latest sample of a sprayed flow is the larger of several queues' momentary
     /// depths).
     pub hop_standing: bool,
+    /// A delay-gated start: until the connection's first decrease (and again after an idle
+    /// restart), an ACK whose delay is below the minimum delay plus half the target's
+    /// headroom grows the window by the bytes it acknowledges (doubling it per round trip,
+    /// as TCP's slow start) instead of by `ai` per round trip. A window that starts at
+    /// about one bandwidth-delay product is limited as soon as any queue forms, and the
+    /// additive increase takes longer to open it than a short flow lasts; gating on the
+    /// delay keeps the fast growth away from a queue that is already there (an incast's
+    /// first ACKs report it), and the first decrease ends it for good.
+    pub fast_start: bool,
 }
 
 impl Default for SwiftConfig {
@@ -140,6 +150,7 @@ impl Default for SwiftConfig {
             hop_telemetry: false,
             rtt_fair_max: 0.0,
             hop_standing: false,
+            fast_start: false,
         }
     }
 }
@@ -214,6 +225,10 @@ impl ControllerFactory for SwiftConfig {
 /// elif can_decrease:   cwnd ×= max(1 − beta × (delay − target) / delay, 1 − max_mdf)
 /// ```
 ///
+/// With `fast_start`, until the first decrease (and after an idle restart) an ACK whose
+/// delay is below `floor + (target − floor) / 2` (`floor` the `min_delay` part of the
+/// target) adds `acked` bytes instead (one doubling per round trip).
+///
 /// **Loss** (per packet declared lost): `cwnd ×= 1 − max_mdf` if `can_decrease`.
 /// **Spurious-loss undo** (as TCP's Eifel response, RFC 4015): a loss decrease opens an
 /// *episode* that remembers the window before it and counts the losses reported in the same
@@ -264,6 +279,8 @@ pub struct Swift {
     /// when the current one began.
     hop_min: [Option<u64>; 2],
     hop_epoch: Timestamp,
+    /// In the delay-gated start (`fast_start`, until the first decrease).
+    starting: bool,
 }
 
 /// A loss decrease that may prove spurious.
@@ -320,7 +337,13 @@ impl Swift {
             undos: 0,
             hop_min: [None, None],
             hop_epoch: Timestamp::ZERO,
+            starting: cfg.fast_start,
         }
+    }
+
+    /// Whether the controller is in its delay-gated start (`fast_start`).
+    pub fn in_fast_start(&self) -> bool {
+        self.starting
     }
 
     /// Loss decreases undone because every loss behind them proved spurious.
@@ -411,6 +434,18 @@ impl Swift {
         self.cwnd *= factor;
         self.clamp();
         self.last_decrease = Some(now);
+        self.starting = false;
+    }
+
+    /// Whether `delay` (ns) lets the delay-gated start grow the window: below the
+    /// minimum-delay part of `target` plus half of the rest.
+    fn fast_start_allows(&self, delay: u64, target: f64) -> bool {
+        let floor = if self.cfg.target_above_min_delay {
+            self.min_delay_ns.unwrap_or(0) as f64 * (1.0 + self.cfg.base_delay_scale)
+        } else {
+            0.0
+        };
+        (delay as f64) < floor + (target - floor) / 2.0
     }
 
     fn clamp(&mut self) {
@@ -448,6 +483,7 @@ impl Controller for Swift {
                 self.cwnd = self.cwnd.min(self.cfg.init_cwnd * self.mtu);
                 self.last_delay_ns = None;
                 self.last_decrease = None;
+                self.starting = self.cfg.fast_start;
             }
         }
     }
@@ -491,6 +527,10 @@ impl Controller for Swift {
                     self.decrease(now, factor);
                     self.undo = None;
                 }
+            }
+            Some(d) if self.starting && self.fast_start_allows(d, target) => {
+                self.cwnd += acked;
+                self.clamp();
             }
             _ => {
                 let ai = self.cfg.ai * self.ai_scale();
@@ -581,6 +621,7 @@ impl Controller for Swift {
         if self.consecutive_rto >= self.cfg.rto_reset_threshold {
             self.cwnd = self.cfg.min_cwnd * self.mtu;
             self.last_decrease = Some(now);
+            self.starting = false;
         } else if self.can_decrease(now) {
             self.decrease(now, 1.0 - self.cfg.max_mdf);
         }
@@ -764,7 +805,11 @@ mod tests {
         c.on_retransmit_timeout(us(1000));
         c.on_congestion_event(us(1000), us(1), false, MTU);
         c.on_congestion_event(us(1000), us(2), false, MTU);
-        assert!((c.cwnd_packets() - 0.01).abs() < 1e-9, "{}", c.cwnd_packets());
+        assert!(
+            (c.cwnd_packets() - 0.01).abs() < 1e-9,
+            "{}",
+            c.cwnd_packets()
+        );
         // One original acknowledged: not yet.
         c.on_spurious_loss(us(1010), us(1));
         assert!((c.cwnd_packets() - 0.01).abs() < 1e-9);
@@ -794,12 +839,19 @@ mod tests {
         assert!((c.cwnd_packets() - w0).abs() < 1e-9);
         c.on_retransmit_timeout(us(2000));
         c.on_congestion_event(us(2000), us(3), false, MTU);
-        assert!(c.cwnd_packets() > 0.01, "one counted timeout only: no reset");
+        assert!(
+            c.cwnd_packets() > 0.01,
+            "one counted timeout only: no reset"
+        );
         // The next one is the second in a row: reset, and its probe was really lost (its
         // retransmission is what got acknowledged: no spurious proof ever comes).
         c.on_retransmit_timeout(us(3000));
         c.on_congestion_event(us(3000), us(4), false, MTU);
-        assert!((c.cwnd_packets() - 0.01).abs() < 1e-9, "{}", c.cwnd_packets());
+        assert!(
+            (c.cwnd_packets() - 0.01).abs() < 1e-9,
+            "{}",
+            c.cwnd_packets()
+        );
         // A proof for a packet sent before the episode changes nothing.
         c.on_spurious_loss(us(3010), us(0));
         assert!((c.cwnd_packets() - 0.01).abs() < 1e-9);
@@ -1178,6 +1230,82 @@ mod tests {
     /// delay above the largest target (the window falls to the floor and pacing takes over),
     /// then 20 at a moderate delay. Each round acknowledges one window's worth of packets;
     /// below one packet the pacing credit decides whether a packet goes out in that round.
+    /// `fixed_target` (absolute 100 µs target, so the fast-start gate is at 50 µs) with the
+    /// delay-gated start.
+    fn fast_start() -> SwiftConfig {
+        SwiftConfig {
+            fast_start: true,
+            ..fixed_target()
+        }
+    }
+
+    #[test]
+    fn fast_start_grows_by_the_acked_bytes_below_half_the_headroom() {
+        let mut c = Swift::new(fast_start(), MTU);
+        assert!(c.in_fast_start());
+        // 20 ACKs of one packet at 49 µs (below the 50 µs gate): 20 -> 40 packets, one
+        // doubling for a window's worth of ACKs.
+        for t in 0..20 {
+            ack(&mut c, us(t), Some(49));
+        }
+        assert!(
+            (c.cwnd_packets() - 40.0).abs() < 1e-9,
+            "{}",
+            c.cwnd_packets()
+        );
+        // At the gate (50 µs, still below the 100 µs target): the additive increase,
+        // 1/40 packet per ACK.
+        ack(&mut c, us(20), Some(50));
+        assert!(
+            (c.cwnd_packets() - 40.025).abs() < 1e-9,
+            "{}",
+            c.cwnd_packets()
+        );
+        assert!(c.in_fast_start());
+    }
+
+    #[test]
+    fn fast_start_is_off_by_default() {
+        let mut c = Swift::new(fixed_target(), MTU);
+        assert!(!c.in_fast_start());
+        for t in 0..20 {
+            ack(&mut c, us(t), Some(10));
+        }
+        // 20 ACKs at 20-21 packets: about one packet in all.
+        assert!(c.cwnd_packets() < 21.0, "{}", c.cwnd_packets());
+    }
+
+    #[test]
+    fn fast_start_ends_at_the_first_decrease_and_resumes_after_an_idle_restart() {
+        let mut c = Swift::new(fast_start(), MTU);
+        ack(&mut c, us(0), Some(200)); // above target: cut to 12 packets
+        assert!(!c.in_fast_start());
+        let w = c.cwnd_packets();
+        ack(&mut c, us(300), Some(10));
+        assert!(
+            (c.cwnd_packets() - (w + 1.0 / w)).abs() < 1e-9,
+            "additive again"
+        );
+        // Idle for more than idle_restart_rtts round trips: the next send restarts it.
+        c.on_idle(us(400));
+        c.on_sent(us(400 + 5 * 200), MTU, 0);
+        assert!(c.in_fast_start());
+        let w = c.cwnd_packets();
+        ack(&mut c, us(1500), Some(10));
+        assert!(
+            (c.cwnd_packets() - (w + 1.0)).abs() < 1e-9,
+            "{}",
+            c.cwnd_packets()
+        );
+    }
+
+    #[test]
+    fn fast_start_ends_at_a_loss() {
+        let mut c = Swift::new(fast_start(), MTU);
+        c.on_congestion_event(us(0), us(0), false, MTU);
+        assert!(!c.in_fast_start());
+    }
+
     #[test]
     fn trajectory_under_a_delay_step() {
         let mtu = 1472;

@@ -184,6 +184,10 @@ struct Cli {
     /// telemetry of the last one to two round trips) rather than the latest sample.
     #[arg(long)]
     swift_hop_standing: bool,
+    /// Swift's delay-gated start: until the first decrease, an ACK whose delay is below half
+    /// the target's headroom doubles the window per round trip instead of adding one packet
+    #[arg(long)]
+    swift_fast_start: bool,
     /// Two regions of its own per host instead of one backing for all (the harness's old
     /// layout, for speed comparisons; the packets are the same).
     #[arg(long)]
@@ -431,6 +435,7 @@ impl Cli {
                         s.rtt_fair_max = k;
                     }
                     s.hop_standing |= self.swift_hop_standing;
+                    s.fast_start |= self.swift_fast_start;
                 }
                 Ok(mode)
             })
