@@ -8,11 +8,16 @@
 //! - `copy_then_crc`: what the engine does today, two passes (copy, then CRC of the copy).
 //! - `copy_crc_chunked`: one pass in 256-byte steps, each copied and then checksummed while
 //!   it is still in L1 (the fused form safe code can write).
+//! - `region_read` / `region_write`: the engine's own copies out of (gather at the sender)
+//!   and into (placement at the receiver) a registered [`Region`], whose bytes are atomic
+//!   words; at an 8-aligned and at an unaligned (offset 3) region offset.
+//! - `region_read_then_crc`: the sender's gather and the CRC32C of the packet it fills.
 //!
 //! `cargo bench -p braid-bench --bench copy_crc`
 use std::hint::black_box;
 use std::time::Duration;
 
+use braid::Region;
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 
 /// Bytes per step of the one-pass variant: small enough to stay in L1 between copy and CRC.
@@ -64,6 +69,30 @@ fn bench_copy_crc(c: &mut Criterion) {
         g.bench_with_input(BenchmarkId::new("copy_crc_chunked", len), &len, |b, _| {
             b.iter(|| black_box(copy_crc_chunked(black_box(&src), &mut dst)))
         });
+        let region = Region::new(len + 8);
+        region.write(0, &src).unwrap();
+        for off in [0u64, 3] {
+            let tag = format!("{len}@{off}");
+            g.bench_with_input(BenchmarkId::new("region_read", &tag), &len, |b, _| {
+                b.iter(|| {
+                    region.read(black_box(off), &mut dst).unwrap();
+                    black_box(&dst);
+                })
+            });
+            g.bench_with_input(BenchmarkId::new("region_write", &tag), &len, |b, _| {
+                b.iter(|| region.write(black_box(off), black_box(&src)).unwrap())
+            });
+        }
+        g.bench_with_input(
+            BenchmarkId::new("region_read_then_crc", len),
+            &len,
+            |b, _| {
+                b.iter(|| {
+                    region.read(black_box(0), &mut dst).unwrap();
+                    black_box(crc32c::crc32c(&dst))
+                })
+            },
+        );
     }
     g.finish();
 }

@@ -38,6 +38,9 @@ struct Cli {
     /// Bytes per host.
     #[arg(long, default_value_t = 32 << 20)]
     bytes: u64,
+    /// In-band hop telemetry (switches stamp, Swift reacts to the bottleneck hop).
+    #[arg(long)]
+    hop_telemetry: bool,
 }
 
 fn main() {
@@ -48,7 +51,10 @@ fn main() {
         ecn_threshold_bytes: Some(100_000),
         ..LeafSpine::default()
     };
-    let mode = Mode::by_name(&cli.mode, cli.paths, 64).expect("known mode");
+    let mut mode = Mode::by_name(&cli.mode, cli.paths, 64).expect("known mode");
+    if let braid_bench::fabric::Cc::Swift(sw) = &mut mode.cc {
+        sw.hop_telemetry = cli.hop_telemetry;
+    }
     let w = Workload::Permutation {
         bytes_per_host: cli.bytes,
         msg_bytes: 1 << 20,
@@ -56,6 +62,7 @@ fn main() {
     };
     let mut s = Scenario::new(ls.clone(), w, mode, cli.seed);
     s.engine.burst = cli.burst;
+    s.engine.hop_telemetry = cli.hop_telemetry;
     s.series_interval_ns = cli.step_us * 1000;
     let mut sim = Sim::new(&s);
     let flows = sim.flows();

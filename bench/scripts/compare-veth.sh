@@ -54,8 +54,10 @@
 #              bursts of BURST datagrams of MAX_DGRAM bytes round-robin over PATHS connected
 #              source ports to a UDP_GRO receiver; the same without GRO; one datagram per
 #              send(); 8 B datagrams in sendmmsg batches of 64 (the message-rate reference)
-#   BURST      datagrams per GSO burst of the ceiling (default 16 KiB worth: 11 at 1472 B, 2 at
-#              8972 B): the same burst size as Braid's
+#   BURST      datagrams per GSO burst of the ceiling (default one full GSO message, under
+#              64 KiB and at most 64 datagrams: 44 at 1472 B, 7 at 8972 B; it was 16 KiB
+#              worth, 11 at 1472 B, until 2026-12-02 s8, see bench/results/
+#              veth-2026-12-02-s8-after.md): the same burst size as Braid's
 #   BRAID_BURST  Braid's burst spraying (braid-perf --burst: new packets per path draw, so
 #              each burst leaves as one GSO message); default BURST; 1 = a path per packet
 #   XDP_RAW=1  the AF_XDP frame rate through Braid's own AF_XDP datapath with no protocol
@@ -91,7 +93,10 @@ BRAID_PORT=${BRAID_PORT:-18515}
 UDP_PORT=${UDP_PORT:-18600}
 IPERF_PORT=${IPERF_PORT:-15201}
 CEILING=${CEILING:-1}
-BURST=${BURST:-$(((16384 + MAX_DGRAM / 2) / MAX_DGRAM))}
+DEFAULT_BURST=$((65000 / MAX_DGRAM))
+[ "$DEFAULT_BURST" -le 64 ] || DEFAULT_BURST=64
+[ "$DEFAULT_BURST" -ge 1 ] || DEFAULT_BURST=1
+BURST=${BURST:-$DEFAULT_BURST}
 BRAID_BURST=${BRAID_BURST:-$BURST}
 # braid-perf's default is 1, so it is passed only when it differs (older binaries, without
 # the flag, can then be measured with BRAID_BURST=1 for a before/after).

@@ -23,7 +23,7 @@
 # command, to $PROFILE_OUT (default /tmp/profile-veth.txt), and keeps each run's perf.data beside it
 # ($PROFILE_OUT.runN.data; remove them afterwards).
 #
-# Settings: RUNS=3 DURATION=3 SIZE=1M PATHS=16 MAX_DGRAM=1472 BURST=11 DATAPATH=udp
+# Settings: RUNS=3 DURATION=3 SIZE=1M PATHS=16 MAX_DGRAM=1472 BURST=44 DATAPATH=udp
 #   CLIENT_ARGS / SERVER_ARGS (extra braid-perf flags), PERF=<braid-perf binary> (default
 #   $CARGO_TARGET_DIR/release/braid-perf), NS (namespace prefix, default bprof<pid>), PORT.
 # Needs root (namespaces). Builds nothing.
@@ -36,7 +36,7 @@ DURATION=${DURATION:-3}
 SIZE=${SIZE:-1M}
 PATHS=${PATHS:-16}
 MAX_DGRAM=${MAX_DGRAM:-1472}
-BURST=${BURST:-11}
+BURST=${BURST:-44}
 DATAPATH=${DATAPATH:-udp}
 CLIENT_ARGS=${CLIENT_ARGS:-}
 SERVER_ARGS=${SERVER_ARGS:-}

@@ -59,6 +59,10 @@ pub struct AckSample {
     pub ecn_ce: Option<bool>,
     /// The path (index into the connection's path set) the packet was sent on.
     pub path: u16,
+    /// In-band hop telemetry, if the fabric gave it: the largest queueing delay one switch
+    /// on the packet's way saw ahead of it, ns (the forward path only; the round trip adds
+    /// up every queue both ways).
+    pub hop_queue_ns: Option<u64>,
 }
 
 impl AckSample {
@@ -72,6 +76,7 @@ impl AckSample {
             hops: None,
             ecn_ce: None,
             path: 0,
+            hop_queue_ns: None,
         }
     }
 

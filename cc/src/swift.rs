@@ -33,6 +33,8 @@ use crate::{AckSample, Controller, ControllerFactory};
 /// | `undo_spurious_losses` | `true` | a loss that proves spurious gives its decrease back |
 /// | `base_delay_scale` | 0 | distance scaling of the target off: on a software host the minimum delay is mostly scheduling, not distance |
 /// | `ai_ref_delay_ns` | 0 | distance scaling of the additive increase off, for the same reason |
+/// | `hop_telemetry` | `false` | most fabrics stamp no per-hop telemetry; the round trip is the signal |
+/// | `fast_start` | `false` | the paper's Swift has no slow start |
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SwiftConfig {
     /// Base target delay, ns. With `target_above_min_delay` it is headroom added to the lowest
@@ -87,6 +89,39 @@ pub struct SwiftConfig {
     /// window, which is that many times larger, in the same time as a short one. 0 turns
     /// it off.
     pub ai_ref_delay_ns: u64,
+    /// React to the most congested hop instead of the sum of every queue: when an ACK
+    /// sample carries in-band hop telemetry ([`AckSample::hop_queue_ns`], the largest
+    /// queueing delay one switch on the forward path saw), the delay compared with the
+    /// target is `min_delay + hop_queue` rather than the measured fabric delay. A flow
+    /// crossing two congested hops then sees the same signal as one crossing one of them,
+    /// and is not cut harder for it (the multi-bottleneck unfairness of a summed delay);
+    /// queues on the way back (the ACK's) no longer count either. Samples without
+    /// telemetry keep the measured delay.
+    pub hop_telemetry: bool,
+    /// Rate-fair additive increase: the increase per round trip grows with the smoothed
+    /// round trip over the minimum delay (at most `rtt_fair_max` times), so the window grows
+    /// by the same amount per unit of *time* whatever queues the connection's round trip
+    /// crosses. With Swift's one decrease per round trip, equal increases per round trip
+    /// give flows equal *windows* at a shared bottleneck, so a flow whose round trip is
+    /// longer (it crosses more standing queues, both ways) gets a lower *rate*; an increase
+    /// per unit of time gives windows in proportion to the round trip, equal rates. 0 (or
+    /// below 1) turns it off.
+    pub rtt_fair_max: f64,
+    /// With `hop_telemetry`, react to the *standing* queue of the bottleneck hop: the
+    /// lowest hop telemetry of the last one to two smoothed round trips rather than the
+    /// latest sample (a queue that drained within a round trip is a burst, not congestion;
+    /// the latest sample of a sprayed flow is the larger of several queues' momentary
+    /// depths).
+    pub hop_standing: bool,
+    /// A delay-gated start: until the connection's first decrease (and again after an idle
+    /// restart), an ACK whose delay is below the minimum delay plus half the target's
+    /// headroom grows the window by the bytes it acknowledges (doubling it per round trip,
+    /// as TCP's slow start) instead of by `ai` per round trip. A window that starts at
+    /// about one bandwidth-delay product is limited as soon as any queue forms, and the
+    /// additive increase takes longer to open it than a short flow lasts; gating on the
+    /// delay keeps the fast growth away from a queue that is already there (an incast's
+    /// first ACKs report it), and the first decrease ends it for good.
+    pub fast_start: bool,
 }
 
 impl Default for SwiftConfig {
@@ -112,6 +147,10 @@ impl Default for SwiftConfig {
             undo_spurious_losses: true,
             base_delay_scale: 0.0,
             ai_ref_delay_ns: 0,
+            hop_telemetry: false,
+            rtt_fair_max: 0.0,
+            hop_standing: false,
+            fast_start: false,
         }
     }
 }
@@ -186,6 +225,10 @@ impl ControllerFactory for SwiftConfig {
 /// elif can_decrease:   cwnd ×= max(1 − beta × (delay − target) / delay, 1 − max_mdf)
 /// ```
 ///
+/// With `fast_start`, until the first decrease (and after an idle restart) an ACK whose
+/// delay is below `floor + (target − floor) / 2` (`floor` the `min_delay` part of the
+/// target) adds `acked` bytes instead (one doubling per round trip).
+///
 /// **Loss** (per packet declared lost): `cwnd ×= 1 − max_mdf` if `can_decrease`.
 /// **Spurious-loss undo** (as TCP's Eifel response, RFC 4015): a loss decrease opens an
 /// *episode* that remembers the window before it and counts the losses reported in the same
@@ -232,6 +275,12 @@ pub struct Swift {
     /// The loss episode that may still be undone.
     undo: Option<LossEpisode>,
     undos: u64,
+    /// Lowest hop telemetry of the current and the previous epoch (one srtt each), ns, and
+    /// when the current one began.
+    hop_min: [Option<u64>; 2],
+    hop_epoch: Timestamp,
+    /// In the delay-gated start (`fast_start`, until the first decrease).
+    starting: bool,
 }
 
 /// A loss decrease that may prove spurious.
@@ -286,7 +335,15 @@ impl Swift {
             idle_since: None,
             undo: None,
             undos: 0,
+            hop_min: [None, None],
+            hop_epoch: Timestamp::ZERO,
+            starting: cfg.fast_start,
         }
+    }
+
+    /// Whether the controller is in its delay-gated start (`fast_start`).
+    pub fn in_fast_start(&self) -> bool {
+        self.starting
     }
 
     /// Loss decreases undone because every loss behind them proved spurious.
@@ -338,11 +395,33 @@ impl Swift {
         base + hops * self.cfg.per_hop_ns as f64 + self.flow_scaling(self.cwnd_packets())
     }
 
-    /// The factor on `ai` from distance scaling (`ai_ref_delay_ns`): at least 1.
+    /// The factor on `ai` from distance scaling (`ai_ref_delay_ns`) and the rate-fair
+    /// increase (`rtt_fair_max`): at least 1.
     fn ai_scale(&self) -> f64 {
-        match (self.cfg.ai_ref_delay_ns, self.min_delay_ns) {
+        let distance = match (self.cfg.ai_ref_delay_ns, self.min_delay_ns) {
             (r, Some(m)) if r > 0 && m > r => m as f64 / r as f64,
             _ => 1.0,
+        };
+        let fair = match self.min_delay_ns {
+            Some(m) if self.cfg.rtt_fair_max > 1.0 && m > 0 && self.has_rtt => {
+                (self.srtt_ns / m as f64).clamp(1.0, self.cfg.rtt_fair_max)
+            }
+            _ => 1.0,
+        };
+        distance * fair
+    }
+
+    /// Takes in hop telemetry `q` and returns the lowest of the last one to two round trips.
+    fn standing_hop_queue(&mut self, now: Timestamp, q: u64) -> u64 {
+        if now.nanos_since(self.hop_epoch) as f64 >= self.srtt_ns {
+            self.hop_min = [None, self.hop_min[0]];
+            self.hop_epoch = now;
+        }
+        self.hop_min[0] = Some(self.hop_min[0].map_or(q, |m| m.min(q)));
+        match self.hop_min {
+            [Some(a), Some(b)] => a.min(b),
+            [Some(a), None] => a,
+            _ => q,
         }
     }
 
@@ -355,6 +434,18 @@ impl Swift {
         self.cwnd *= factor;
         self.clamp();
         self.last_decrease = Some(now);
+        self.starting = false;
+    }
+
+    /// Whether `delay` (ns) lets the delay-gated start grow the window: below the
+    /// minimum-delay part of `target` plus half of the rest.
+    fn fast_start_allows(&self, delay: u64, target: f64) -> bool {
+        let floor = if self.cfg.target_above_min_delay {
+            self.min_delay_ns.unwrap_or(0) as f64 * (1.0 + self.cfg.base_delay_scale)
+        } else {
+            0.0
+        };
+        (delay as f64) < floor + (target - floor) / 2.0
     }
 
     fn clamp(&mut self) {
@@ -392,6 +483,7 @@ impl Controller for Swift {
                 self.cwnd = self.cwnd.min(self.cfg.init_cwnd * self.mtu);
                 self.last_delay_ns = None;
                 self.last_decrease = None;
+                self.starting = self.cfg.fast_start;
             }
         }
     }
@@ -409,6 +501,17 @@ impl Controller for Swift {
         }
         if let Some(d) = s.delay_ns() {
             self.sample_delay(now, d, s.ecn_ce == Some(true));
+            if self.cfg.hop_telemetry
+                && let (Some(q), Some(m)) = (s.hop_queue_ns, self.min_delay_ns)
+            {
+                // The bottleneck hop's queue on top of the base: the signal of one queue.
+                let q = if self.cfg.hop_standing {
+                    self.standing_hop_queue(now, q)
+                } else {
+                    q
+                };
+                self.last_delay_ns = Some(m.saturating_add(q));
+            }
         }
         if s.hops.is_some() {
             self.hops = s.hops;
@@ -424,6 +527,10 @@ impl Controller for Swift {
                     self.decrease(now, factor);
                     self.undo = None;
                 }
+            }
+            Some(d) if self.starting && self.fast_start_allows(d, target) => {
+                self.cwnd += acked;
+                self.clamp();
             }
             _ => {
                 let ai = self.cfg.ai * self.ai_scale();
@@ -514,6 +621,7 @@ impl Controller for Swift {
         if self.consecutive_rto >= self.cfg.rto_reset_threshold {
             self.cwnd = self.cfg.min_cwnd * self.mtu;
             self.last_decrease = Some(now);
+            self.starting = false;
         } else if self.can_decrease(now) {
             self.decrease(now, 1.0 - self.cfg.max_mdf);
         }
@@ -697,7 +805,11 @@ mod tests {
         c.on_retransmit_timeout(us(1000));
         c.on_congestion_event(us(1000), us(1), false, MTU);
         c.on_congestion_event(us(1000), us(2), false, MTU);
-        assert!((c.cwnd_packets() - 0.01).abs() < 1e-9, "{}", c.cwnd_packets());
+        assert!(
+            (c.cwnd_packets() - 0.01).abs() < 1e-9,
+            "{}",
+            c.cwnd_packets()
+        );
         // One original acknowledged: not yet.
         c.on_spurious_loss(us(1010), us(1));
         assert!((c.cwnd_packets() - 0.01).abs() < 1e-9);
@@ -727,12 +839,19 @@ mod tests {
         assert!((c.cwnd_packets() - w0).abs() < 1e-9);
         c.on_retransmit_timeout(us(2000));
         c.on_congestion_event(us(2000), us(3), false, MTU);
-        assert!(c.cwnd_packets() > 0.01, "one counted timeout only: no reset");
+        assert!(
+            c.cwnd_packets() > 0.01,
+            "one counted timeout only: no reset"
+        );
         // The next one is the second in a row: reset, and its probe was really lost (its
         // retransmission is what got acknowledged: no spurious proof ever comes).
         c.on_retransmit_timeout(us(3000));
         c.on_congestion_event(us(3000), us(4), false, MTU);
-        assert!((c.cwnd_packets() - 0.01).abs() < 1e-9, "{}", c.cwnd_packets());
+        assert!(
+            (c.cwnd_packets() - 0.01).abs() < 1e-9,
+            "{}",
+            c.cwnd_packets()
+        );
         // A proof for a packet sent before the episode changes nothing.
         c.on_spurious_loss(us(3010), us(0));
         assert!((c.cwnd_packets() - 0.01).abs() < 1e-9);
@@ -1013,6 +1132,57 @@ mod tests {
         );
     }
 
+    /// Hop telemetry: a flow whose delay comes from two standing queues of 12 µs each (and a
+    /// 10 µs base) is cut by a summed signal where a flow crossing one of them is not, and
+    /// with telemetry both see the one bottleneck hop's 12 µs and keep the same window.
+    #[test]
+    fn hop_telemetry_does_not_cut_a_flow_crossing_two_queues_harder() {
+        let cfg = SwiftConfig {
+            base_target_ns: 15_000,
+            fs_range_ns: 0,
+            ..SwiftConfig::default()
+        };
+        let run = |telemetry: bool, queues: u64| {
+            let mut c = Swift::new(
+                SwiftConfig {
+                    hop_telemetry: telemetry,
+                    ..cfg
+                },
+                MTU,
+            );
+            // The base, measured first.
+            ack(&mut c, us(0), Some(10));
+            for t in 1..2000 {
+                let mut s = AckSample::new(us(t), MTU);
+                s.fabric_delay_ns = Some(10_000 + queues * 12_000);
+                s.hop_queue_ns = Some(12_000);
+                c.on_ack_with(us(t), &s);
+            }
+            c.cwnd_packets()
+        };
+        let (one, two) = (run(false, 1), run(false, 2));
+        assert!(two < one / 4.0, "summed delay: {two} vs {one} packets");
+        let (one_t, two_t) = (run(true, 1), run(true, 2));
+        assert!((one_t - two_t).abs() < 1e-9, "{one_t} vs {two_t}");
+        assert!(
+            (one_t - one).abs() < 1e-9,
+            "one queue: telemetry changes nothing"
+        );
+        // Samples without telemetry keep the measured delay.
+        let mut c = Swift::new(
+            SwiftConfig {
+                hop_telemetry: true,
+                ..cfg
+            },
+            MTU,
+        );
+        ack(&mut c, us(0), Some(10));
+        for t in 1..2000 {
+            ack(&mut c, us(t), Some(34));
+        }
+        assert!((c.cwnd_packets() - two).abs() < 1e-9);
+    }
+
     fn ack_marked(c: &mut Swift, now: Timestamp, delay_us: u64, ce: bool) {
         let mut s = AckSample::new(now, MTU);
         s.fabric_delay_ns = Some(delay_us * 1000);
@@ -1060,6 +1230,82 @@ mod tests {
     /// delay above the largest target (the window falls to the floor and pacing takes over),
     /// then 20 at a moderate delay. Each round acknowledges one window's worth of packets;
     /// below one packet the pacing credit decides whether a packet goes out in that round.
+    /// `fixed_target` (absolute 100 µs target, so the fast-start gate is at 50 µs) with the
+    /// delay-gated start.
+    fn fast_start() -> SwiftConfig {
+        SwiftConfig {
+            fast_start: true,
+            ..fixed_target()
+        }
+    }
+
+    #[test]
+    fn fast_start_grows_by_the_acked_bytes_below_half_the_headroom() {
+        let mut c = Swift::new(fast_start(), MTU);
+        assert!(c.in_fast_start());
+        // 20 ACKs of one packet at 49 µs (below the 50 µs gate): 20 -> 40 packets, one
+        // doubling for a window's worth of ACKs.
+        for t in 0..20 {
+            ack(&mut c, us(t), Some(49));
+        }
+        assert!(
+            (c.cwnd_packets() - 40.0).abs() < 1e-9,
+            "{}",
+            c.cwnd_packets()
+        );
+        // At the gate (50 µs, still below the 100 µs target): the additive increase,
+        // 1/40 packet per ACK.
+        ack(&mut c, us(20), Some(50));
+        assert!(
+            (c.cwnd_packets() - 40.025).abs() < 1e-9,
+            "{}",
+            c.cwnd_packets()
+        );
+        assert!(c.in_fast_start());
+    }
+
+    #[test]
+    fn fast_start_is_off_by_default() {
+        let mut c = Swift::new(fixed_target(), MTU);
+        assert!(!c.in_fast_start());
+        for t in 0..20 {
+            ack(&mut c, us(t), Some(10));
+        }
+        // 20 ACKs at 20-21 packets: about one packet in all.
+        assert!(c.cwnd_packets() < 21.0, "{}", c.cwnd_packets());
+    }
+
+    #[test]
+    fn fast_start_ends_at_the_first_decrease_and_resumes_after_an_idle_restart() {
+        let mut c = Swift::new(fast_start(), MTU);
+        ack(&mut c, us(0), Some(200)); // above target: cut to 12 packets
+        assert!(!c.in_fast_start());
+        let w = c.cwnd_packets();
+        ack(&mut c, us(300), Some(10));
+        assert!(
+            (c.cwnd_packets() - (w + 1.0 / w)).abs() < 1e-9,
+            "additive again"
+        );
+        // Idle for more than idle_restart_rtts round trips: the next send restarts it.
+        c.on_idle(us(400));
+        c.on_sent(us(400 + 5 * 200), MTU, 0);
+        assert!(c.in_fast_start());
+        let w = c.cwnd_packets();
+        ack(&mut c, us(1500), Some(10));
+        assert!(
+            (c.cwnd_packets() - (w + 1.0)).abs() < 1e-9,
+            "{}",
+            c.cwnd_packets()
+        );
+    }
+
+    #[test]
+    fn fast_start_ends_at_a_loss() {
+        let mut c = Swift::new(fast_start(), MTU);
+        c.on_congestion_event(us(0), us(0), false, MTU);
+        assert!(!c.in_fast_start());
+    }
+
     #[test]
     fn trajectory_under_a_delay_step() {
         let mtu = 1472;

@@ -442,6 +442,7 @@ impl Topology {
             small_pool: Vec::new(),
             stats: FabricStats::default(),
             series: None,
+            hop_stamp: None,
         })
     }
 }
@@ -727,9 +728,22 @@ pub struct Fabric {
     small_pool: Vec<Vec<u8>>,
     stats: FabricStats,
     series: Option<Series>,
+    hop_stamp: Option<HopStamp>,
 }
 
+/// In-band hop telemetry: a switch calls it with each datagram it queues and the time the
+/// bytes queued ahead of it take to drain (ns), and the function may rewrite the datagram
+/// (Braid's is `braid_proto::wire::stamp_hop_queue`: the largest such delay on the way).
+/// The fabric knows no protocol, so the harness that runs one gives it.
+pub type HopStamp = fn(&mut [u8], u64);
+
 impl Fabric {
+    /// Makes every switch port stamp in-band hop telemetry into the datagrams it queues
+    /// (host NICs do not), as switches with INT do; `None` turns it off (the default).
+    pub fn set_hop_stamp(&mut self, stamp: Option<HopStamp>) {
+        self.hop_stamp = stamp;
+    }
+
     /// Number of ports.
     pub fn port_count(&self) -> usize {
         self.ports.len()
@@ -872,6 +886,15 @@ impl Fabric {
             pkt.ecn = Ecn::Ce;
             port.stats.ecn_marks += 1;
             self.stats.ecn_marks += 1;
+        }
+        if let Some(stamp) = self.hop_stamp
+            && matches!(self.kinds[port.from as usize], NodeKind::Switch { .. })
+        {
+            // ps per byte x bytes: the drain time of the queue ahead, in ps.
+            stamp(
+                &mut pkt.bytes,
+                (ahead as u64).saturating_mul(port.ps_per_byte) / 1000,
+            );
         }
         let done = port.transmit(at, wire as u64, false);
         port.backlog.push(done, wire);
@@ -1352,6 +1375,72 @@ mod tests {
         assert_eq!(marked, st.ecn_marks);
         let s = f.stats();
         assert_eq!(s.sent, s.delivered + s.drops);
+    }
+
+    /// A test stamp: the largest queue delay in bytes 0..8, the number of stamps in byte 8.
+    fn record_stamp(b: &mut [u8], queue_ns: u64) {
+        let old = u64::from_le_bytes(b[..8].try_into().unwrap());
+        b[..8].copy_from_slice(&old.max(queue_ns).to_le_bytes());
+        b[8] += 1;
+    }
+
+    #[test]
+    fn switches_stamp_the_queue_ahead_and_hosts_do_not() {
+        let ls = LeafSpine {
+            hosts_per_leaf: 3,
+            leaves: 2,
+            spines: 1,
+            ..LeafSpine::default()
+        };
+        let mut f = ls.build(3);
+        f.set_hop_stamp(Some(record_stamp));
+        let payload = [0u8; 934]; // 1000 wire bytes: 80 ns at 100 Gbit/s
+        for s in 1..3 {
+            for _ in 0..5 {
+                f.send(
+                    Timestamp::ZERO,
+                    HostId(s),
+                    &tx(ls.host_addr(0), 0, Ecn::NotEct, &payload),
+                );
+            }
+        }
+        // And one across the spine: three switches.
+        f.send(
+            Timestamp::ZERO,
+            HostId(3),
+            &tx(ls.host_addr(2), 0, Ecn::NotEct, &payload),
+        );
+        let got = drain(&mut f);
+        assert_eq!(got.len(), 11);
+        let into_0: Vec<_> = got.iter().filter(|(_, d)| d.host == HostId(0)).collect();
+        // One switch on the way (the NIC queues, 5 packets deep, stamp nothing)...
+        assert!(into_0.iter().all(|(_, d)| d.bytes[8] == 1));
+        // ... and its stamp is the time the bytes queued ahead at the leaf's port to host 0
+        // take to leave: the sum over packets is that port's queue_seen_sum at 80 ps a byte.
+        let leaf_to_0 = f
+            .host_facing_ports()
+            .into_iter()
+            .find(|p| f.port_ends(*p).1 == f.port_ends(f.host_port(HostId(0))).0)
+            .unwrap();
+        let seen = f.port_stats(leaf_to_0).queue_seen_sum;
+        let stamped: u64 = into_0
+            .iter()
+            .map(|(_, d)| u64::from_le_bytes(d.bytes[..8].try_into().unwrap()))
+            .sum();
+        assert!(seen > 0);
+        assert_eq!(stamped, seen * 80 / 1000);
+        let across = got.iter().find(|(_, d)| d.host == HostId(2)).unwrap();
+        assert_eq!(across.1.bytes[8], 3);
+        // Off: nothing is written.
+        f.set_hop_stamp(None);
+        f.send(
+            Timestamp::from_nanos(1_000_000),
+            HostId(1),
+            &tx(ls.host_addr(0), 0, Ecn::NotEct, &payload),
+        );
+        let mut got = drain(&mut f);
+        assert_eq!(got.len(), 1);
+        assert!(got.pop().unwrap().1.bytes.iter().all(|&b| b == 0));
     }
 
     #[test]

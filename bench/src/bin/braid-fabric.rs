@@ -171,6 +171,27 @@ struct Cli {
     /// above which the increase is per that much time instead of per round trip (0: off).
     #[arg(long)]
     swift_ai_ref_us: Option<u64>,
+    /// In-band hop telemetry: the switches stamp the largest queueing delay of one hop into
+    /// each data packet, the ACK echoes it, and Swift reacts to that hop's queue instead of
+    /// the round trip's sum of queues (`true` or `false`).
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    hop_telemetry: bool,
+    /// Override Swift's rate-fair increase: the largest factor on the additive increase from
+    /// the smoothed round trip over the minimum delay (0: off).
+    #[arg(long)]
+    swift_rtt_fair: Option<f64>,
+    /// With hop telemetry, Swift reacts to the bottleneck hop's standing queue (the lowest
+    /// telemetry of the last one to two round trips) rather than the latest sample.
+    #[arg(long)]
+    swift_hop_standing: bool,
+    /// Swift's delay-gated start: until the first decrease, an ACK whose delay is below half
+    /// the target's headroom doubles the window per round trip instead of adding one packet
+    #[arg(long)]
+    swift_fast_start: bool,
+    /// Two regions of its own per host instead of one backing for all (the harness's old
+    /// layout, for speed comparisons; the packets are the same).
+    #[arg(long)]
+    region_per_host: bool,
     /// Degrades the link from one spine down to leaf 0 (towards host 0, the incast receiver):
     /// `SPINE:KEY=VALUE[,KEY=VALUE...]` with keys
     /// `gbps` (rate), `queue-kb` (output queue, KB), `loss` (drop probability) and `ce`
@@ -409,6 +430,12 @@ impl Cli {
                     if let Some(r) = self.swift_ai_ref_us {
                         s.ai_ref_delay_ns = r * 1000;
                     }
+                    s.hop_telemetry = self.hop_telemetry;
+                    if let Some(k) = self.swift_rtt_fair {
+                        s.rtt_fair_max = k;
+                    }
+                    s.hop_standing |= self.swift_hop_standing;
+                    s.fast_start |= self.swift_fast_start;
                 }
                 Ok(mode)
             })
@@ -450,6 +477,8 @@ fn main() -> ExitCode {
         rto_min_ns: cli.rto_min_us * 1000,
         rx_batch_ns: cli.rx_batch_ns,
         burst: cli.burst,
+        hop_telemetry: cli.hop_telemetry,
+        region_per_host: cli.region_per_host,
         ..EngineKnobs::default()
     };
     println!("fabric: {}", cli.describe(&ls, topo.as_ref()));

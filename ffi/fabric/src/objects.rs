@@ -367,7 +367,8 @@ static MR_OPS: Table<fi::fi_ops_mr> = Table(fi::fi_ops_mr {
 
 /// Settings read from the environment: `BRAID_FI_PATHS` (paths per connection, default 4),
 /// `BRAID_FI_DATAPATH` (`udp`, `uring`, `xdp`, `auto`; default `udp`),
-/// `BRAID_FI_MAX_DATAGRAM` (default 1472), `BRAID_FI_BURST` (packets per path in a row, 1 to
+/// `BRAID_FI_MAX_DATAGRAM` (default: from the source interface's MTU with the udp datapath,
+/// else 1472), `BRAID_FI_BURST` (packets per path in a row, 1 to
 /// 64; default 16), `BRAID_PROGRESS` (`thread` or `inline`; default inline).
 fn device_config(src: SocketAddr) -> Result<DeviceConfig, i32> {
     let mut cfg = DeviceConfig::udp(src).paths(
@@ -376,7 +377,8 @@ fn device_config(src: SocketAddr) -> Result<DeviceConfig, i32> {
             .and_then(|v| v.parse().ok())
             .unwrap_or(4),
     );
-    if let Ok(d) = std::env::var("BRAID_FI_DATAPATH") {
+    let datapath = std::env::var("BRAID_FI_DATAPATH").ok();
+    if let Some(d) = &datapath {
         cfg = cfg.datapath(d.parse().map_err(|_| neg(fi::FI_EINVAL))?);
     }
     if let Some(m) = std::env::var("BRAID_FI_MAX_DATAGRAM")
@@ -384,6 +386,24 @@ fn device_config(src: SocketAddr) -> Result<DeviceConfig, i32> {
         .and_then(|v| v.parse().ok())
     {
         cfg = cfg.max_datagram(m);
+    } else if datapath.as_deref().is_none_or(|d| d == "udp") {
+        // Packets as large as the link takes, as RoCE uses its port's active MTU: the MTU of
+        // the interface holding the source address (65536 on loopback: 65507-byte datagrams,
+        // 16 per MiB instead of 713). Without a specific source address the route to each
+        // peer is unknown, so the 1500-byte default stays. Peers need not agree: UDP sockets
+        // with GRO (the udp datapath's default) receive into 64 KiB buffers, so a receiver
+        // takes datagrams larger than those it sends.
+        let mtu = match src.ip() {
+            std::net::IpAddr::V4(ip) if !ip.is_unspecified() => crate::util::interface_mtu(ip),
+            _ => None,
+        };
+        // A link below IPv6's minimum MTU keeps the default too.
+        if let Some(d) = mtu
+            .map(crate::util::datagram_for_mtu)
+            .filter(|&d| d >= 1252)
+        {
+            cfg = cfg.max_datagram(d);
+        }
     }
     // Eager messages wait in the receiver's provider buffers, which the provider reposts as
     // it runs: a sender that finds none retries (receiver not ready) rather than failing.

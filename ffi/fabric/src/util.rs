@@ -127,6 +127,42 @@ pub(crate) fn interfaces() -> Vec<(String, Ipv4Addr)> {
     out
 }
 
+/// The MTU of the interface that holds address `ip` (IPv4 only), from `SIOCGIFMTU` (which
+/// answers for the caller's network namespace), or `None` if no up interface holds it.
+pub(crate) fn interface_mtu(ip: Ipv4Addr) -> Option<u32> {
+    let (name, _) = interfaces().into_iter().find(|(_, a)| *a == ip)?;
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ {
+        return None;
+    }
+    // SAFETY: ifreq is plain old data; all-zero is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (d, s) in req.ifr_name.iter_mut().zip(bytes) {
+        *d = *s as libc::c_char;
+    }
+    // SAFETY: a plain socket() call; the descriptor is closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `req` is a live, writable ifreq with a NUL-terminated name, the argument
+    // SIOCGIFMTU takes; `fd` is the socket opened above.
+    let rc = unsafe { libc::ioctl(fd, libc::SIOCGIFMTU, &mut req as *mut libc::ifreq) };
+    // SAFETY: `fd` is ours and closed once.
+    unsafe { libc::close(fd) };
+    if rc < 0 {
+        return None;
+    }
+    // SAFETY: SIOCGIFMTU succeeded, so it filled the ifru_mtu member of the union.
+    u32::try_from(unsafe { req.ifr_ifru.ifru_mtu }).ok()
+}
+
+/// The UDP payload that fits one IPv4 packet on a link of `mtu` bytes (20 bytes of IP header,
+/// 8 of UDP), at most 65507, the largest UDP datagram.
+pub(crate) fn datagram_for_mtu(mtu: u32) -> usize {
+    (mtu as usize).saturating_sub(28).min(65_507)
+}
+
 /// The libfabric error code for a Braid completion status.
 pub(crate) fn wc_errno(s: braid::WcStatus) -> u32 {
     use braid::WcStatus::*;
@@ -221,4 +257,25 @@ pub(crate) unsafe fn read_iovs(iov: *const fi::iovec, count: usize) -> Result<Ve
         });
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_mtu_is_the_kernels_and_sizes_the_datagram() {
+        let sys = std::fs::read_to_string("/sys/class/net/lo/mtu").expect("lo mtu");
+        let mtu: u32 = sys.trim().parse().expect("a number");
+        assert_eq!(interface_mtu(Ipv4Addr::LOCALHOST), Some(mtu));
+        assert_eq!(interface_mtu(Ipv4Addr::new(192, 0, 2, 77)), None);
+    }
+
+    #[test]
+    fn datagram_leaves_room_for_the_ip_and_udp_headers() {
+        assert_eq!(datagram_for_mtu(1500), 1472);
+        assert_eq!(datagram_for_mtu(9000), 8972);
+        assert_eq!(datagram_for_mtu(65536), 65_507);
+        assert_eq!(datagram_for_mtu(0), 0);
+    }
 }

@@ -777,7 +777,7 @@ impl Endpoint {
             self.sh.stats.rx_auth_failed += 1;
             return;
         }
-        qp.dispatch(now, ecn, &pkt, &mut self.sh);
+        qp.dispatch(now, ecn, wire::hop_queue(datagram), &pkt, &mut self.sh);
     }
 
     /// [`handle_datagram`](Self::handle_datagram) for a sealed datagram: the QP and peer are
@@ -820,7 +820,8 @@ impl Endpoint {
                 return;
             }
         };
-        qp.dispatch(now, ecn, &pkt, &mut self.sh);
+        // Sealed: no hop telemetry (its header is authenticated, no switch changes it).
+        qp.dispatch(now, ecn, 0, &pkt, &mut self.sh);
     }
 
     /// Runs the timers that are due at `now`: retransmit timeouts and RNR waits. Only the QPs

@@ -86,6 +86,12 @@ pub const READ_RESP_LEN: usize = 16;
 pub const ATOMIC_RESP_LEN: usize = 16;
 /// Bytes of an ACK body.
 pub const ACK_LEN: usize = 24 + SACK_BITS as usize / 8;
+/// Bytes of an ACK's telemetry extension ([`field::ack_ext`]), which follows the ACK body
+/// in the payload's place when the echoed packet carried hop telemetry.
+pub const ACK_EXT_LEN: usize = 4;
+/// Unit of the hop telemetry fields ([`field::request::HOP_QUEUE`], [`field::ack::HOP_QUEUE`]),
+/// ns: 64 ns, so the 16-bit field spans up to about 4.2 ms of queueing.
+pub const HOP_QUEUE_UNIT_NS: u64 = 64;
 /// Bytes of a NAK body.
 pub const NAK_LEN: usize = 12;
 /// Bytes of an atomic request's payload (operand, compare).
@@ -105,6 +111,7 @@ const _: () = {
     assert!(field::read_resp::RESERVED.end == READ_RESP_LEN);
     assert!(field::atomic_resp::ORIGINAL.end == ATOMIC_RESP_LEN);
     assert!(field::ack::SACK.end == ACK_LEN);
+    assert!(field::ack_ext::RESERVED.end == ACK_EXT_LEN);
     assert!(field::ack::SACK.end - field::ack::SACK.start == SACK_BITS as usize / 8);
     assert!(field::nak::RESERVED.end == NAK_LEN);
 };
@@ -123,6 +130,7 @@ mod response;
 #[cfg(any(test, feature = "testing"))]
 pub mod samples;
 mod sealed;
+mod telemetry;
 pub mod view;
 
 pub use ack::{Ack, Nak};
@@ -136,6 +144,7 @@ pub use repr::Repr;
 pub use request::Request;
 pub use response::{AtomicResponse, ReadResponse};
 pub use sealed::{SealedPeek, is_sealed, peek_sealed, sealed_packet_len};
+pub use telemetry::{decode_hop_queue, encode_hop_queue, hop_queue, stamp_hop_queue};
 
 /// A checked view over a datagram: [`view::Packet`] under a name that does not clash with
 /// the parsed [`Packet`].

@@ -177,17 +177,21 @@ impl Qp {
         }
     }
 
-    /// Hands a parsed, authenticated packet from the connected peer to its handler.
+    /// Hands a parsed, authenticated packet from the connected peer to its handler; `hop`
+    /// is the datagram's hop telemetry ([`wire::hop_queue`]), echoed by the next ACK if the
+    /// packet is accepted.
     pub(crate) fn dispatch(
         &mut self,
         now: Timestamp,
         ecn: Ecn,
+        hop: u16,
         pkt: &wire::Packet<'_>,
         sh: &mut Shared,
     ) {
         let h = pkt.header;
+        self.rsp.rx_hop = hop;
         match pkt.body {
-            Body::Ack(a) => self.on_ack(now, &a, h.flags, sh),
+            Body::Ack(a) => self.on_ack(now, &a, h.flags, ack_hop(pkt.payload), sh),
             Body::Nak(n) => self.on_nak(now, &n, sh),
             Body::Request(r) => self.on_request(now, &h, &r, pkt.payload, ecn, sh),
             Body::ReadResponse(r) => self.on_read_response(now, &h, &r, pkt.payload, ecn, sh),
@@ -279,5 +283,13 @@ fn earlier(a: Option<Timestamp>, b: Option<Timestamp>) -> Option<Timestamp> {
         (Some(x), Some(y)) => Some(x.min(y)),
         (x, None) => x,
         (None, y) => y,
+    }
+}
+
+/// The hop telemetry of an ACK's extension ([`wire::field::ack_ext`]), 0 without one.
+fn ack_hop(ext: &[u8]) -> u16 {
+    match ext.get(wire::field::ack_ext::HOP_QUEUE) {
+        Some(&[a, b]) => u16::from_be_bytes([a, b]),
+        _ => 0,
     }
 }

@@ -82,6 +82,8 @@ pub(crate) struct AckFeedback {
     /// Full round trip and fabric delay (holding time removed) of the echoed packet.
     pub(crate) rtt_ns: Option<u64>,
     pub(crate) fabric_ns: Option<u64>,
+    /// Hop telemetry of the echoed packet: the largest queueing delay of one hop, ns.
+    pub(crate) hop_ns: Option<u64>,
     /// The ACK reported CE marks not seen before.
     pub(crate) ce: bool,
     /// The delay sample was already handed to the controller for this frame.
@@ -151,6 +153,7 @@ impl AckFeedback {
         echo_latest: false,
         rtt_ns: None,
         fabric_ns: None,
+        hop_ns: None,
         ce: false,
         delay_given: false,
     };
@@ -368,11 +371,19 @@ impl Qp {
             ));
             // Marked: the delay includes a queue, and must not become the base delay.
             sample.ecn_ce = Some(fb.ce);
+            sample.hop_queue_ns = fb.hop_ns;
             fb.delay_given = true;
         }
         self.cc.on_ack_with(now, &sample);
     }
-    pub(crate) fn on_ack(&mut self, now: Timestamp, a: &wire::Ack, flags: u8, sh: &mut Shared) {
+    pub(crate) fn on_ack(
+        &mut self,
+        now: Timestamp,
+        a: &wire::Ack,
+        flags: u8,
+        hop: u16,
+        sh: &mut Shared,
+    ) {
         if self.state != QpState::Connected {
             return;
         }
@@ -403,6 +414,9 @@ impl Qp {
         };
         let ce_new = self.ack_ce(a, &mut fb);
         self.ack_rtt(now, a, &mut fb, sh);
+        if fb.fabric_ns.is_some() {
+            fb.hop_ns = wire::decode_hop_queue(hop);
+        }
         self.charge_ce(a.echo_psn, ce_new, sh);
         let newest = self.ack_packets(now, a, adv, &mut fb);
         if dup_flag {

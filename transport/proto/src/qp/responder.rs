@@ -97,6 +97,10 @@ pub(crate) struct Responder {
     /// A duplicate arrived since the last ACK was sent (reported with `FLAG_DUPLICATE`).
     pub(crate) dup_since_ack: bool,
     pub(crate) echo: Option<(u32, u64, Timestamp)>,
+    /// Hop telemetry of the packet being handled ([`Qp::dispatch`]).
+    pub(crate) rx_hop: u16,
+    /// Hop telemetry of the echoed packet.
+    pub(crate) echo_hop: u16,
     pub(crate) ce_count: CeCount,
     pub(crate) naks: VecDeque<(wire::Nak, Until)>,
     /// Where a fatal refusal stopped this QP as a responder, and whether receives complete
@@ -116,6 +120,8 @@ impl Responder {
             ack_pending: false,
             dup_since_ack: false,
             echo: None,
+            rx_hop: 0,
+            echo_hop: 0,
             ce_count: CeCount(0),
             naks: VecDeque::new(),
             order: RcOrder::new(unordered),
@@ -138,6 +144,8 @@ impl Qp {
         if self.rsp.echo.is_none() || !sh.stall.catching_up(now) {
             // Held from its arrival at this host, not from when the engine got to it.
             self.rsp.echo = Some((h.psn, h.send_ts_ns, sh.rx_at.min(now)));
+            // The hop telemetry goes with the echoed packet: kept when its echo is kept.
+            self.rsp.echo_hop = self.rsp.rx_hop;
         }
         if ecn.is_ce() {
             self.rsp.ce_count += 1;

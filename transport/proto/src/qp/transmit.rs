@@ -217,7 +217,21 @@ impl Qp {
         };
         self.rsp.dup_since_ack = false;
         let h = self.header(wire::Kind::Ack, 0, path, now, flags)?;
-        let len = self.seal.emit(buf, &h, &Body::Ack(ack), 0, |_| {}).ok()?;
+        // The echoed packet's hop telemetry, in the ACK's extension when there is any.
+        let hop = self.rsp.echo_hop.to_be_bytes();
+        let ext = if self.rsp.echo_hop != 0 {
+            wire::ACK_EXT_LEN
+        } else {
+            0
+        };
+        let len = self
+            .seal
+            .emit(buf, &h, &Body::Ack(ack), ext, |p| {
+                if let Some(f) = p.get_mut(wire::field::ack_ext::HOP_QUEUE) {
+                    f.copy_from_slice(&hop);
+                }
+            })
+            .ok()?;
         Some(self.transmit(peer, len, path, Ecn::NotEct))
     }
 

@@ -4,8 +4,8 @@ use crate::seq::Psn;
 use super::field::{self, get_u32, get_u64, put_u32, put_u64};
 use super::{ACK_LEN, Error, SACK_BITS, Syndrome};
 
-/// ACK fields: kind 4, 56 bytes, no payload; a selective acknowledgement with telemetry
-/// echo ([`field::ack`]).
+/// ACK fields: kind 4, 56 bytes, no payload but an optional telemetry extension; a selective
+/// acknowledgement with telemetry echo ([`field::ack`]).
 ///
 /// ```text
 /// +---------------------------------------------------------------+
@@ -23,7 +23,11 @@ use super::{ACK_LEN, Error, SACK_BITS, Syndrome};
 /// |   SACK bitmap, 256 bits: bit i (byte i/8, LSB first) set      |
 /// |   = PSN cumulative+1+i received                               |
 /// |                          (32 bytes)                           |
-/// +---------------------------------------------------------------+
+/// +-------------------------------+-------------------------------+
+/// | extension, only when the echoed packet carried hop telemetry  |
+/// | ([`field::ack_ext`], [`ACK_EXT_LEN`](super::ACK_EXT_LEN)):    |
+/// | hop telemetry of the echoed packet |      reserved (0)        |
+/// +-------------------------------+-------------------------------+
 /// ```
 #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Ack {

@@ -3,7 +3,8 @@
 //! payload.
 use super::field;
 use super::{
-    ATOMIC_OPERANDS_LEN, Ack, AtomicResponse, Error, Kind, Nak, Op, ReadResponse, Request, Syndrome,
+    ACK_EXT_LEN, ATOMIC_OPERANDS_LEN, Ack, AtomicResponse, Error, Kind, Nak, Op, ReadResponse,
+    Request, Syndrome,
 };
 
 /// The per-kind part of a packet.
@@ -96,7 +97,8 @@ impl Body {
                 _ => u64::from(r.offset) + len <= u64::from(r.msg_len),
             },
             Body::ReadResponse(r) => u64::from(r.offset) + len <= u64::from(r.msg_len),
-            Body::AtomicResponse(_) | Body::Ack(_) | Body::Nak(_) => len == 0,
+            Body::Ack(_) => len == 0 || len == ACK_EXT_LEN as u64,
+            Body::AtomicResponse(_) | Body::Nak(_) => len == 0,
         };
         if ok { Ok(()) } else { Err(Error::BadLength) }
     }

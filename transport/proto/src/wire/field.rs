@@ -32,7 +32,11 @@ pub mod request {
     /// [`Op`](crate::wire::Op) code.
     pub const OP: usize = 0;
     /// Reserved, zero.
-    pub const RESERVED: Field = 1..4;
+    pub const RESERVED: usize = 1;
+    /// Hop telemetry: the largest queueing delay a switch on the way saw ahead of the packet,
+    /// in units of [`HOP_QUEUE_UNIT_NS`](crate::wire::HOP_QUEUE_UNIT_NS) plus one (0: no
+    /// switch stamped it). Mutable in flight: the CRC covers it as zeros.
+    pub const HOP_QUEUE: Field = 2..4;
     /// Message number.
     pub const MSN: Field = 4..8;
     /// Receive-consuming sequence number.
@@ -88,6 +92,17 @@ pub mod ack {
     pub const CE_COUNT: Field = 20..24;
     /// SACK bitmap.
     pub const SACK: Field = 24..56;
+}
+
+/// The ACK's telemetry extension ([`ACK_EXT_LEN`](crate::wire::ACK_EXT_LEN) bytes after the
+/// ACK body, where a payload would be; present only when the echoed packet carried hop
+/// telemetry, so ACKs on fabrics without it are unchanged).
+pub mod ack_ext {
+    use super::Field;
+    /// Hop telemetry of the echoed packet ([`request::HOP_QUEUE`](super::request::HOP_QUEUE)).
+    pub const HOP_QUEUE: Field = 0..2;
+    /// Reserved, zero.
+    pub const RESERVED: Field = 2..4;
 }
 
 /// The NAK header ([`Nak`](super::Nak)).

@@ -74,7 +74,7 @@ pub fn verify_crc(datagram: &[u8]) -> bool {
     let Some(split) = datagram.len().checked_sub(TRAILER_LEN) else {
         return false;
     };
-    crc32c::crc32c(&datagram[..split]) == get_u32(datagram, split..split + TRAILER_LEN)
+    super::telemetry::crc(&datagram[..split]) == get_u32(datagram, split..split + TRAILER_LEN)
 }
 
 /// Writes one packet into `buf` ([`Repr::emit`]). Returns the datagram's length.

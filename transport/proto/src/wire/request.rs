@@ -6,9 +6,9 @@ use super::{Op, REQUEST_LEN};
 /// requests ([`field::request`]).
 ///
 /// ```text
-/// +---------------+-----------------------------------------------+
-/// |      op       |                  reserved (0)                 |
-/// +---------------+-----------------------------------------------+
+/// +---------------+---------------+-------------------------------+
+/// |      op       |  reserved (0) | hop telemetry (switches set)  |
+/// +---------------+---------------+-------------------------------+
 /// |   MSN: message number in the requester's send queue           |
 /// +---------------------------------------------------------------+
 /// |   SSN: receive-consuming number (SEND, WRITE_IMM; else 0)     |
@@ -68,7 +68,8 @@ impl Request {
     }
 
     /// Writes the header into `b`, exactly [`REQUEST_LEN`](super::REQUEST_LEN) bytes of
-    /// zeros (the reserved bytes stay zero).
+    /// zeros (the reserved bytes and the hop telemetry, which switches write in flight and
+    /// [`super::hop_queue`] reads, stay zero).
     pub(super) fn write(&self, b: &mut [u8]) {
         use field::request as f;
         // One length check for the whole header; a shorter buffer (never passed) is left as is.

@@ -143,8 +143,8 @@ impl<T: AsRef<[u8]>> Packet<T> {
         (!self.is_sealed()).then(|| get_u32(b, at..at + TRAILER_LEN))
     }
 
-    /// Whether the trailer holds the CRC32C of every byte before it (false for a sealed
-    /// packet).
+    /// Whether the trailer holds the CRC32C of every byte before it, a REQUEST's hop
+    /// telemetry taken as zeros (false for a sealed packet).
     ///
     /// Under `cfg(fuzzing)` verification always succeeds, so fuzzers reach the code
     /// behind it.
@@ -154,7 +154,7 @@ impl<T: AsRef<[u8]>> Packet<T> {
         }
         let b = self.buffer.as_ref();
         match (self.checksum(), b.len().checked_sub(TRAILER_LEN)) {
-            (Some(crc), Some(at)) => crc32c::crc32c(&b[..at]) == crc,
+            (Some(crc), Some(at)) => super::telemetry::crc(&b[..at]) == crc,
             _ => false,
         }
     }
@@ -231,7 +231,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
         }
         let b = self.buffer.as_mut();
         if let Some(at) = b.len().checked_sub(TRAILER_LEN) {
-            let crc = crc32c::crc32c(&b[..at]);
+            let crc = super::telemetry::crc(&b[..at]);
             put_u32(b, at..at + TRAILER_LEN, crc);
         }
     }

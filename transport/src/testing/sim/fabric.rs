@@ -13,9 +13,11 @@
 //!
 //! [`Sim`] runs on the [`Driver`] over a [`Fabric`] (see the driver's docs for one step): one
 //! endpoint per
-//! host, one connected QP pair per flow, one source and one destination region per host
-//! (every message of a host reads the same source bytes and lands at the same offset of its
-//! peer's region: the contents do not matter here, only the packets). Each step jumps to the
+//! host, one connected QP pair per flow, a source and a destination registration per host,
+//! all of one memory region the size of the largest message (every message reads the same
+//! source bytes and lands at the same offset of the region: the contents do not matter here,
+//! only the packets; one backing for every host keeps a 1,024-host run from zeroing two
+//! regions per host). Each step jumps to the
 //! earliest event, a packet reaching a host or a host's wake-up time (an engine timer or its
 //! NIC draining), delivers, runs due timers, and then *services* every host that had input:
 //! `poll_transmit` while its NIC has room, `poll_completion` (the workload reacts, possibly
@@ -360,6 +362,15 @@ pub struct EngineKnobs {
     pub rx_batch_ns: u64,
     /// Burst spraying ([`EndpointConfig::burst`]): new packets per path draw. Default 1.
     pub burst: u16,
+    /// Whether the switches stamp in-band hop telemetry into Braid's REQUEST packets
+    /// ([`braid_proto::wire::stamp_hop_queue`]: the largest queueing delay of one hop on the
+    /// way), which receivers echo in their ACKs; Swift uses it with
+    /// [`SwiftConfig::hop_telemetry`]. Default off.
+    pub hop_telemetry: bool,
+    /// Give every host two regions of its own (a source and a destination) instead of one
+    /// backing shared by all: the harness's layout before the shared one, for speed
+    /// comparisons (the packets are the same either way). Default off.
+    pub region_per_host: bool,
 }
 
 impl Default for EngineKnobs {
@@ -371,6 +382,8 @@ impl Default for EngineKnobs {
             retry_limit: 15,
             rx_batch_ns: 0,
             burst: 1,
+            hop_telemetry: false,
+            region_per_host: false,
         }
     }
 }
@@ -829,6 +842,9 @@ impl Sim {
             None => ls.build(scenario.seed),
         };
         fabric.enable_series(scenario.series_interval_ns);
+        if scenario.engine.hop_telemetry {
+            fabric.set_hop_stamp(Some(braid_proto::wire::stamp_hop_queue));
+        }
         if topo.is_none() {
             // The links into leaf 0 come first among the spine-to-leaf ports, one per spine
             // in order.
@@ -858,6 +874,15 @@ impl Sim {
             },
         );
         let mut res = Vec::with_capacity(n);
+        // One backing for every registration of every host (see the module docs).
+        let backing = Region::new(region_len);
+        let own_or = |shared: &Arc<Region>| {
+            if scenario.engine.region_per_host {
+                Region::new(region_len)
+            } else {
+                shared.clone()
+            }
+        };
         for i in 0..n {
             let mut c = cfg.clone();
             c.seed = scenario
@@ -869,12 +894,12 @@ impl Sim {
             let pd = ep.alloc_pd();
             let cq = ep.create_cq();
             let src = ep
-                .register(pd, Region::new(region_len), Access::LOCAL_WRITE)
+                .register(pd, own_or(&backing), Access::LOCAL_WRITE)
                 .expect("fresh PD");
             let dst = ep
                 .register(
                     pd,
-                    Region::new(region_len),
+                    own_or(&backing),
                     Access::LOCAL_WRITE | Access::REMOTE_WRITE,
                 )
                 .expect("fresh PD");

@@ -53,6 +53,28 @@ fn golden_request_write_imm() {
         (p.body, p.payload),
         (Body::Request(r), &[0xaa, 0xbb, 0xcc][..])
     );
+    // A switch stamps the hop field (bytes 2-3 of the REQUEST header) in flight: the CRC
+    // covers it as zeros, so the packet still parses to the same request, and the largest
+    // stamp stays.
+    let mut stamped = expect.clone();
+    wire::stamp_hop_queue(&mut stamped, 6400);
+    assert_eq!(&stamped[24..28], &[0x03, 0x00, 0x00, 0x65]); // 6400 ns / 64 + 1
+    wire::stamp_hop_queue(&mut stamped, 640);
+    assert_eq!(wire::hop_queue(&stamped), 0x65);
+    assert_eq!(
+        wire::decode_hop_queue(wire::hop_queue(&stamped)),
+        Some(6400)
+    );
+    let p = Packet::parse(&stamped).expect("stamped packet parses");
+    assert_eq!(p.body, Body::Request(r));
+    // Any other byte changed still fails the CRC.
+    stamped[24 + 4] ^= 1;
+    assert_eq!(Packet::parse(&stamped).err(), Some(Error::BadCrc));
+    // Not a REQUEST (here the ACK kind): left alone.
+    let mut other = expect.clone();
+    other[1] = 4;
+    wire::stamp_hop_queue(&mut other, 6400);
+    assert_eq!(&other[24..28], &expect[24..28]);
 }
 
 #[test]
@@ -172,6 +194,20 @@ fn golden_ack() {
     // Bit i of the bitmap = PSN cum + 1 + i.
     let sacked: Vec<u32> = (1000..1300).filter(|&psn| a.sacked(psn)).collect();
     assert_eq!(sacked, vec![1001, 1006, 1008, 1256]);
+    // With the telemetry extension: the same body, then hop telemetry 0x0102 and two
+    // reserved bytes where a payload would be; any other payload length is refused.
+    let mut ext = expect[..expect.len() - TRAILER_LEN].to_vec();
+    ext.extend_from_slice(&[0x01, 0x02, 0x00, 0x00]);
+    let ext = with_crc(ext);
+    assert_eq!(emit(&h, &Body::Ack(a), &[0x01, 0x02, 0x00, 0x00]), ext);
+    let p = Packet::parse(&ext).expect("golden with extension");
+    assert_eq!(
+        (p.body, p.payload),
+        (Body::Ack(a), &[0x01, 0x02, 0x00, 0x00][..])
+    );
+    let mut bad = expect[..expect.len() - TRAILER_LEN].to_vec();
+    bad.extend_from_slice(&[0x01, 0x02]);
+    assert_eq!(Packet::parse(&with_crc(bad)).err(), Some(Error::BadLength));
 }
 
 #[test]
