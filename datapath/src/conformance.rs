@@ -477,6 +477,34 @@ pub(crate) fn gro_splits_coalesced_runs_into_datagrams<B: Backend>() {
     assert_eq!(a.stats().messages_sent, 2, "each round is one GSO message");
 }
 
+/// A datagram that sat in the kernel before `recv` took it reports that wait (the kernel's
+/// receive timestamp), with GRO on and off; one taken at once reports little.
+pub(crate) fn a_datagram_left_waiting_reports_its_wait<B: Backend>() {
+    const WAIT: Duration = Duration::from_millis(30);
+    for gro in [false, true] {
+        let a: B = loopback(1);
+        let b: B = loopback_with(1, false, gro);
+        // The kernel turns arrival stamping on a moment after the first socket asks (until
+        // then it stamps at `recv`, which reads as no wait): let it.
+        std::thread::sleep(WAIT);
+        let payloads: Vec<[u8; 100]> = (0..3).map(|i| [i as u8; 100]).collect();
+        send_all(&a, &on_path(b.local_addr(), 0, &payloads));
+        std::thread::sleep(WAIT);
+        let got = recv_all(&b, payloads.len());
+        assert_eq!(got.len(), payloads.len(), "gro {gro}");
+        for (meta, bytes) in &got {
+            // The sleep is a lower bound; the upper one only rules out nonsense.
+            assert!(
+                u64::from(meta.queued_ns) >= WAIT.as_nanos() as u64 * 9 / 10
+                    && u64::from(meta.queued_ns) < 10_000_000_000,
+                "gro {gro}, datagram {}: waited {} ns",
+                bytes[0],
+                meta.queued_ns
+            );
+        }
+    }
+}
+
 /// One `#[test]` per conformance check for `$backend`.
 macro_rules! conformance_tests {
     ($backend:ty) => {
@@ -518,6 +546,10 @@ macro_rules! conformance_tests {
             #[test]
             fn gro_splits_coalesced_runs_into_datagrams() {
                 c::gro_splits_coalesced_runs_into_datagrams::<$backend>();
+            }
+            #[test]
+            fn a_datagram_left_waiting_reports_its_wait() {
+                c::a_datagram_left_waiting_reports_its_wait::<$backend>();
             }
         }
     };

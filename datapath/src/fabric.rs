@@ -1070,6 +1070,7 @@ impl Network for Fabric {
                         src: pkt.src,
                         len: pkt.bytes.len(),
                         ecn: pkt.ecn,
+                        queued_ns: 0,
                     },
                     bytes: pkt.bytes,
                 });

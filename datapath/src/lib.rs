@@ -54,6 +54,10 @@ pub struct RecvMeta {
     pub len: usize,
     /// ECN codepoint read from the IP header (`NotEct` where the backend cannot see it).
     pub ecn: Ecn,
+    /// How long the datagram waited in the kernel, from its software receive timestamp to
+    /// the receive call that took it, ns (0 where the backend cannot tell). The engine
+    /// takes it off its delay samples, as Swift takes the host's own delay off the fabric's.
+    pub queued_ns: u32,
 }
 
 /// Buffers for one batched receive, owned by the caller and reused across calls.

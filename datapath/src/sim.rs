@@ -350,6 +350,7 @@ impl SimNet {
             src: Self::path_source(from, t.path),
             len,
             ecn,
+            queued_ns: 0,
         };
         let duplicate = fires(draws.duplicate, cfg.duplicate).then(|| {
             let at = base.add_nanos(uniform(draws.duplicate_jitter, cfg.jitter_ns));

@@ -35,6 +35,8 @@ unsafe impl Zeroable for libc::iovec {}
 unsafe impl Zeroable for libc::sockaddr_storage {}
 // SAFETY: as above; musl's padding fields are integers too.
 unsafe impl Zeroable for libc::cmsghdr {}
+// SAFETY: as above (seconds, nanoseconds and, on some targets, integer padding).
+unsafe impl Zeroable for libc::timespec {}
 
 /// An all-zero `T`.
 pub(crate) fn zeroed<T: Zeroable>() -> T {
@@ -397,22 +399,29 @@ impl<const N: usize> Control<N> {
     }
 }
 
-/// The ECN codepoint from the TOS/TCLASS control message among the received `control`
-/// bytes (`msg_flags`: the receive's flags, which say if the area was truncated). Stops at
-/// the first malformed message; `NotEct` if there is none.
-pub(crate) fn read_ecn(control: &[u8], msg_flags: libc::c_int) -> Ecn {
-    read_control(control, msg_flags).0
+/// What the control messages of one receive say.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RecvControl {
+    /// The ECN codepoint of the TOS/TCLASS message (`NotEct` if there is none).
+    pub(crate) ecn: Ecn,
+    /// If the kernel coalesced several datagrams into this one buffer (UDP GRO), their
+    /// segment size from the `UDP_GRO` message: every datagram but the last is that long.
+    pub(crate) segment: Option<usize>,
+    /// The kernel's software receive timestamp (`SO_TIMESTAMPNS`, `CLOCK_REALTIME`), ns.
+    pub(crate) rx_realtime_ns: Option<u64>,
 }
 
-/// What the control messages of one receive say: the ECN codepoint (as [`read_ecn`]) and,
-/// if the kernel coalesced several datagrams into this one buffer (UDP GRO), their segment
-/// size from the `UDP_GRO` message: every datagram but the last is that long. Stops at the
-/// first malformed message; a truncated area (`MSG_CTRUNC`) says nothing.
-pub(crate) fn read_control(control: &[u8], msg_flags: libc::c_int) -> (Ecn, Option<usize>) {
-    let mut ecn = Ecn::NotEct;
-    let mut segment = None;
+/// Parses the control messages of one receive (`msg_flags`: the receive's flags, which say
+/// if the area was truncated). Stops at the first malformed message; a truncated area
+/// (`MSG_CTRUNC`) says nothing.
+pub(crate) fn read_control(control: &[u8], msg_flags: libc::c_int) -> RecvControl {
+    let mut out = RecvControl {
+        ecn: Ecn::NotEct,
+        segment: None,
+        rx_realtime_ns: None,
+    };
     if msg_flags & libc::MSG_CTRUNC != 0 {
-        return (ecn, segment);
+        return out;
     }
     let mut at = 0;
     while let Some(head) = control.get(at..at + mem::size_of::<libc::cmsghdr>()) {
@@ -433,21 +442,88 @@ pub(crate) fn read_control(control: &[u8], msg_flags: libc::c_int) -> (Ecn, Opti
         };
         match (c.cmsg_level, c.cmsg_type) {
             (libc::IPPROTO_IP, libc::IP_TOS) if !data.is_empty() => {
-                ecn = Ecn::from_tos(data[0]);
+                out.ecn = Ecn::from_tos(data[0]);
             }
             (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) if data.len() >= 4 => {
                 let tclass = libc::c_int::from_ne_bytes([data[0], data[1], data[2], data[3]]);
-                ecn = Ecn::from_tos(tclass.to_le_bytes()[0]);
+                out.ecn = Ecn::from_tos(tclass.to_le_bytes()[0]);
             }
             (libc::SOL_UDP, libc::UDP_GRO) if data.len() >= 4 => {
                 let size = libc::c_int::from_ne_bytes([data[0], data[1], data[2], data[3]]);
-                segment = usize::try_from(size).ok().filter(|&s| s > 0);
+                out.segment = usize::try_from(size).ok().filter(|&s| s > 0);
+            }
+            (libc::SOL_SOCKET, SCM_TIMESTAMPNS)
+                if data.len() >= mem::size_of::<libc::timespec>() =>
+            {
+                // SAFETY: `data` holds a whole timespec (integers, valid for any bytes); the
+                // unaligned read needs no alignment.
+                let ts = unsafe { data.as_ptr().cast::<libc::timespec>().read_unaligned() };
+                out.rx_realtime_ns = timespec_ns(&ts);
             }
             _ => {}
         }
         at += cmsg_align(len);
     }
-    (ecn, segment)
+    out
+}
+
+/// `SO_TIMESTAMPNS` (and its control message type) where the generic socket option numbers
+/// apply; elsewhere receive timestamps stay off.
+#[cfg(any(
+    target_arch = "x86",
+    target_arch = "x86_64",
+    target_arch = "arm",
+    target_arch = "aarch64",
+    target_arch = "riscv64",
+    target_arch = "powerpc64",
+    target_arch = "s390x",
+    target_arch = "loongarch64"
+))]
+pub(crate) const SO_TIMESTAMPNS: Option<libc::c_int> = Some(35);
+#[cfg(not(any(
+    target_arch = "x86",
+    target_arch = "x86_64",
+    target_arch = "arm",
+    target_arch = "aarch64",
+    target_arch = "riscv64",
+    target_arch = "powerpc64",
+    target_arch = "s390x",
+    target_arch = "loongarch64"
+)))]
+pub(crate) const SO_TIMESTAMPNS: Option<libc::c_int> = None;
+const SCM_TIMESTAMPNS: libc::c_int = match SO_TIMESTAMPNS {
+    Some(v) => v,
+    None => -1,
+};
+
+/// Asks the kernel to stamp each datagram `fd` receives with its software receive time
+/// (`SO_TIMESTAMPNS`); `false` where that is not available.
+pub(crate) fn enable_rx_timestamps(fd: RawFd) -> bool {
+    SO_TIMESTAMPNS.is_some_and(|opt| set_int_option(fd, libc::SOL_SOCKET, opt, 1).is_ok())
+}
+
+fn timespec_ns(ts: &libc::timespec) -> Option<u64> {
+    let s = u64::try_from(ts.tv_sec).ok()?;
+    let ns = u64::try_from(ts.tv_nsec).ok()?;
+    s.checked_mul(1_000_000_000)?.checked_add(ns)
+}
+
+/// `CLOCK_REALTIME` now, ns (the clock of the kernel's receive timestamps).
+pub(crate) fn realtime_ns() -> Option<u64> {
+    let mut ts: libc::timespec = zeroed();
+    // SAFETY: `ts` is a valid, exclusively borrowed timespec the call writes.
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    if r == 0 { timespec_ns(&ts) } else { None }
+}
+
+/// How long a datagram stamped at `rx_realtime_ns` has waited in the kernel by
+/// `now_realtime_ns`, ns, at most `u32::MAX`; 0 when either is unknown or the clock went
+/// back (a wall-clock step must not invent a wait).
+pub(crate) fn queued_ns(rx_realtime_ns: Option<u64>, now_realtime_ns: Option<u64>) -> u32 {
+    match (rx_realtime_ns, now_realtime_ns) {
+        (Some(rx), Some(now)) if now >= rx => u32::try_from(now - rx).unwrap_or(u32::MAX),
+        _ => 0,
+    }
 }
 
 /// The segments of one received buffer of `len` bytes that the kernel coalesced with
@@ -621,6 +697,9 @@ pub(crate) struct RecvMmsg<const C: usize, const CTRL: usize> {
     control: [Control<CTRL>; C],
     /// Datagrams the last [`recv`](Self::recv) received.
     received: usize,
+    /// `CLOCK_REALTIME` when it returned (what the datagrams' kernel timestamps are
+    /// measured against).
+    received_at: Option<u64>,
 }
 
 // SAFETY: the raw pointers in the headers and iovecs point into this struct's own arrays or
@@ -638,6 +717,7 @@ impl<const C: usize, const CTRL: usize> RecvMmsg<C, CTRL> {
             addrs: [zeroed(); C],
             control: [Control::new(); C],
             received: 0,
+            received_at: None,
         }
     }
 
@@ -680,6 +760,7 @@ impl<const C: usize, const CTRL: usize> RecvMmsg<C, CTRL> {
             return Err(io::Error::last_os_error());
         }
         self.received = (n as usize).min(want);
+        self.received_at = realtime_ns();
         Ok(self.received)
     }
 
@@ -697,10 +778,12 @@ impl<const C: usize, const CTRL: usize> RecvMmsg<C, CTRL> {
         // `msg_controllen` is a size_t on glibc and a socklen_t on musl.
         #[allow(clippy::unnecessary_cast)]
         let control = self.control[i].bytes(m.msg_hdr.msg_controllen as usize);
+        let c = read_control(control, m.msg_hdr.msg_flags);
         Some(RecvMeta {
             src,
             len: m.msg_len as usize,
-            ecn: read_ecn(control, m.msg_hdr.msg_flags),
+            ecn: c.ecn,
+            queued_ns: queued_ns(c.rx_realtime_ns, self.received_at),
         })
     }
 
@@ -712,7 +795,7 @@ impl<const C: usize, const CTRL: usize> RecvMmsg<C, CTRL> {
         // `msg_controllen` is a size_t on glibc and a socklen_t on musl.
         #[allow(clippy::unnecessary_cast)]
         let control = self.control[i].bytes(m.msg_hdr.msg_controllen as usize);
-        Some((meta, read_control(control, m.msg_hdr.msg_flags).1))
+        Some((meta, read_control(control, m.msg_hdr.msg_flags).segment))
     }
 }
 
@@ -737,11 +820,11 @@ mod tests {
             .write_send(Some((Family::V6, Ecn::Ce)), Some(1400))
             .unwrap();
         assert_eq!(used, cmsg_space(4) + cmsg_space(2));
-        assert_eq!(read_ecn(c.bytes(used), 0), Ecn::Ce);
+        assert_eq!(ecn_of(c.bytes(used), 0), Ecn::Ce);
         // The reader sees the TOS message alone too, and the truncation flag wins.
         let used = c.write_send(Some((Family::V4, Ecn::Ect0)), None).unwrap();
-        assert_eq!(read_ecn(c.bytes(used), 0), Ecn::Ect0);
-        assert_eq!(read_ecn(c.bytes(used), libc::MSG_CTRUNC), Ecn::NotEct);
+        assert_eq!(ecn_of(c.bytes(used), 0), Ecn::Ect0);
+        assert_eq!(ecn_of(c.bytes(used), libc::MSG_CTRUNC), Ecn::NotEct);
         assert_eq!(c.write_send(None, None), Some(0));
     }
 
@@ -760,10 +843,10 @@ mod tests {
         // A cmsg_len past the end of the area, then one shorter than a header.
         for bad_len in [usize::MAX, 1000, 3] {
             bytes[..mem::size_of::<usize>()].copy_from_slice(&bad_len.to_ne_bytes());
-            assert_eq!(read_ecn(&bytes, 0), Ecn::NotEct);
+            assert_eq!(ecn_of(&bytes, 0), Ecn::NotEct);
         }
         for cut in 0..used {
-            let _ = read_ecn(&c.bytes(used)[..cut], 0);
+            let _ = ecn_of(&c.bytes(used)[..cut], 0);
         }
         // A good first message, then one whose length would run past the end of memory: the
         // first one's codepoint stands.
@@ -773,7 +856,60 @@ mod tests {
         let mut bytes = c.bytes(used).to_vec();
         let second = cmsg_space(4);
         bytes[second..second + mem::size_of::<usize>()].copy_from_slice(&usize::MAX.to_ne_bytes());
-        assert_eq!(read_ecn(&bytes, 0), Ecn::Ect1);
+        assert_eq!(ecn_of(&bytes, 0), Ecn::Ect1);
+    }
+
+    fn ecn_of(control: &[u8], flags: libc::c_int) -> Ecn {
+        read_control(control, flags).ecn
+    }
+
+    /// The codepoint and the GRO segment size that `control` carries.
+    fn ecn_gro(control: &[u8], flags: libc::c_int) -> (Ecn, Option<usize>) {
+        let c = read_control(control, flags);
+        (c.ecn, c.segment)
+    }
+
+    #[test]
+    fn receive_timestamp_is_read_beside_the_codepoint() {
+        let mut c = Control::<72>::new();
+        let used = c.write_send(Some((Family::V4, Ecn::Ect0)), None).unwrap();
+        let ts = libc::timespec {
+            tv_sec: 1_700_000_000,
+            tv_nsec: 250,
+        };
+        // SAFETY: a timespec is plain integers; its bytes are read as such.
+        let raw = unsafe {
+            std::slice::from_raw_parts(
+                (&ts as *const libc::timespec).cast::<u8>(),
+                mem::size_of::<libc::timespec>(),
+            )
+        };
+        let used = used
+            + c.write_message(used, libc::SOL_SOCKET, SCM_TIMESTAMPNS, raw)
+                .unwrap();
+        let got = read_control(c.bytes(used), 0);
+        assert_eq!(got.ecn, Ecn::Ect0);
+        assert_eq!(got.rx_realtime_ns, Some(1_700_000_000_000_000_250));
+        // Cut inside the timestamp: not read; a negative one is refused.
+        assert_eq!(
+            read_control(&c.bytes(used)[..used - 9], 0).rx_realtime_ns,
+            None
+        );
+        let bad = libc::timespec {
+            tv_sec: -1,
+            tv_nsec: 0,
+        };
+        assert_eq!(timespec_ns(&bad), None);
+    }
+
+    #[test]
+    fn queued_time_is_never_invented() {
+        assert_eq!(queued_ns(Some(1_000), Some(4_500)), 3_500);
+        // A wall-clock step backwards, or a missing stamp: no wait.
+        assert_eq!(queued_ns(Some(5_000), Some(4_500)), 0);
+        assert_eq!(queued_ns(None, Some(4_500)), 0);
+        assert_eq!(queued_ns(Some(1), None), 0);
+        assert_eq!(queued_ns(Some(0), Some(u64::MAX)), u32::MAX);
     }
 
     #[test]
@@ -785,19 +921,19 @@ mod tests {
         let used = used
             + c.write_message(used, libc::SOL_UDP, libc::UDP_GRO, &1400i32.to_ne_bytes())
                 .unwrap();
-        assert_eq!(read_control(c.bytes(used), 0), (Ecn::Ce, Some(1400)));
+        assert_eq!(ecn_gro(c.bytes(used), 0), (Ecn::Ce, Some(1400)));
         assert_eq!(
-            read_control(c.bytes(used), libc::MSG_CTRUNC),
+            ecn_gro(c.bytes(used), libc::MSG_CTRUNC),
             (Ecn::NotEct, None)
         );
         // Cut inside the GRO message's data (before its padding): the codepoint stands, the
         // size is not read.
         let cut = used - cmsg_space(4) + cmsg_len(4) - 1;
-        assert_eq!(read_control(&c.bytes(used)[..cut], 0), (Ecn::Ce, None));
+        assert_eq!(ecn_gro(&c.bytes(used)[..cut], 0), (Ecn::Ce, None));
         let zero = c
             .write_message(0, libc::SOL_UDP, libc::UDP_GRO, &0i32.to_ne_bytes())
             .unwrap();
-        assert_eq!(read_control(c.bytes(zero), 0), (Ecn::NotEct, None));
+        assert_eq!(ecn_gro(c.bytes(zero), 0), (Ecn::NotEct, None));
     }
 
     #[test]

@@ -56,8 +56,9 @@ const RECV_CHUNK: usize = 64;
 pub(crate) const SEND_BLOCK_NS_MAX: u64 = 10_000_000;
 
 /// Bytes of control-message space per received datagram (TOS and TCLASS messages, which a
-/// dual-stack socket may both get, and a `UDP_GRO` message; 24 bytes each).
-const RECV_CONTROL_BYTES: usize = 96;
+/// dual-stack socket may both get, and a `UDP_GRO` message, 24 bytes each; the receive
+/// timestamp, 32).
+pub(crate) const RECV_CONTROL_BYTES: usize = 128;
 
 /// Bytes of control-message space per sent message (a TOS or TCLASS message and a
 /// `UDP_SEGMENT` message, 24 bytes each).
@@ -546,6 +547,7 @@ impl GroRx {
                         src: SocketAddr::from(([0, 0, 0, 0], 0)),
                         len: 0,
                         ecn: crate::Ecn::NotEct,
+                        queued_ns: 0,
                     },
                     Some(0),
                 ));
@@ -728,6 +730,10 @@ pub(crate) fn open_socket(addr: SocketAddr, rx: bool) -> io::Result<Socket> {
         } else {
             socket.set_recv_tos(true)?;
         }
+        // The kernel's receive time of each datagram, so the engine can tell the time a
+        // datagram waited for this host from the network's (`RecvMeta::queued_ns`). Without
+        // it the wait stays in the delay samples, as before.
+        let _ = sys::enable_rx_timestamps(socket.as_raw_fd());
     }
     socket.bind(&addr.into())?;
     Ok(socket)

@@ -79,9 +79,9 @@ const RECVMSG_OUT_BYTES: usize = 16;
 /// bytes) rounded up so the control messages after it stay 8-byte aligned.
 const RX_NAME_BYTES: usize = 32;
 
-/// Room reserved for control messages in each receive buffer (one TOS or TCLASS message,
-/// a dual-stack socket may get both, and a `UDP_GRO` message; 24 bytes each).
-const RX_CONTROL_BYTES: usize = 96;
+/// Room reserved for control messages in each receive buffer: as much as the socket
+/// datapath's (TOS, TCLASS, `UDP_GRO`, receive timestamp).
+const RX_CONTROL_BYTES: usize = udp::RECV_CONTROL_BYTES;
 
 /// Bytes in front of the payload in each receive buffer.
 const RX_HEADER_BYTES: usize = RECVMSG_OUT_BYTES + RX_NAME_BYTES + RX_CONTROL_BYTES;
@@ -1041,7 +1041,11 @@ fn parse_datagram<'a>(
     let src = sys::decode_addr_bytes(out.name_data())?;
     // The control bytes are parsed by copying, so their alignment inside the buffer does
     // not matter.
-    let (ecn, segment) = sys::read_control(out.control_data(), out.flags() as libc::c_int);
+    let c = sys::read_control(out.control_data(), out.flags() as libc::c_int);
+    let queued_ns = match c.rx_realtime_ns {
+        Some(_) => sys::queued_ns(c.rx_realtime_ns, sys::realtime_ns()),
+        None => 0,
+    };
     // `RecvMsgOut` lends the payload only for its own lifetime; take the same bytes from
     // `filled` instead: they follow the fixed-size header, name and control areas.
     let payload_len = out.payload_data().len();
@@ -1050,9 +1054,10 @@ fn parse_datagram<'a>(
         RecvMeta {
             src,
             len: payload.len(),
-            ecn,
+            ecn: c.ecn,
+            queued_ns,
         },
-        segment,
+        c.segment,
         payload,
     ))
 }

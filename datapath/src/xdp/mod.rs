@@ -607,6 +607,7 @@ impl RxState {
                             src: SocketAddr::V4(d.src),
                             len: payload.len(),
                             ecn: d.ecn,
+                            queued_ns: 0,
                         };
                         f(&meta, payload);
                         kept += 1;

@@ -46,6 +46,7 @@ impl PeerWire {
             src: from,
             len: bytes.len(),
             ecn: Ecn::from_tos(ecn),
+            queued_ns: 0,
         };
         let d = Delivery {
             host: HostId(ENGINE as u32),

@@ -240,6 +240,7 @@ impl Endpoint {
             completions: VecDeque::new(),
             stats: EndpointStats::default(),
             stall: HostStall::default(),
+            rx_at: Timestamp::ZERO,
         };
         Endpoint {
             local,
@@ -723,6 +724,24 @@ impl Endpoint {
     /// and dropped; nothing here panics or touches memory outside registered regions.
     /// `ecn` is the IP header's ECN codepoint (its low two bits; see [`Ecn::from_bits`]).
     pub fn handle_datagram(&mut self, now: Timestamp, src: SocketAddr, ecn: u8, datagram: &[u8]) {
+        self.handle_received(now, 0, src, ecn, datagram);
+    }
+
+    /// [`handle_datagram`](Self::handle_datagram) for a datagram that arrived `queued_ns`
+    /// before `now` and waited that long in the kernel (the datapath's receive timestamp):
+    /// a data packet's holding time (in its ACK) starts at its arrival, and the delay an
+    /// ACK hands the congestion controller ends at its arrival, so a host slow to pick its
+    /// datagrams up does not read as a congested network. Timers, the round trip behind the
+    /// retransmit timeout and everything else use `now`.
+    pub fn handle_received(
+        &mut self,
+        now: Timestamp,
+        queued_ns: u32,
+        src: SocketAddr,
+        ecn: u8,
+        datagram: &[u8],
+    ) {
+        self.sh.rx_at = Timestamp::from_nanos(now.as_nanos().saturating_sub(u64::from(queued_ns)));
         let ecn = Ecn::from_bits(ecn);
         self.sh.stats.rx_datagrams += 1;
         self.sh.stall.note(now, self.qps.timers.earliest());
@@ -910,5 +929,136 @@ mod register_as_tests {
         assert_eq!(b.dealloc_pd(pb), Err(ResourceError::Busy));
         assert_eq!(b.deregister(keys.lkey), Ok(()));
         assert_eq!(b.dealloc_pd(pb), Ok(()));
+    }
+}
+
+#[cfg(test)]
+mod host_wait_tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+    use crate::cc::{AckSample, Controller, ControllerFactory, FixedWindowConfig};
+
+    /// (round trip, fabric delay) of each sample a controller was given.
+    type Seen = Arc<Mutex<Vec<(Option<u64>, Option<u64>)>>>;
+
+    /// A fixed window that records the delay samples it is given.
+    #[derive(Debug)]
+    struct Recorder {
+        inner: Box<dyn Controller>,
+        seen: Seen,
+    }
+
+    impl Controller for Recorder {
+        fn on_sent(&mut self, now: Timestamp, bytes: u32, psn: u32) {
+            self.inner.on_sent(now, bytes, psn);
+        }
+        fn on_ack(&mut self, now: Timestamp, sent_at: Timestamp, bytes: u32, rtt: Option<u64>) {
+            self.inner.on_ack(now, sent_at, bytes, rtt);
+        }
+        fn on_ack_with(&mut self, now: Timestamp, s: &AckSample) {
+            self.seen
+                .lock()
+                .unwrap()
+                .push((s.rtt_ns, s.fabric_delay_ns));
+            self.inner.on_ack_with(now, s);
+        }
+        fn on_congestion_event(&mut self, now: Timestamp, sent: Timestamp, ecn: bool, lost: u32) {
+            self.inner.on_congestion_event(now, sent, ecn, lost);
+        }
+        fn window(&self) -> u64 {
+            self.inner.window()
+        }
+    }
+
+    #[derive(Debug)]
+    struct RecorderFactory(Seen);
+
+    impl ControllerFactory for RecorderFactory {
+        fn build(&self, mtu: u32) -> Box<dyn Controller> {
+            Box::new(Recorder {
+                inner: FixedWindowConfig { packets: 16 }.build(mtu),
+                seen: self.0.clone(),
+            })
+        }
+    }
+
+    /// One one-packet WRITE from A to B: B takes it 100 µs after it was sent, of which it
+    /// waited `queued_b` in B's kernel, and acknowledges it at once; A takes the ACK 100 µs
+    /// later, of which it waited `queued_a`. Returns the (round trip, fabric delay) samples
+    /// A's controller saw.
+    fn one_write(queued_b: u32, queued_a: u32) -> Vec<(Option<u64>, Option<u64>)> {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (ea, eb): (SocketAddr, SocketAddr) = (
+            "10.0.0.1:4791".parse().unwrap(),
+            "10.0.0.2:4791".parse().unwrap(),
+        );
+        let mut a = Endpoint::new(
+            EndpointConfig {
+                seed: 1,
+                cc: Arc::new(RecorderFactory(seen.clone())),
+                ..EndpointConfig::default()
+            },
+            ea,
+        );
+        let mut b = Endpoint::new(
+            EndpointConfig {
+                seed: 2,
+                ..EndpointConfig::default()
+            },
+            eb,
+        );
+        let (apd, bpd) = (a.alloc_pd(), b.alloc_pd());
+        let (acq, bcq) = (a.create_cq(), b.create_cq());
+        let qa = a
+            .create_qp_with(apd, acq, acq, QpOptions::default())
+            .unwrap();
+        let qb = b
+            .create_qp_with(bpd, bcq, bcq, QpOptions::default())
+            .unwrap();
+        a.connect(qa.qpn, qb).unwrap();
+        b.connect(qb.qpn, qa).unwrap();
+        let src = a.register(apd, Region::new(64), Access::NONE).unwrap();
+        let dst = b
+            .register(bpd, Region::new(64), Access::REMOTE_WRITE)
+            .unwrap();
+        let wr = SendWr {
+            wr_id: 7,
+            op: SendOp::Write(RemoteAddr {
+                rkey: dst.rkey,
+                offset: 0,
+            }),
+            sges: vec![Sge {
+                lkey: src.lkey,
+                offset: 0,
+                len: 64,
+            }],
+            signaled: true,
+        };
+        a.post_send(qa.qpn, wr).unwrap();
+        let t0 = Timestamp::from_micros(1_000);
+        let mut buf = vec![0u8; 2048];
+        let t = a.poll_transmit(t0, &mut buf).expect("the WRITE leaves");
+        let data = buf[..t.len].to_vec();
+        let tb = t0.add_nanos(100_000);
+        b.handle_received(tb, queued_b, ea, 0, &data);
+        let t = b.poll_transmit(tb, &mut buf).expect("the ACK leaves");
+        let ack = buf[..t.len].to_vec();
+        a.handle_received(tb.add_nanos(100_000), queued_a, eb, 0, &ack);
+        let (_, wc) = a.poll_completion().expect("the WRITE completes");
+        assert_eq!((wc.wr_id, wc.status), (7, WcStatus::Success));
+        seen.lock().unwrap().clone()
+    }
+
+    #[test]
+    fn time_a_datagram_waited_in_either_hosts_kernel_is_not_fabric_delay() {
+        // Without receive timestamps: all 200 µs are the round trip and the fabric's.
+        assert_eq!(one_write(0, 0), [(Some(200_000), Some(200_000))]);
+        // The data waited 40 µs in B's kernel (B's holding time counts from its arrival),
+        // the ACK 50 µs in A's: the fabric's share is 110 µs; the round trip A waited for,
+        // behind its retransmit timeout, stays whole.
+        assert_eq!(one_write(40_000, 50_000), [(Some(200_000), Some(110_000))]);
+        // A wait longer than the sample (a wall-clock oddity) leaves at least 1 ns.
+        assert_eq!(one_write(0, u32::MAX), [(Some(200_000), Some(1))]);
     }
 }

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use rand_chacha::ChaCha8Rng;
 use rand_core::RngCore;
 
+use crate::Timestamp;
 use crate::hist::RttHistogram;
 use crate::keymap::KeyMap;
 use crate::mem::{Access, Region};
@@ -37,6 +38,13 @@ pub(crate) struct Shared {
     pub(crate) resp_chunk: u32,
     /// The latest stall of this host ([`crate::stall`]).
     pub(crate) stall: HostStall,
+    /// When the datagram being handled reached this host: `now` less the time it waited in
+    /// the kernel for the datapath to take it ([`Endpoint::handle_received`]). The delay an
+    /// ACK gives the controller ends here, so that wait, this host's and not the network's,
+    /// stays out of it (Swift keeps such host delay apart from the fabric's).
+    ///
+    /// [`Endpoint::handle_received`]: crate::Endpoint::handle_received
+    pub(crate) rx_at: Timestamp,
 }
 
 impl Shared {

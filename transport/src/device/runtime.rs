@@ -1069,7 +1069,7 @@ impl Inner {
             return;
         }
         core.ep
-            .handle_datagram(now, meta.src, meta.ecn as u8, bytes);
+            .handle_received(now, meta.queued_ns, meta.src, meta.ecn as u8, bytes);
     }
 
     /// Who drives the datapath and the engine.

@@ -472,12 +472,23 @@ impl Qp {
             if self.sample_spans_a_stall(now, a.echo_ts_ns, full, sh) {
                 return;
             }
-            let rtt = full.saturating_sub(u64::from(a.hold_ns)).max(1);
-            self.rec.rtt.sample(rtt);
+            // The receiver's holding time counts from the data's arrival there (its kernel
+            // receive timestamp), so it covers the time the peer took to pick the data up.
+            let hold = u64::from(a.hold_ns);
+            let rtt = full.saturating_sub(hold).max(1);
+            // The controller's delay is the network's share: from the send to the ACK's
+            // arrival at this host (not to when the engine got to it), less that holding
+            // time. What either host took to pick its datagrams up is its own delay, not the
+            // fabric's (Swift keeps such host delay apart from the fabric's).
+            let arrived = sh.rx_at.min(now).as_nanos().max(a.echo_ts_ns);
+            let fabric = (arrived - a.echo_ts_ns).saturating_sub(hold).max(1);
+            // The retransmit timeout must outlast everything the sender waits for, the
+            // hosts' delays included: its estimate takes the whole round trip.
+            self.rec.rtt.sample(full);
             self.rec.rtt_hist.record(rtt);
             sh.rtt_hist.record(rtt);
             fb.rtt_ns = Some(full);
-            fb.fabric_ns = Some(rtt);
+            fb.fabric_ns = Some(fabric);
             // Which copy the echo measured: a packet declared lost and sent again on another
             // path may still arrive first through the slow path it left on. Its delay belongs
             // to that path, not to the retransmission's, or one slow path's queue shows up on

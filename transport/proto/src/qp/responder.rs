@@ -142,7 +142,8 @@ impl Qp {
         self.rsp.rx.accept(h.psn);
         self.rsp.ack_pending = true;
         if self.rsp.echo.is_none() || !sh.stall.catching_up(now) {
-            self.rsp.echo = Some((h.psn, h.send_ts_ns, now));
+            // Held from its arrival at this host, not from when the engine got to it.
+            self.rsp.echo = Some((h.psn, h.send_ts_ns, sh.rx_at.min(now)));
             // The hop telemetry goes with the echoed packet: kept when its echo is kept.
             self.rsp.echo_hop = self.rsp.rx_hop;
         }
