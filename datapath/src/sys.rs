@@ -469,7 +469,7 @@ pub(crate) fn read_control(control: &[u8], msg_flags: libc::c_int) -> RecvContro
 
 /// `SO_TIMESTAMPNS` (and its control message type) where the generic socket option numbers
 /// apply; elsewhere receive timestamps stay off.
-#[cfg(any(
+const SO_TIMESTAMPNS: Option<libc::c_int> = if cfg!(any(
     target_arch = "x86",
     target_arch = "x86_64",
     target_arch = "arm",
@@ -478,19 +478,11 @@ pub(crate) fn read_control(control: &[u8], msg_flags: libc::c_int) -> RecvContro
     target_arch = "powerpc64",
     target_arch = "s390x",
     target_arch = "loongarch64"
-))]
-pub(crate) const SO_TIMESTAMPNS: Option<libc::c_int> = Some(35);
-#[cfg(not(any(
-    target_arch = "x86",
-    target_arch = "x86_64",
-    target_arch = "arm",
-    target_arch = "aarch64",
-    target_arch = "riscv64",
-    target_arch = "powerpc64",
-    target_arch = "s390x",
-    target_arch = "loongarch64"
-)))]
-pub(crate) const SO_TIMESTAMPNS: Option<libc::c_int> = None;
+)) {
+    Some(35)
+} else {
+    None
+};
 const SCM_TIMESTAMPNS: libc::c_int = match SO_TIMESTAMPNS {
     Some(v) => v,
     None => -1,
