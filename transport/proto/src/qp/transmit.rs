@@ -264,18 +264,23 @@ impl Qp {
             let Some(len) = self.emit(&what, psn, path, wire::FLAG_RETRANSMIT, now, buf) else {
                 continue;
             };
-            self.counters.retransmits += 1;
-            sh.stats.retransmits += 1;
-            for ps in [
-                &mut sh.paths[usize::from(path)],
-                &mut self.counters.path_stats[usize::from(path)],
-            ] {
-                ps.packets += 1;
-                ps.retransmits += 1;
-            }
+            self.count_retransmit(path, sh);
             return Some(self.transmit(peer, len, path, Ecn::Ect0));
         }
         None
+    }
+
+    /// Counts a packet sent again on `path`, in the QP's and the endpoint's statistics.
+    fn count_retransmit(&mut self, path: u8, sh: &mut Shared) {
+        self.counters.retransmits += 1;
+        sh.stats.retransmits += 1;
+        for ps in [
+            &mut sh.paths[usize::from(path)],
+            &mut self.counters.path_stats[usize::from(path)],
+        ] {
+            ps.packets += 1;
+            ps.retransmits += 1;
+        }
     }
 
     /// The first packet queued for retransmission that still needs it, sent on another path.
@@ -330,15 +335,7 @@ impl Qp {
             p.wire_len = len as u32;
             self.rec.in_flight_bytes += len as u64;
             self.rec.in_flight_pkts += 1;
-            self.counters.retransmits += 1;
-            sh.stats.retransmits += 1;
-            for ps in [
-                &mut sh.paths[usize::from(path)],
-                &mut self.counters.path_stats[usize::from(path)],
-            ] {
-                ps.packets += 1;
-                ps.retransmits += 1;
-            }
+            self.count_retransmit(path, sh);
             self.route.paths.on_sent(u16::from(path), now);
             self.cc.on_sent(now, len as u32, psn);
             if self.rec.rto_deadline.is_none() {
