@@ -29,6 +29,13 @@ pub fn window_for(size: u64) -> usize {
     (WINDOW_BYTES / size.max(1)).clamp(2, MAX_WINDOW as u64) as usize
 }
 
+/// The engine settings of a perftest-style run, over `cfg`: RNR retries without end, as
+/// perftest's `rnr_retry` 7, because a SEND test's receiver reposts from a thread the host
+/// may deschedule for longer than a finite RNR budget (7 x 0.2 ms by default) lasts.
+pub fn perftest_engine(cfg: &mut braid::EndpointConfig) {
+    cfg.rnr_retry_limit = braid::RNR_RETRY_FOREVER;
+}
+
 /// How long a run lasts.
 #[derive(Copy, Clone, Debug, PartialEq)]
 pub enum Limit {
@@ -789,8 +796,10 @@ pub fn post_recv_slots(qp: &QueuePair, mr: &MemoryRegion, size: u32) -> Result<u
 
 /// The passive side of a SEND bandwidth test: takes the receive completions of the slots
 /// [`post_recv_slots`] posted and posts each slot's receive again at once, until `stop` is
-/// set (spinning on `cq` when `busy`, else sleeping on it). With twice the sender's window
-/// in slots, the sender does not outrun the reposting. Returns the receives completed.
+/// set (spinning on `cq` when `busy`, else sleeping on it). Twice the sender's window in
+/// slots keeps the sender from outrunning the reposting while this thread runs; when it is
+/// descheduled, the sender's SENDs meet RNR NAKs and wait, which needs the endless RNR
+/// retries of [`perftest_engine`]. Returns the receives completed.
 pub fn serve_recvs(
     qp: &QueuePair,
     cq: &CompletionQueue,
@@ -859,7 +868,11 @@ mod tests {
 
     fn pair() -> Loop {
         let lo: SocketAddr = ([127, 0, 0, 1], 0).into();
-        let open = || Device::open(DeviceConfig::udp(lo).paths(4)).expect("device");
+        let open = || {
+            let mut cfg = DeviceConfig::udp(lo).paths(4);
+            perftest_engine(&mut cfg.engine);
+            Device::open(cfg).expect("device")
+        };
         Loop {
             devs: [open(), open()],
         }

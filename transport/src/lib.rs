@@ -48,8 +48,8 @@ pub mod testing;
 
 pub use braid_proto::{
     Access, Completion, EndpointConfig, EndpointStats, MAX_PATHS, MemError, PathStats, PostError,
-    QpInfo, QpOptions, QpState, QpStats, RecvWr, Region, RemoteAddr, ResourceError, RttSummary,
-    SendOp, SendWr, Sge, Timestamp, WcOpcode, WcStatus,
+    QpInfo, QpOptions, QpState, QpStats, RNR_RETRY_FOREVER, RecvWr, Region, RemoteAddr,
+    ResourceError, RttSummary, SendOp, SendWr, Sge, Timestamp, WcOpcode, WcStatus,
 };
 pub use device::{
     Backend, CompletionQueue, DatapathKind, Device, DeviceConfig, MemoryRegion, OpenError,

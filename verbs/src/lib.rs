@@ -930,12 +930,16 @@ pub struct QpTiming {
 }
 
 impl QpTiming {
-    /// The settings matching Braid's software engine: `rnr_retry_limit` RNR retries (verbs'
-    /// 7, "forever", is never used: the software engine's limit is always a count), and the
-    /// smallest verbs RNR delay not below `rnr_timer_ns`.
+    /// The settings matching Braid's software engine: `rnr_retry_limit` RNR retries, at most
+    /// 6 (verbs' 7 is "forever", used only for the engine's own "forever", `u32::MAX`), and
+    /// the smallest verbs RNR delay not below `rnr_timer_ns`.
     pub fn like_software(rnr_retry_limit: u32, rnr_timer_ns: u64) -> QpTiming {
+        let rnr_retry = match rnr_retry_limit {
+            u32::MAX => 7,
+            n => u8::try_from(n.min(6)).unwrap_or(6),
+        };
         QpTiming {
-            rnr_retry: u8::try_from(rnr_retry_limit.min(6)).unwrap_or(6),
+            rnr_retry,
             min_rnr_timer: rnr_timer_code(rnr_timer_ns),
             ..QpTiming::default()
         }
@@ -1508,7 +1512,7 @@ mod tests {
     }
 
     #[test]
-    fn rnr_timer_codes_follow_the_ib_table_and_software_limits_stay_finite() {
+    fn rnr_timer_codes_follow_the_ib_table_and_software_limits_map_onto_verbs() {
         assert_eq!(rnr_timer_code(0), 1);
         assert_eq!(rnr_timer_code(10_000), 1);
         assert_eq!(rnr_timer_code(10_001), 2);
@@ -1519,6 +1523,8 @@ mod tests {
         let t = QpTiming::like_software(7, 200_000);
         assert_eq!((t.rnr_retry, t.min_rnr_timer), (6, 9));
         assert_eq!(QpTiming::like_software(2, 0).rnr_retry, 2);
+        assert_eq!(QpTiming::like_software(u32::MAX - 1, 0).rnr_retry, 6);
+        assert_eq!(QpTiming::like_software(u32::MAX, 0).rnr_retry, 7);
     }
 
     #[test]

@@ -24,7 +24,9 @@ use braid::{
 };
 use braid_bench::pattern;
 use braid_bench::report::{self, BwResult, ClientReport, LatResult, PathRow, QpTelemetry, RttRow};
-use braid_bench::run::{self, BwOp, BwSpec, Check, Conn, Limit, NoCheck, RecvSide, Verifier};
+use braid_bench::run::{
+    self, BwOp, BwSpec, Check, Conn, Limit, NoCheck, RecvSide, Verifier, perftest_engine,
+};
 use braid_bench::wire::{self, Bye, Done, Hello, Welcome, WireQp};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Serialize;
@@ -380,6 +382,7 @@ fn open_device(engine: &Engine, local: SocketAddr) -> Result<Device, String> {
     }
     cfg.engine.cc = engine.controller();
     cfg.engine.burst = engine.burst;
+    perftest_engine(&mut cfg.engine);
     Device::open(cfg).map_err(|e| format!("opening a Braid device on {local}: {e}"))
 }
 

@@ -844,6 +844,45 @@ fn rnr_send_is_retried_until_a_recv_is_posted() {
 }
 
 #[test]
+fn rnr_retry_forever_outlasts_any_count_of_rnr_naks() {
+    let seed = seed(53);
+    let mut cfg = config(8, 7);
+    cfg.rnr_retry_limit = braid::RNR_RETRY_FOREVER;
+    let mut sim = Sim::new(seed, &cfg, LinkConfig::default());
+    let (_src, data) = send_bytes(&mut sim, 5000);
+    // A hundred RNR timers: far more RNR NAKs than a finite default would take.
+    let until = 100 * cfg.rnr_timer_ns;
+    assert!(
+        sim.c.run_until(10_000_000, |c| c.now.as_nanos() > until),
+        "seed {seed}: nothing left to simulate (did the SEND give up?)"
+    );
+    assert!(
+        sim.c.ep(1).stats().naks_sent >= 50,
+        "seed {seed}: stopped asking"
+    );
+    assert_eq!(sim.c.cq_len(0, sim.a.cq), 0, "seed {seed}: gave up");
+    let dst = sim.c.alloc_mr(&sim.b.clone(), 6000, Access::LOCAL_WRITE);
+    sim.post_recv(
+        sim.b,
+        RecvWr {
+            wr_id: 6,
+            sges: vec![sge(&dst, 0, 6000)],
+        },
+    );
+    let a = sim.wait_cq(sim.a, 1, 100_000);
+    assert_eq!(
+        (a[0].wr_id, a[0].status),
+        (5, WcStatus::Success),
+        "seed {seed}"
+    );
+    assert_eq!(
+        dst.region.to_vec(0, 5000).expect("in bounds"),
+        data,
+        "seed {seed}"
+    );
+}
+
+#[test]
 fn rnr_send_with_no_recv_ever_ends_in_rnr_retry_exceeded() {
     let seed = seed(52);
     let cfg = config(8, 7);

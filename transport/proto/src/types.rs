@@ -9,6 +9,9 @@ use braid_cc::{ControllerFactory, SwiftConfig};
 pub const MAX_PATHS: u16 = 256;
 /// Most work requests one QP's send queue holds.
 pub const MAX_SEND_WR: usize = 16_384;
+/// [`EndpointConfig::rnr_retry_limit`] that never runs out: a message waits for its
+/// receive however many RNR NAKs it takes, like verbs' `rnr_retry` 7 (which perftest uses).
+pub const RNR_RETRY_FOREVER: u32 = u32::MAX;
 /// Most work requests one QP's receive queue holds.
 pub const MAX_RECV_WR: usize = 16_384;
 /// Most scatter/gather entries in one work request.
@@ -50,7 +53,9 @@ pub struct EndpointConfig {
     /// thread, a paused process) does not count against the peer. Default 4 s; 0 leaves only
     /// [`retry_limit`](Self::retry_limit).
     pub retry_timeout_ns: u64,
-    /// RNR NAKs one message may receive before it fails with `RnrRetryExceeded`.
+    /// RNR NAKs one message may receive before it fails with `RnrRetryExceeded`;
+    /// [`RNR_RETRY_FOREVER`] retries without end (the QP still fails if the peer falls
+    /// silent, by the retransmit budget).
     pub rnr_retry_limit: u32,
     /// Wait after an RNR NAK before sending the message again, ns.
     pub rnr_timer_ns: u64,

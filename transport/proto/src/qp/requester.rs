@@ -440,7 +440,7 @@ impl Qp {
         self.made_progress();
         let w = &mut self.req.sq[wi];
         if now >= w.rnr_until {
-            w.rnr_retries += 1;
+            w.rnr_retries = w.rnr_retries.saturating_add(1);
             w.rnr_until = now.add_nanos(sh.cfg.rnr_timer_ns);
         }
         if w.rnr_retries > sh.cfg.rnr_retry_limit {
