@@ -50,6 +50,7 @@ use rand_core::{RngCore, SeedableRng};
 
 use crate::coverage::Coverage;
 use crate::deadline::Deadlines;
+use crate::departure::Departures;
 use crate::hist::{RttHistogram, RttSummary};
 use crate::keymap::{KeyMap, key_map};
 use crate::mem::{Access, Region};
@@ -241,6 +242,7 @@ impl Endpoint {
             stats: EndpointStats::default(),
             stall: HostStall::default(),
             rx_at: Timestamp::ZERO,
+            departures: Departures::default(),
         };
         Endpoint {
             local,
@@ -834,6 +836,22 @@ impl Endpoint {
         }
     }
 
+    /// Ends the current transmit batch: the datagrams [`poll_transmit`](Self::poll_transmit)
+    /// wrote since the last call are about to be handed to the network. Returns the batch's
+    /// number for [`departed`](Self::departed).
+    pub fn end_tx_batch(&mut self) -> u32 {
+        self.sh.departures.end_batch()
+    }
+
+    /// The send of transmit batch `batch` ([`end_tx_batch`](Self::end_tx_batch)) returned at
+    /// `at`: the fabric delay the congestion controller gets for its packets starts then, not
+    /// when they were written, so the time this host took to send them (on a veth pair, the
+    /// receiver's kernel work done inside the send) is not taken for network queueing
+    /// ([`crate::departure`]). Optional: without it, delays start at the write.
+    pub fn departed(&mut self, batch: u32, at: Timestamp) {
+        self.sh.departures.departed(batch, at);
+    }
+
     /// The next datagram to send, written at the start of `buf` (which must hold
     /// `config().max_datagram` bytes). QPs with work take turns, one datagram each; only QPs
     /// that had an event since they last sent are asked ([`crate::ready`]), so idle QPs cost
@@ -983,11 +1001,16 @@ mod host_wait_tests {
         }
     }
 
-    /// One one-packet WRITE from A to B: B takes it 100 µs after it was sent, of which it
+    /// One one-packet WRITE from A to B: B takes it 100 µs after it was written, of which it
     /// waited `queued_b` in B's kernel, and acknowledges it at once; A takes the ACK 100 µs
-    /// later, of which it waited `queued_a`. Returns the (round trip, fabric delay) samples
-    /// A's controller saw.
-    fn one_write(queued_b: u32, queued_a: u32) -> Vec<(Option<u64>, Option<u64>)> {
+    /// later, of which it waited `queued_a`. A's runtime says the send returned `departs` ns
+    /// after the write (`None`: it does not say). Returns the (round trip, fabric delay)
+    /// samples A's controller saw.
+    fn one_write(
+        queued_b: u32,
+        queued_a: u32,
+        departs: Option<u64>,
+    ) -> Vec<(Option<u64>, Option<u64>)> {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let (ea, eb): (SocketAddr, SocketAddr) = (
             "10.0.0.1:4791".parse().unwrap(),
@@ -1039,6 +1062,10 @@ mod host_wait_tests {
         let t0 = Timestamp::from_micros(1_000);
         let mut buf = vec![0u8; 2048];
         let t = a.poll_transmit(t0, &mut buf).expect("the WRITE leaves");
+        let batch = a.end_tx_batch();
+        if let Some(d) = departs {
+            a.departed(batch, t0.add_nanos(d));
+        }
         let data = buf[..t.len].to_vec();
         let tb = t0.add_nanos(100_000);
         b.handle_received(tb, queued_b, ea, 0, &data);
@@ -1053,12 +1080,34 @@ mod host_wait_tests {
     #[test]
     fn time_a_datagram_waited_in_either_hosts_kernel_is_not_fabric_delay() {
         // Without receive timestamps: all 200 µs are the round trip and the fabric's.
-        assert_eq!(one_write(0, 0), [(Some(200_000), Some(200_000))]);
+        assert_eq!(one_write(0, 0, None), [(Some(200_000), Some(200_000))]);
         // The data waited 40 µs in B's kernel (B's holding time counts from its arrival),
         // the ACK 50 µs in A's: the fabric's share is 110 µs; the round trip A waited for,
         // behind its retransmit timeout, stays whole.
-        assert_eq!(one_write(40_000, 50_000), [(Some(200_000), Some(110_000))]);
+        assert_eq!(
+            one_write(40_000, 50_000, None),
+            [(Some(200_000), Some(110_000))]
+        );
         // A wait longer than the sample (a wall-clock oddity) leaves at least 1 ns.
-        assert_eq!(one_write(0, u32::MAX), [(Some(200_000), Some(1))]);
+        assert_eq!(one_write(0, u32::MAX, None), [(Some(200_000), Some(1))]);
+    }
+
+    #[test]
+    fn time_a_datagram_took_to_leave_this_host_is_not_fabric_delay() {
+        // The send returned 30 µs after the write: 170 µs are the fabric's, the round trip
+        // stays whole.
+        assert_eq!(
+            one_write(0, 0, Some(30_000)),
+            [(Some(200_000), Some(170_000))]
+        );
+        // With the receive-side waits too: 200 - 30 - 40 - 50.
+        assert_eq!(
+            one_write(40_000, 50_000, Some(30_000)),
+            [(Some(200_000), Some(80_000))]
+        );
+        // A departure after the ACK's arrival (a wall-clock oddity) leaves at least 1 ns.
+        assert_eq!(one_write(0, 0, Some(300_000)), [(Some(200_000), Some(1))]);
+        // A departure at the write itself changes nothing.
+        assert_eq!(one_write(0, 0, Some(0)), [(Some(200_000), Some(200_000))]);
     }
 }

@@ -15,6 +15,7 @@
 
 mod coverage;
 mod deadline;
+mod departure;
 pub mod endpoint;
 pub mod hist;
 mod keymap;

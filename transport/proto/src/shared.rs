@@ -8,6 +8,7 @@ use rand_chacha::ChaCha8Rng;
 use rand_core::RngCore;
 
 use crate::Timestamp;
+use crate::departure::Departures;
 use crate::hist::RttHistogram;
 use crate::keymap::KeyMap;
 use crate::mem::{Access, Region};
@@ -45,6 +46,8 @@ pub(crate) struct Shared {
     ///
     /// [`Endpoint::handle_received`]: crate::Endpoint::handle_received
     pub(crate) rx_at: Timestamp,
+    /// The transmit batches and when they left ([`crate::departure`]).
+    pub(crate) departures: Departures,
 }
 
 impl Shared {

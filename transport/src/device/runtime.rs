@@ -1002,15 +1002,33 @@ impl Inner {
     }
 
     /// Sends everything the engine has to send, in timestamp order, and hands completions to
-    /// their queues.
+    /// their queues. The engine learns when each batch's send returned (at the next batch,
+    /// or after the last one), so its delay samples start at the departure
+    /// (`braid_proto::Endpoint::departed`).
     fn flush(&self, batch: &mut TxBatch) {
         let _order = self.tx_order.lock().unwrap_or_else(|e| e.into_inner());
+        let mut departed = None;
         loop {
-            let more = self.drain(&mut self.lock(), self.now(), batch);
-            self.send(batch);
+            let (more, number) = {
+                let mut core = self.lock();
+                if let Some((b, at)) = departed.take() {
+                    core.ep.departed(b, at);
+                }
+                let more = self.drain(&mut core, self.now(), batch);
+                (more, core.ep.end_tx_batch())
+            };
+            if !batch.metas.is_empty() {
+                self.send(batch);
+                departed = Some((number, self.now()));
+            }
             if !more {
                 break;
             }
+        }
+        if let Some((b, at)) = departed {
+            // The bare lock: taking the posts queued meanwhile is the next flush's work.
+            let mut core = self.core.lock().unwrap_or_else(|e| e.into_inner());
+            core.ep.departed(b, at);
         }
     }
 

@@ -51,6 +51,8 @@ pub(crate) struct SentPkt {
     pub(crate) psn: u32,
     pub(crate) what: SentWhat,
     pub(crate) send_ts: Timestamp,
+    /// The transmit batch of the latest copy ([`crate::departure`]).
+    pub(crate) batch: u32,
     pub(crate) path: u8,
     pub(crate) wire_len: u32,
     pub(crate) acked: bool,
@@ -472,23 +474,6 @@ impl Qp {
             if self.sample_spans_a_stall(now, a.echo_ts_ns, full, sh) {
                 return;
             }
-            // The receiver's holding time counts from the data's arrival there (its kernel
-            // receive timestamp), so it covers the time the peer took to pick the data up.
-            let hold = u64::from(a.hold_ns);
-            let rtt = full.saturating_sub(hold).max(1);
-            // The controller's delay is the network's share: from the send to the ACK's
-            // arrival at this host (not to when the engine got to it), less that holding
-            // time. What either host took to pick its datagrams up is its own delay, not the
-            // fabric's (Swift keeps such host delay apart from the fabric's).
-            let arrived = sh.rx_at.min(now).as_nanos().max(a.echo_ts_ns);
-            let fabric = (arrived - a.echo_ts_ns).saturating_sub(hold).max(1);
-            // The retransmit timeout must outlast everything the sender waits for, the
-            // hosts' delays included: its estimate takes the whole round trip.
-            self.rec.rtt.sample(full);
-            self.rec.rtt_hist.record(rtt);
-            sh.rtt_hist.record(rtt);
-            fb.rtt_ns = Some(full);
-            fb.fabric_ns = Some(fabric);
             // Which copy the echo measured: a packet declared lost and sent again on another
             // path may still arrive first through the slow path it left on. Its delay belongs
             // to that path, not to the retransmission's, or one slow path's queue shows up on
@@ -496,16 +481,39 @@ impl Qp {
             let copy = self.sent_index(a.echo_psn).and_then(|i| {
                 let p = &self.rec.sent[i];
                 if a.echo_ts_ns == p.send_ts.as_nanos() {
-                    Some((p.path, true))
+                    Some((p.path, Some(p.batch)))
                 } else if a.echo_ts_ns == p.first_ts.as_nanos() {
-                    Some((p.first_path, false))
+                    Some((p.first_path, None))
                 } else {
                     None
                 }
             });
+            // The receiver's holding time counts from the data's arrival there (its kernel
+            // receive timestamp), so it covers the time the peer took to pick the data up.
+            let hold = u64::from(a.hold_ns);
+            let rtt = full.saturating_sub(hold).max(1);
+            // The controller's delay is the network's share: from the departure of the
+            // latest copy (when its batch's send returned, if the runtime said) to the ACK's
+            // arrival at this host (not to when the engine got to it), less that holding
+            // time. What either host took to send or to pick up its datagrams is its own
+            // delay, not the fabric's (Swift keeps such host delay apart from the fabric's).
+            let built = Timestamp::from_nanos(a.echo_ts_ns);
+            let left = match copy {
+                Some((_, Some(batch))) => sh.departures.left(batch, built),
+                _ => built,
+            };
+            let arrived = sh.rx_at.min(now).max(left);
+            let fabric = arrived.nanos_since(left).saturating_sub(hold).max(1);
+            // The retransmit timeout must outlast everything the sender waits for, the
+            // hosts' delays included: its estimate takes the whole round trip.
+            self.rec.rtt.sample(full);
+            self.rec.rtt_hist.record(rtt);
+            sh.rtt_hist.record(rtt);
+            fb.rtt_ns = Some(full);
+            fb.fabric_ns = Some(fabric);
             fb.echo_path = copy.map_or(0, |c| c.0);
             fb.echo_known = copy.is_some();
-            fb.echo_latest = copy.is_some_and(|c| c.1);
+            fb.echo_latest = copy.is_some_and(|c| c.1.is_some());
             if let Some((path, _)) = copy {
                 let path = usize::from(path);
                 for ps in [&mut sh.paths[path], &mut self.counters.path_stats[path]] {

@@ -331,6 +331,7 @@ impl Qp {
             p.lost = false;
             p.retransmitted = true;
             p.send_ts = now;
+            p.batch = sh.departures.current();
             p.path = path;
             p.wire_len = len as u32;
             self.rec.in_flight_bytes += len as u64;
@@ -406,6 +407,7 @@ impl Qp {
             psn,
             what,
             send_ts: now,
+            batch: sh.departures.current(),
             path,
             wire_len: len as u32,
             acked: false,
