@@ -5,13 +5,16 @@
 //! - `memcpy`: `copy_from_slice`, the memory-speed reference.
 //! - `crc32c`: the `crc32c` crate over the bytes (its SSE4.2 path on x86-64, picked at run
 //!   time; `hw_crc` below says whether this CPU has it).
+//! - `braid_crc`: what the engine uses, `braid_crc::crc32c` (three chains over the whole
+//!   length, joined with PCLMULQDQ).
 //! - `copy_then_crc`: what the engine does today, two passes (copy, then CRC of the copy).
 //! - `copy_crc_chunked`: one pass in 256-byte steps, each copied and then checksummed while
 //!   it is still in L1 (the fused form safe code can write).
 //! - `region_read` / `region_write`: the engine's own copies out of (gather at the sender)
 //!   and into (placement at the receiver) a registered [`Region`], whose bytes are atomic
 //!   words; at an 8-aligned and at an unaligned (offset 3) region offset.
-//! - `region_read_then_crc`: the sender's gather and the CRC32C of the packet it fills.
+//! - `region_read_then_crc`: the sender's gather and the CRC32C of the packet it fills
+//!   (with `braid_crc`, as the engine does).
 //!
 //! `cargo bench -p braid-bench --bench copy_crc`
 use std::hint::black_box;
@@ -60,6 +63,9 @@ fn bench_copy_crc(c: &mut Criterion) {
         g.bench_with_input(BenchmarkId::new("crc32c", len), &len, |b, _| {
             b.iter(|| black_box(crc32c::crc32c(black_box(&src))))
         });
+        g.bench_with_input(BenchmarkId::new("braid_crc", len), &len, |b, _| {
+            b.iter(|| black_box(braid_crc::crc32c(black_box(&src))))
+        });
         g.bench_with_input(BenchmarkId::new("copy_then_crc", len), &len, |b, _| {
             b.iter(|| {
                 dst.copy_from_slice(black_box(&src));
@@ -89,7 +95,7 @@ fn bench_copy_crc(c: &mut Criterion) {
             |b, _| {
                 b.iter(|| {
                     region.read(black_box(0), &mut dst).unwrap();
-                    black_box(crc32c::crc32c(&dst))
+                    black_box(braid_crc::crc32c(&dst))
                 })
             },
         );

@@ -36,13 +36,13 @@ pub(super) fn crc(b: &[u8]) -> u32 {
         .get(field::FLAGS)
         .is_some_and(|&f| f & super::FLAG_SEALED != 0);
     if !kind_ok || sealed || with_trailer < HEADER_LEN + REQUEST_LEN + TRAILER_LEN {
-        return crc32c::crc32c(b);
+        return braid_crc::crc32c(b);
     }
     let f = field::request::HOP_QUEUE;
     let (at, end) = (HEADER_LEN + f.start, HEADER_LEN + f.end);
-    let c = crc32c::crc32c(&b[..at]);
-    let c = crc32c::crc32c_append(c, &[0u8; 2]);
-    crc32c::crc32c_append(c, &b[end..])
+    let c = braid_crc::crc32c(&b[..at]);
+    let c = braid_crc::crc32c_append(c, &[0u8; 2]);
+    braid_crc::crc32c_append(c, &b[end..])
 }
 
 /// The raw hop field of `datagram` (0: none, or not a plain REQUEST).
