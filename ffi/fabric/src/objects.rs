@@ -418,7 +418,7 @@ fn device_config(src: SocketAddr) -> Result<DeviceConfig, i32> {
     // of `PROVIDER_BURST` same-path packets leave as one UDP GSO send (one syscall and one
     // trip down the stack instead of one each), which is what a 1 MiB message costs here.
     cfg.engine.burst = env_num("BRAID_FI_BURST").map_or(PROVIDER_BURST, |b| b.clamp(1, 64) as u16);
-    cfg.engine.rnr_retry_limit = 1_000_000;
+    cfg.engine.rnr_retry_limit = braid::RNR_RETRY_FOREVER;
     cfg.engine.rnr_timer_ns = 100_000;
     // A peer that is merely slow (a loaded host) stays connected: the engine's retry budget
     // is a time without any sign of life from the peer (`retry_timeout_ns`, seconds by
