@@ -84,6 +84,9 @@ pub(crate) struct AckFeedback {
     /// Full round trip and fabric delay (holding time removed) of the echoed packet.
     pub(crate) rtt_ns: Option<u64>,
     pub(crate) fabric_ns: Option<u64>,
+    /// The same delay counted from the echoed packet's write rather than its departure: what
+    /// path scoring compares ([`crate::departure`]).
+    pub(crate) path_fabric_ns: Option<u64>,
     /// Hop telemetry of the echoed packet: the largest queueing delay of one hop, ns.
     pub(crate) hop_ns: Option<u64>,
     /// The ACK reported CE marks not seen before.
@@ -155,6 +158,7 @@ impl AckFeedback {
         echo_latest: false,
         rtt_ns: None,
         fabric_ns: None,
+        path_fabric_ns: None,
         hop_ns: None,
         ce: false,
         delay_given: false,
@@ -341,7 +345,7 @@ impl Qp {
         let echoed = a.psn == fb.echo_psn && fb.rtt_ns.is_some();
         if echoed && fb.echo_latest {
             sample.rtt_ns = fb.rtt_ns;
-            sample.fabric_delay_ns = fb.fabric_ns;
+            sample.fabric_delay_ns = fb.path_fabric_ns;
             sample.ecn_ce = Some(fb.ce);
         }
         self.route.paths.on_ack(now, &sample);
@@ -350,7 +354,7 @@ impl Qp {
             let mut late = AckSample::new(Timestamp::from_nanos(fb.echo_ts_ns), a.wire_len);
             late.path = u16::from(fb.echo_path);
             late.rtt_ns = fb.rtt_ns;
-            late.fabric_delay_ns = fb.fabric_ns;
+            late.fabric_delay_ns = fb.path_fabric_ns;
             late.ecn_ce = Some(fb.ce);
             self.route.paths.on_late_copy(now, &late);
         }
@@ -502,15 +506,22 @@ impl Qp {
                 Some((_, Some(batch))) => sh.departures.left(batch, built),
                 _ => built,
             };
-            let arrived = sh.rx_at.min(now).max(left);
-            let fabric = arrived.nanos_since(left).saturating_sub(hold).max(1);
+            let arrived = sh.rx_at.min(now);
+            let since = |start: Timestamp| {
+                arrived
+                    .max(start)
+                    .nanos_since(start)
+                    .saturating_sub(hold)
+                    .max(1)
+            };
             // The retransmit timeout must outlast everything the sender waits for, the
             // hosts' delays included: its estimate takes the whole round trip.
             self.rec.rtt.sample(full);
             self.rec.rtt_hist.record(rtt);
             sh.rtt_hist.record(rtt);
             fb.rtt_ns = Some(full);
-            fb.fabric_ns = Some(fabric);
+            fb.fabric_ns = Some(since(left));
+            fb.path_fabric_ns = Some(since(built));
             fb.echo_path = copy.map_or(0, |c| c.0);
             fb.echo_known = copy.is_some();
             fb.echo_latest = copy.is_some_and(|c| c.1.is_some());
