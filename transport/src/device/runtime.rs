@@ -1003,8 +1003,8 @@ impl Inner {
 
     /// Sends everything the engine has to send, in timestamp order, and hands completions to
     /// their queues. The engine learns when each batch's send returned (at the next batch,
-    /// or after the last one), so its delay samples start at the departure
-    /// (`braid_proto::Endpoint::departed`).
+    /// or after the last one), so the delay its congestion controller gets starts at the
+    /// departure (`braid_proto::Endpoint::departed`).
     fn flush(&self, batch: &mut TxBatch) {
         let _order = self.tx_order.lock().unwrap_or_else(|e| e.into_inner());
         let mut departed = None;
