@@ -795,6 +795,19 @@ fn send_bytes(sim: &mut Sim, len: u32) -> (Mr, Vec<u8>) {
     (src, data)
 }
 
+/// The RECV the SEND of [`send_bytes`] was refused for, posted late at b: wr_id 6, 6000 bytes.
+fn post_the_late_recv(sim: &mut Sim) -> Mr {
+    let dst = sim.c.alloc_mr(&sim.b.clone(), 6000, Access::LOCAL_WRITE);
+    sim.post_recv(
+        sim.b,
+        RecvWr {
+            wr_id: 6,
+            sges: vec![sge(&dst, 0, 6000)],
+        },
+    );
+    dst
+}
+
 #[test]
 fn rnr_send_is_retried_until_a_recv_is_posted() {
     let seed = seed(51);
@@ -810,14 +823,7 @@ fn rnr_send_is_retried_until_a_recv_is_posted() {
         0,
         "seed {seed}: completed without a RECV"
     );
-    let dst = sim.c.alloc_mr(&sim.b.clone(), 6000, Access::LOCAL_WRITE);
-    sim.post_recv(
-        sim.b,
-        RecvWr {
-            wr_id: 6,
-            sges: vec![sge(&dst, 0, 6000)],
-        },
-    );
+    let dst = post_the_late_recv(&mut sim);
     let a = sim.wait_cq(sim.a, 1, 100_000);
     assert_eq!(
         (a[0].wr_id, a[0].status, a[0].opcode, a[0].byte_len),
@@ -861,14 +867,7 @@ fn rnr_retry_forever_outlasts_any_count_of_rnr_naks() {
         "seed {seed}: stopped asking"
     );
     assert_eq!(sim.c.cq_len(0, sim.a.cq), 0, "seed {seed}: gave up");
-    let dst = sim.c.alloc_mr(&sim.b.clone(), 6000, Access::LOCAL_WRITE);
-    sim.post_recv(
-        sim.b,
-        RecvWr {
-            wr_id: 6,
-            sges: vec![sge(&dst, 0, 6000)],
-        },
-    );
+    let dst = post_the_late_recv(&mut sim);
     let a = sim.wait_cq(sim.a, 1, 100_000);
     assert_eq!(
         (a[0].wr_id, a[0].status),
