@@ -531,13 +531,11 @@ pub(crate) fn segments(len: usize, segment: Option<usize>) -> impl Iterator<Item
 }
 
 /// The arrays one `sendmmsg` call points into, for up to `C` messages carrying up to `C`
-/// datagrams in all, with `CTRL` bytes of control space per message. A message is one
-/// datagram, or a UDP GSO run of several (one iovec each) that the kernel (or the NIC) cuts
-/// into datagrams of the first one's length (the last may be shorter). Holds only the
-/// payloads' addresses: the lifetime `'a` keeps them borrowed. The pointers between the
-/// arrays and the control messages are set in [`send`](Self::send), right before the call,
-/// so moving the scratch is harmless.
-pub(crate) struct SendMmsg<'a, const C: usize, const CTRL: usize> {
+/// datagrams in all, with `CTRL` bytes of control space per message: 18 KiB at the sizes
+/// the UDP datapath uses, so a sender keeps one and lends it to every call's [`SendMmsg`]
+/// instead of zeroing a new one per call. Between calls they hold stale addresses, which
+/// nothing reads: every entry a call uses is written by that call first.
+pub(crate) struct SendArrays<const C: usize, const CTRL: usize> {
     hdrs: [libc::mmsghdr; C],
     iovs: [libc::iovec; C],
     addrs: [libc::sockaddr_storage; C],
@@ -547,6 +545,31 @@ pub(crate) struct SendMmsg<'a, const C: usize, const CTRL: usize> {
     tos: [Option<(Family, Ecn)>; C],
     /// Per message: its first iovec and how many (datagrams) it carries.
     spans: [(usize, usize); C],
+}
+
+impl<const C: usize, const CTRL: usize> SendArrays<C, CTRL> {
+    /// Zero-filled arrays, on the heap.
+    pub(crate) fn boxed() -> Box<Self> {
+        Box::new(SendArrays {
+            hdrs: [zeroed(); C],
+            iovs: [zeroed(); C],
+            addrs: [zeroed(); C],
+            addr_lens: [0; C],
+            control: [Control::new(); C],
+            tos: [None; C],
+            spans: [(0, 0); C],
+        })
+    }
+}
+
+/// One `sendmmsg` call's queue, in borrowed [`SendArrays`]. A message is one datagram, or a
+/// UDP GSO run of several (one iovec each) that the kernel (or the NIC) cuts into datagrams
+/// of the first one's length (the last may be shorter). Holds only the payloads' addresses:
+/// the lifetime `'a` keeps them borrowed. The pointers between the arrays and the control
+/// messages are set in [`send`](Self::send), right before the call, so moving the arrays
+/// is harmless.
+pub(crate) struct SendMmsg<'a, const C: usize, const CTRL: usize> {
+    a: &'a mut SendArrays<C, CTRL>,
     /// Messages queued.
     len: usize,
     /// Iovecs (datagrams) queued.
@@ -555,16 +578,10 @@ pub(crate) struct SendMmsg<'a, const C: usize, const CTRL: usize> {
 }
 
 impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
-    /// Empty scratch.
-    pub(crate) fn new() -> Self {
+    /// An empty queue in `arrays`.
+    pub(crate) fn new(arrays: &'a mut SendArrays<C, CTRL>) -> Self {
         SendMmsg {
-            hdrs: [zeroed(); C],
-            iovs: [zeroed(); C],
-            addrs: [zeroed(); C],
-            addr_lens: [0; C],
-            control: [Control::new(); C],
-            tos: [None; C],
-            spans: [(0, 0); C],
+            a: arrays,
             len: 0,
             slots: 0,
             payloads: PhantomData,
@@ -584,7 +601,7 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
 
     /// Datagrams carried by the first `messages` queued messages.
     pub(crate) fn datagrams_in(&self, messages: usize) -> usize {
-        self.spans[..messages.min(self.len)]
+        self.a.spans[..messages.min(self.len)]
             .iter()
             .map(|&(_, n)| n)
             .sum()
@@ -604,13 +621,13 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
         if n >= C || self.slots >= C {
             return false;
         }
-        let Some((addr_len, family)) = encode_addr(dest, ipv6_socket, &mut self.addrs[n]) else {
+        let Some((addr_len, family)) = encode_addr(dest, ipv6_socket, &mut self.a.addrs[n]) else {
             return false;
         };
-        self.addr_lens[n] = addr_len;
-        self.tos[n] = (ecn != Ecn::NotEct).then_some((family, ecn));
-        self.spans[n] = (self.slots, 1);
-        self.iovs[self.slots] = libc::iovec {
+        self.a.addr_lens[n] = addr_len;
+        self.a.tos[n] = (ecn != Ecn::NotEct).then_some((family, ecn));
+        self.a.spans[n] = (self.slots, 1);
+        self.a.iovs[self.slots] = libc::iovec {
             iov_base: contents.as_ptr() as *mut libc::c_void,
             iov_len: contents.len(),
         };
@@ -627,12 +644,12 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
         if self.len == 0 || self.slots >= C {
             return false;
         }
-        self.iovs[self.slots] = libc::iovec {
+        self.a.iovs[self.slots] = libc::iovec {
             iov_base: contents.as_ptr() as *mut libc::c_void,
             iov_len: contents.len(),
         };
         self.slots += 1;
-        self.spans[self.len - 1].1 += 1;
+        self.a.spans[self.len - 1].1 += 1;
         true
     }
 
@@ -641,27 +658,27 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
     /// error, which concerns the first message. The queue is left as it is.
     pub(crate) fn send(&mut self, fd: RawFd) -> io::Result<usize> {
         for i in 0..self.len {
-            let (first, count) = self.spans[i];
+            let (first, count) = self.a.spans[i];
             // GSO: the kernel cuts the run into datagrams of the first segment's length.
             let segment = (count > 1)
-                .then(|| u16::try_from(self.iovs[first].iov_len).ok())
+                .then(|| u16::try_from(self.a.iovs[first].iov_len).ok())
                 .flatten();
             // CTRL holds both messages (checked by the callers' sizes); without them the
             // datagram would still go out, only unmarked (and a run as one datagram, which
             // the callers never queue without a segment size).
-            let control_len = self.control[i]
-                .write_send(self.tos[i], segment)
+            let control_len = self.a.control[i]
+                .write_send(self.a.tos[i], segment)
                 .unwrap_or(0);
             let mut hdr: libc::msghdr = zeroed();
-            hdr.msg_name = (&mut self.addrs[i] as *mut libc::sockaddr_storage).cast();
-            hdr.msg_namelen = self.addr_lens[i];
-            hdr.msg_iov = &mut self.iovs[first];
+            hdr.msg_name = (&mut self.a.addrs[i] as *mut libc::sockaddr_storage).cast();
+            hdr.msg_namelen = self.a.addr_lens[i];
+            hdr.msg_iov = &mut self.a.iovs[first];
             hdr.msg_iovlen = count as _;
             if control_len > 0 {
-                hdr.msg_control = self.control[i].as_mut_ptr();
+                hdr.msg_control = self.a.control[i].as_mut_ptr();
                 hdr.msg_controllen = control_len as _;
             }
-            self.hdrs[i] = libc::mmsghdr {
+            self.a.hdrs[i] = libc::mmsghdr {
                 msg_hdr: hdr,
                 msg_len: 0,
             };
@@ -671,7 +688,8 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
         // are built by `push`/`add_segment`, which stop at C), which stay put while `&mut
         // self` is held, and the iovecs at payloads borrowed for `'a`; `len <= C`. The kernel
         // only reads them.
-        let r = unsafe { libc::sendmmsg(fd, self.hdrs.as_mut_ptr(), self.len as libc::c_uint, 0) };
+        let r =
+            unsafe { libc::sendmmsg(fd, self.a.hdrs.as_mut_ptr(), self.len as libc::c_uint, 0) };
         if r < 0 {
             Err(io::Error::last_os_error())
         } else {
@@ -692,6 +710,11 @@ pub(crate) struct RecvMmsg<const C: usize, const CTRL: usize> {
     /// `CLOCK_REALTIME` when it returned (what the datagrams' kernel timestamps are
     /// measured against).
     received_at: Option<u64>,
+    /// The leading headers that point at these arrays and at the iovecs, and where the
+    /// arrays were then: a spinning poller calls `recv` with the same buffers again and
+    /// again, and rewriting all `C` headers per call was most of its own time.
+    prepared: usize,
+    prepared_at: usize,
 }
 
 // SAFETY: the raw pointers in the headers and iovecs point into this struct's own arrays or
@@ -710,6 +733,8 @@ impl<const C: usize, const CTRL: usize> RecvMmsg<C, CTRL> {
             control: [Control::new(); C],
             received: 0,
             received_at: None,
+            prepared: 0,
+            prepared_at: 0,
         }
     }
 
@@ -717,12 +742,35 @@ impl<const C: usize, const CTRL: usize> RecvMmsg<C, CTRL> {
     /// how many datagrams arrived, or the OS error. [`meta`](Self::meta) then describes them.
     pub(crate) fn recv(&mut self, fd: RawFd, bufs: &mut [Box<[u8]>]) -> io::Result<usize> {
         let want = bufs.len().min(C);
+        let at = self.hdrs.as_ptr() as usize;
+        if self.prepared_at != at {
+            self.prepared = 0;
+            self.prepared_at = at;
+        }
+        // The kernel wrote the lengths and flags of the headers it filled last time (and may
+        // have of the first even when nothing came): those are reset, the rest kept.
+        let written = self.received.max(1);
         self.received = 0;
         for (i, buf) in bufs.iter_mut().take(want).enumerate() {
-            self.iovs[i] = libc::iovec {
+            let iov = libc::iovec {
                 iov_base: buf.as_mut_ptr().cast(),
                 iov_len: buf.len(),
             };
+            let same = i < self.prepared
+                && self.iovs[i].iov_base == iov.iov_base
+                && self.iovs[i].iov_len == iov.iov_len;
+            if same {
+                if i < written {
+                    let m = &mut self.hdrs[i];
+                    m.msg_hdr.msg_namelen =
+                        mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+                    m.msg_hdr.msg_controllen = CTRL as _;
+                    m.msg_hdr.msg_flags = 0;
+                    m.msg_len = 0;
+                }
+                continue;
+            }
+            self.iovs[i] = iov;
             let mut hdr: libc::msghdr = zeroed();
             hdr.msg_name = (&mut self.addrs[i] as *mut libc::sockaddr_storage).cast();
             hdr.msg_namelen = mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
@@ -735,9 +783,11 @@ impl<const C: usize, const CTRL: usize> RecvMmsg<C, CTRL> {
                 msg_len: 0,
             };
         }
+        self.prepared = self.prepared.max(want);
         // SAFETY: the first `want <= C` headers point at this scratch's own address storage
-        // and control buffers, sized as the headers say, and their iovecs at `want` distinct
-        // buffers of `bufs`, each `iov_len` long; all are exclusively borrowed until the call
+        // and control buffers (at their current place: `prepared_at`), sized as the headers
+        // say, and their iovecs at `want` distinct buffers of `bufs` (each compared or
+        // rewritten above), each `iov_len` long; all are exclusively borrowed until the call
         // returns, and the kernel writes only within those lengths.
         let n = unsafe {
             libc::recvmmsg(

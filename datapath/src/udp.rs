@@ -22,6 +22,7 @@
 //! each datagram on by itself, so callers see separate datagrams either way. Both are probed
 //! at bind and fall back to one datagram per system call slot when the kernel lacks them.
 
+use std::cell::RefCell;
 use std::io;
 use std::net::SocketAddr;
 use std::os::fd::{AsRawFd, RawFd};
@@ -31,7 +32,7 @@ use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, Socket, Type};
 
-use crate::sys::{self, EventFd, RecvMmsg, SendMmsg};
+use crate::sys::{self, EventFd, RecvMmsg, SendArrays, SendMmsg};
 use crate::{Datapath, MAX_DATAGRAM, RecvBatch, RecvMeta, Transmit};
 
 /// The most paths (sockets, source ports) one datapath opens.
@@ -63,6 +64,13 @@ pub(crate) const RECV_CONTROL_BYTES: usize = 128;
 /// Bytes of control-message space per sent message (a TOS or TCLASS message and a
 /// `UDP_SEGMENT` message, 24 bytes each).
 const SEND_CONTROL_BYTES: usize = 48;
+
+thread_local! {
+    /// Each sending thread's `sendmmsg` arrays, lent to every send it makes (zeroing 18 KiB
+    /// per call cost more than the engine's work on a small message).
+    static SEND_ARRAYS: RefCell<Box<SendArrays<SEND_CHUNK, SEND_CONTROL_BYTES>>> =
+        RefCell::new(SendArrays::boxed());
+}
 
 /// Most datagrams in one GSO message (the kernel's `UDP_MAX_SEGMENTS` was 64 before Linux
 /// 6.9, which raised it to 128).
@@ -212,6 +220,75 @@ impl UdpDatapath {
         &self.sockets[index]
     }
 
+    /// [`Datapath::send`], queueing in `arrays`.
+    fn send_in(
+        &self,
+        arrays: &mut SendArrays<SEND_CHUNK, SEND_CONTROL_BYTES>,
+        batch: &[Transmit<'_>],
+    ) -> io::Result<usize> {
+        let mut scratch = SendMmsg::new(arrays);
+        let mut sent = 0;
+        // Datagrams before this index go out one per message (GSO was refused for them).
+        let mut no_gso_before = 0;
+        let mut blocked_since: Option<Instant> = None;
+        while sent < batch.len() {
+            let rest = &batch[sent..];
+            let gso = self.gso.load(Ordering::Relaxed) && sent >= no_gso_before;
+            // The leading run that shares the first datagram's path and can be addressed
+            // from this socket family, at most SEND_CHUNK datagrams, as GSO runs if on.
+            scratch.clear();
+            queue_path_run(&mut scratch, rest, self.ipv6, gso);
+            if scratch.len() == 0 {
+                // The first datagram cannot be addressed from this socket family.
+                sent += 1;
+                continue;
+            }
+            let fd = self.socket_for(rest[0].path).as_raw_fd();
+            let code = match scratch.send(fd) {
+                Ok(r) if r > 0 => {
+                    let datagrams = scratch.datagrams_in(r);
+                    self.stats.sent(r, datagrams);
+                    sent += datagrams;
+                    continue;
+                }
+                Ok(_) => libc::EAGAIN,
+                Err(e) => e.raw_os_error().unwrap_or(0),
+            };
+            let first = scratch.datagrams_in(1);
+            match code {
+                libc::EINTR => {}
+                libc::EAGAIN => {
+                    // The 10 ms budget covers the whole call, not each stall.
+                    let since = *blocked_since.get_or_insert_with(Instant::now);
+                    let waited = since.elapsed();
+                    let limit = Duration::from_nanos(SEND_BLOCK_NS_MAX);
+                    if waited >= limit {
+                        return Ok(sent);
+                    }
+                    let mut fds = [libc::pollfd {
+                        fd,
+                        events: libc::POLLOUT,
+                        revents: 0,
+                    }];
+                    // EINTR or a timeout lands back here and is handled by the next round.
+                    let _ = sys::poll(&mut fds, Some(limit - waited));
+                }
+                code if first > 1 && is_gso_refusal(code) => {
+                    // Send this run again one datagram per message; if the refusal says GSO
+                    // cannot work here at all, stop trying it.
+                    if is_gso_unsupported(code) {
+                        self.gso.store(false, Ordering::Relaxed);
+                    }
+                    no_gso_before = sent + first;
+                }
+                code if is_per_datagram_error(code) => sent += first,
+                _ if sent > 0 => return Ok(sent),
+                code => return Err(io::Error::from_raw_os_error(code)),
+            }
+        }
+        Ok(sent)
+    }
+
     /// Receives ready datagrams into `batch` without waiting. Returns how many were kept.
     fn recv_ready(&self, batch: &mut RecvBatch) -> io::Result<usize> {
         let fd = self.sockets[0].as_raw_fd();
@@ -281,67 +358,7 @@ impl Datapath for UdpDatapath {
     /// 10 ms, returns the number sent so far. Other errors end the call: with `Ok(sent)` if
     /// some datagrams went out, with the error if none did.
     fn send(&self, batch: &[Transmit<'_>]) -> io::Result<usize> {
-        let mut scratch = SendMmsg::<SEND_CHUNK, SEND_CONTROL_BYTES>::new();
-        let mut sent = 0;
-        // Datagrams before this index go out one per message (GSO was refused for them).
-        let mut no_gso_before = 0;
-        let mut blocked_since: Option<Instant> = None;
-        while sent < batch.len() {
-            let rest = &batch[sent..];
-            let gso = self.gso.load(Ordering::Relaxed) && sent >= no_gso_before;
-            // The leading run that shares the first datagram's path and can be addressed
-            // from this socket family, at most SEND_CHUNK datagrams, as GSO runs if on.
-            scratch.clear();
-            queue_path_run(&mut scratch, rest, self.ipv6, gso);
-            if scratch.len() == 0 {
-                // The first datagram cannot be addressed from this socket family.
-                sent += 1;
-                continue;
-            }
-            let fd = self.socket_for(rest[0].path).as_raw_fd();
-            let code = match scratch.send(fd) {
-                Ok(r) if r > 0 => {
-                    let datagrams = scratch.datagrams_in(r);
-                    self.stats.sent(r, datagrams);
-                    sent += datagrams;
-                    continue;
-                }
-                Ok(_) => libc::EAGAIN,
-                Err(e) => e.raw_os_error().unwrap_or(0),
-            };
-            let first = scratch.datagrams_in(1);
-            match code {
-                libc::EINTR => {}
-                libc::EAGAIN => {
-                    // The 10 ms budget covers the whole call, not each stall.
-                    let since = *blocked_since.get_or_insert_with(Instant::now);
-                    let waited = since.elapsed();
-                    let limit = Duration::from_nanos(SEND_BLOCK_NS_MAX);
-                    if waited >= limit {
-                        return Ok(sent);
-                    }
-                    let mut fds = [libc::pollfd {
-                        fd,
-                        events: libc::POLLOUT,
-                        revents: 0,
-                    }];
-                    // EINTR or a timeout lands back here and is handled by the next round.
-                    let _ = sys::poll(&mut fds, Some(limit - waited));
-                }
-                code if first > 1 && is_gso_refusal(code) => {
-                    // Send this run again one datagram per message; if the refusal says GSO
-                    // cannot work here at all, stop trying it.
-                    if is_gso_unsupported(code) {
-                        self.gso.store(false, Ordering::Relaxed);
-                    }
-                    no_gso_before = sent + first;
-                }
-                code if is_per_datagram_error(code) => sent += first,
-                _ if sent > 0 => return Ok(sent),
-                code => return Err(io::Error::from_raw_os_error(code)),
-            }
-        }
-        Ok(sent)
+        SEND_ARRAYS.with_borrow_mut(|arrays| self.send_in(arrays, batch))
     }
 
     /// Waits for the path-0 socket or a [`wake`](Datapath::wake), then receives up to
