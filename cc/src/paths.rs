@@ -624,10 +624,13 @@ impl PathSet {
 
     fn rebuild_guide(&mut self) {
         let total = self.cum.last().copied().unwrap_or(1).max(1);
-        let g = self.guide.len() as u64;
+        // The guide's length is a power of two: a shift, not a division per slot (refresh
+        // runs at every feedback on up to 16 paths, and the divisions were a fifth of it).
+        debug_assert!(self.guide.len().is_power_of_two());
+        let shift = self.guide.len().trailing_zeros();
         let mut i = 0;
         for (j, slot) in self.guide.iter_mut().enumerate() {
-            let x = j as u64 * total / g;
+            let x = (j as u64 * total) >> shift;
             while i + 1 < self.cum.len() && self.cum[i] <= x {
                 i += 1;
             }
@@ -746,10 +749,19 @@ impl PathSet {
     /// Share-weighted median of `value` over the paths that have one.
     fn median(&mut self, value: impl Fn(&Path) -> Option<f64>) -> Option<f64> {
         self.scratch.clear();
+        let mut same = true;
         for (p, &w) in self.paths.iter().zip(&self.shares) {
             if let Some(v) = value(p) {
+                same &= self
+                    .scratch
+                    .first()
+                    .is_none_or(|f| f.0.total_cmp(&v).is_eq());
                 self.scratch.push((v, w));
             }
+        }
+        // Usually so for the ECN and loss medians (no marks, no losses): no sort needed.
+        if same {
+            return self.scratch.first().map(|e| e.0);
         }
         self.scratch.sort_by(|a, b| a.0.total_cmp(&b.0));
         let half = self.scratch.iter().map(|e| e.1).sum::<f64>() / 2.0;
