@@ -254,6 +254,14 @@ pub struct PathSet {
     min_delay_ns: Option<u64>,
     delay_target_ns: Option<u64>,
     scratch: Vec<(f64, f64)>,
+    /// Each path's health (its share before normalising) as the last refresh computed it,
+    /// whether the path was fed since (`stale`), and what every health depended on beyond
+    /// its own path then (the lowest delay and the median ECN fraction, as bits). A refresh
+    /// recomputes only the stale paths unless those changed: one ACK feeds one path, and
+    /// the exponentials and divisions of every path at each ACK were most of a refresh.
+    health: Vec<f64>,
+    stale: Vec<bool>,
+    health_inputs: (u64, u64),
     /// The latest delays handed to the controller, a ring: (ACK time ns, delay ns).
     recent: [(u64, u64); RECENT_DELAYS],
     recent_pos: usize,
@@ -303,6 +311,9 @@ impl PathSet {
             min_delay_ns: None,
             delay_target_ns: None,
             scratch: Vec::with_capacity(n),
+            health: vec![0.0; n],
+            stale: vec![true; n],
+            health_inputs: (u64::MAX, u64::MAX),
             recent: [(0, 0); RECENT_DELAYS],
             recent_pos: 0,
             recent_len: 0,
@@ -365,6 +376,7 @@ impl PathSet {
             return; // sent on the path's previous source port
         }
         self.next_round(i, now, s.sent_at);
+        self.stale[i] = true;
         let p = &mut self.paths[i];
         p.absorb(&cfg, s);
         p.balance(&cfg, s, self.signal.delay_ns);
@@ -392,6 +404,7 @@ impl PathSet {
         }
         p.absorb(&cfg, s);
         p.balance(&cfg, s, self.signal.delay_ns);
+        self.stale[i] = true;
         self.dirty = true;
         self.events_since_refresh = self.events_since_refresh.saturating_add(1);
         let _ = now;
@@ -409,6 +422,7 @@ impl PathSet {
             return;
         }
         self.next_round(i, now, sent_at);
+        self.stale[i] = true;
         let p = &mut self.paths[i];
         p.loss_rate += gain * (1.0 - p.loss_rate);
         p.outcomes = p.outcomes.saturating_add(1);
@@ -494,6 +508,7 @@ impl PathSet {
                 repaths: p.repaths.saturating_add(1),
                 ..Path::default()
             };
+            self.stale[usize::from(i)] = true;
             self.dirty = true;
             self.events_since_refresh = u32::MAX;
             return Some(i);
@@ -698,33 +713,37 @@ impl PathSet {
             .map(|p| p.delay_ns)
             .fold(f64::INFINITY, f64::min);
         let ecn_median = self.signal.ecn_frac;
+        let inputs = (dmin.to_bits(), ecn_median.to_bits());
+        let all = inputs != self.health_inputs;
+        self.health_inputs = inputs;
         let mut sum = 0.0;
-        for (p, s) in self.paths.iter().zip(self.shares.iter_mut()) {
-            let excess = if p.delay_samples > 0 && dmin > 0.0 && dmin.is_finite() {
-                (p.delay_ns / dmin - 1.0 - c.delay_tolerance).max(0.0)
-            } else {
-                0.0
-            };
-            // Marks above the connection's median: marks every path sees are the controller's
-            // business, and an ACK's CE report covers every packet since the previous ACK, so
-            // some of one path's marks land on the paths whose packets the ACKs echo.
-            let ecn = (p.ecn_frac - ecn_median).max(0.0);
-            // A path marked more than the median is not fast, whatever its delay (a marking
-            // AQM keeps its queue short): the balance term may only take share from it.
-            let balance = if ecn > 0.0 {
-                p.balance_log.min(0.0)
-            } else {
-                p.balance_log
-            };
-            let h =
-                balance.exp() / (1.0 + c.k_delay * excess + c.k_ecn * ecn + c.k_loss * p.loss_rate);
-            let h = if h.is_finite() && h > 0.0 { h } else { 0.0 };
-            *s = h;
-            sum += h;
+        for ((p, h), stale) in self
+            .paths
+            .iter()
+            .zip(self.health.iter_mut())
+            .zip(self.stale.iter_mut())
+        {
+            if all || *stale {
+                *h = p.health(&c, dmin, ecn_median);
+                *stale = false;
+            }
+            sum += *h;
         }
+        debug_assert!(
+            self.paths
+                .iter()
+                .zip(&self.health)
+                .all(|(p, h)| p.health(&c, dmin, ecn_median).to_bits() == h.to_bits()),
+            "a path's health changed without it being marked stale"
+        );
         let mut acc = 0u64;
-        for (s, cum) in self.shares.iter_mut().zip(self.cum.iter_mut()) {
-            let health = if sum > 0.0 { *s / sum } else { 1.0 / n };
+        for ((s, cum), &h) in self
+            .shares
+            .iter_mut()
+            .zip(self.cum.iter_mut())
+            .zip(&self.health)
+        {
+            let health = if sum > 0.0 { h / sum } else { 1.0 / n };
             *s = c.probe_floor / n + (1.0 - c.probe_floor) * health;
             acc += ((*s * SHARE_SCALE).round() as u64).max(1);
             *cum = acc;
@@ -797,6 +816,30 @@ struct Path {
 }
 
 impl Path {
+    /// The path's health: its share before normalising, from its delay above the lowest
+    /// (`dmin`), its ECN fraction above the median, its loss rate and its balance term.
+    fn health(&self, c: &PathConfig, dmin: f64, ecn_median: f64) -> f64 {
+        let excess = if self.delay_samples > 0 && dmin > 0.0 && dmin.is_finite() {
+            (self.delay_ns / dmin - 1.0 - c.delay_tolerance).max(0.0)
+        } else {
+            0.0
+        };
+        // Marks above the connection's median: marks every path sees are the controller's
+        // business, and an ACK's CE report covers every packet since the previous ACK, so
+        // some of one path's marks land on the paths whose packets the ACKs echo.
+        let ecn = (self.ecn_frac - ecn_median).max(0.0);
+        // A path marked more than the median is not fast, whatever its delay (a marking
+        // AQM keeps its queue short): the balance term may only take share from it.
+        let balance = if ecn > 0.0 {
+            self.balance_log.min(0.0)
+        } else {
+            self.balance_log
+        };
+        let h =
+            balance.exp() / (1.0 + c.k_delay * excess + c.k_ecn * ecn + c.k_loss * self.loss_rate);
+        if h.is_finite() && h > 0.0 { h } else { 0.0 }
+    }
+
     /// Moves the balance factor by one delay sample against the connection's median delay.
     fn balance(&mut self, cfg: &PathConfig, s: &AckSample, median_ns: Option<u64>) {
         let (Some(d), Some(m)) = (s.delay_ns(), median_ns) else {
