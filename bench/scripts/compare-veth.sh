@@ -60,6 +60,11 @@
 #              veth-2026-12-02-s8-after.md): the same burst size as Braid's
 #   BRAID_BURST  Braid's burst spraying (braid-perf --burst: new packets per path draw, so
 #              each burst leaves as one GSO message); default BURST; 1 = a path per packet
+#   BRAID_SLOTS=1  message slots of Braid's SIZE write_bw/read_bw rows (braid-perf --slots): 1
+#              posts every message from and to the same bytes, as perftest's bandwidth tests
+#              do and as iperf3 and udp-blast send from one buffer; empty: one slot per
+#              outstanding message (32 MiB of each region at 1 MiB), the script's figures
+#              before 2026-12-03 (and what binaries without --slots need)
 #   XDP_RAW=1  the AF_XDP frame rate through Braid's own AF_XDP datapath with no protocol
 #              (xdp-blast), MAX_DGRAM and XDP_RAW_SMALL (64) byte payloads
 #   READ_CONFIGS="udp uring xdp"  Braid read_bw SIZE rows (empty: skip)
@@ -102,6 +107,9 @@ BRAID_BURST=${BRAID_BURST:-$BURST}
 # the flag, can then be measured with BRAID_BURST=1 for a before/after).
 BURST_ARGS=()
 [ "$BRAID_BURST" = 1 ] || BURST_ARGS=(--burst "$BRAID_BURST")
+BRAID_SLOTS=${BRAID_SLOTS-1}
+SLOT_ARGS=()
+[ -z "$BRAID_SLOTS" ] || SLOT_ARGS=(--slots "$BRAID_SLOTS")
 XDP_RAW=${XDP_RAW:-1}
 XDP_RAW_SMALL=${XDP_RAW_SMALL:-64}
 READ_CONFIGS=${READ_CONFIGS-udp uring xdp}
@@ -556,7 +564,7 @@ more_braid() { # run: read_bw, send_bw and 8 B write_bw message-rate rows
     local cfg
     for cfg in $READ_CONFIGS; do
         log "run $1/$RUNS: Braid $cfg read_bw $SIZE ${DURATION}s"
-        measure braid "$1" "$cfg" read_bw "$cfg+read" --size "$SIZE" --duration "$DURATION"
+        measure braid "$1" "$cfg" read_bw "$cfg+read" --size "$SIZE" --duration "$DURATION" "${SLOT_ARGS[@]}"
     done
     for cfg in $SEND_CONFIGS; do
         log "run $1/$RUNS: Braid $cfg send_bw $SIZE ${DURATION}s"
@@ -616,12 +624,12 @@ for i in $(seq "$RUNS"); do
     lat_modes_run "$i"
     for cfg in $CONFIGS; do
         log "run $i/$RUNS: Braid $cfg (client/server datapath): write_bw $SIZE ${DURATION}s, write_lat 8 B x $LAT_ITERS"
-        measure braid "$i" "$cfg" write_bw "$cfg" --size "$SIZE" --duration "$DURATION"
+        measure braid "$i" "$cfg" write_bw "$cfg" --size "$SIZE" --duration "$DURATION" "${SLOT_ARGS[@]}"
         measure braid "$i" "$cfg" write_lat "$cfg" --size 8 --iters "$LAT_ITERS"
     done
     for cfg in $BUSY_CONFIGS; do
         log "run $i/$RUNS: Braid $cfg write_bw with the client's --busy-poll (informational)"
-        measure braid "$i" "$cfg" write_bw "$cfg+busy-poll" --size "$SIZE" --duration "$DURATION" --busy-poll
+        measure braid "$i" "$cfg" write_bw "$cfg+busy-poll" --size "$SIZE" --duration "$DURATION" --busy-poll "${SLOT_ARGS[@]}"
     done
 
     measure iperf "$i"
@@ -834,7 +842,7 @@ desc() {
     echo
     echo "Machine: $(nproc) CPUs, Linux $(uname -r); commit $(jq -r .commit "$OUT_JSON")$(jq -r '.uncommitted_files | if length > 0 then " plus uncommitted changes in \(join(", "))" else "" end' "$OUT_JSON"). Medians of $RUNS runs, all in this one run."
     echo "Topology: $(jq -r .topology "$OUT_JSON"); servers in $NSB, clients in $NSA."
-    echo "Braid: $PATHS paths, $MAX_DGRAM B datagrams; write_bw $SIZE messages for $DURATION s (client sends, server receives); write_lat 8 B x $LAT_ITERS round trips."
+    echo "Braid: $PATHS paths, $MAX_DGRAM B datagrams; write_bw $SIZE messages for $DURATION s (client sends, server receives; ${BRAID_SLOTS:-one per outstanding message} message slot(s) per region, braid-perf --slots); write_lat 8 B x $LAT_ITERS round trips."
     echo "Kernel: iperf3 TCP one stream $DURATION s; udp-pingpong 8 B x $LAT_ITERS."
     echo
     echo "| Braid datapath (client → server) | WRITE $SIZE Gbit/s | / iperf3 TCP | / Braid udp | retransmits | WRITE 8 B p50 µs | p99 µs | p50 / UDP ping-pong p50 | p99 / UDP p99 |"

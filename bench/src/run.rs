@@ -1,7 +1,9 @@
 //! The test loops, run over one connected queue pair.
 //!
 //! Bandwidth loops keep a bounded window of outstanding work requests: message `m` uses slot
-//! `m % window`, at byte offset `slot * size` in both the local and the remote region, and is
+//! `m % window` (or `m % slots` when fewer slots are asked for, [`BwSpec::slots`]: several
+//! outstanding messages then share bytes, as perftest's do), at byte offset `slot * size` in
+//! both the local and the remote region, and is
 //! posted only once message `m - window` has completed. Completions arrive in posting order,
 //! so the completion of `m` frees slot `m % window`, and with only every n-th work request
 //! signaled (`BwSpec::signal_every`, perftest's `--cq-mod`) the completion of `m` frees the
@@ -91,8 +93,12 @@ pub struct BwSpec {
     pub size: u32,
     /// Length of the run.
     pub limit: Limit,
-    /// Outstanding work requests allowed (clamped to what the regions hold).
+    /// Outstanding work requests allowed.
     pub window: usize,
+    /// Message slots cycled through in both regions (message `m` uses slot `m % slots`);
+    /// 0: one per outstanding work request (the window). Clamped to what the regions hold.
+    /// [`run_bw`] only; a check that remembers a slot's content needs the default.
+    pub slots: usize,
     /// Spin on the completion queue instead of sleeping on it.
     pub busy_poll: bool,
     /// Print a progress line per second to stderr.
@@ -320,10 +326,21 @@ pub fn run_bw(c: &Conn<'_>, spec: &BwSpec, check: &mut dyn Check) -> Result<BwRe
         return Err("message size must be at least 1 byte".into());
     }
     let fit = (c.local.len() as u64 / size).min(c.remote_len / size) as usize;
-    let window = spec.window.min(fit);
-    if window == 0 {
+    let wanted = if spec.slots == 0 {
+        spec.window
+    } else {
+        spec.slots
+    };
+    let slots = wanted.min(fit);
+    if slots == 0 || spec.window == 0 {
         return Err(format!("regions too small for {size}-byte messages"));
     }
+    // Distinct slots per outstanding request, unless fewer were asked for.
+    let window = if spec.slots == 0 {
+        slots
+    } else {
+        spec.window.min(MAX_WINDOW)
+    };
     // A group of `every` work requests ends in a signaled one; a window smaller than the
     // group would wait for a completion that is never asked for. With `every` at most the
     // window, the outstanding requests always hold a signaled one.
@@ -345,7 +362,7 @@ pub fn run_bw(c: &Conn<'_>, spec: &BwSpec, check: &mut dyn Check) -> Result<BwRe
                 Limit::Duration(_) => u64::MAX,
             };
             while posted - done < window as u64 && posted < cap {
-                let off = (posted % window as u64) * size;
+                let off = (posted % slots as u64) * size;
                 check.before(posted, off);
                 let remote = RemoteAddr {
                     rkey: c.rkey,
@@ -381,7 +398,7 @@ pub fn run_bw(c: &Conn<'_>, spec: &BwSpec, check: &mut dyn Check) -> Result<BwRe
             };
             check_wc(wc, want, spec.op.name())?;
             while done <= wc.wr_id {
-                let off = (done % window as u64) * size;
+                let off = (done % slots as u64) * size;
                 record(check.after(done, off), &mut verified, &mut mismatches);
                 done += 1;
             }
@@ -884,6 +901,7 @@ mod tests {
             size,
             limit,
             window,
+            slots: 0,
             busy_poll: false,
             progress: false,
             signal_every: every,
@@ -937,6 +955,51 @@ mod tests {
         assert!(r.iterations > 0);
         assert_eq!(r.iterations % window as u64, 0, "{} messages", r.iterations);
         assert_eq!(ca.poll(&mut [empty_completion(); 4]), 0);
+    }
+
+    #[test]
+    fn fewer_slots_than_the_window_share_bytes_and_keep_the_window() {
+        let l = pair();
+        let (pa, pb) = (l.devs[0].alloc_pd(), l.devs[1].alloc_pd());
+        let (ca, cb) = (l.devs[0].create_cq(), l.devs[1].create_cq());
+        let qa = pa.create_qp(&ca, &ca).unwrap();
+        let qb = pb.create_qp(&cb, &cb).unwrap();
+        qa.connect(qb.info()).unwrap();
+        qb.connect(qa.info()).unwrap();
+        // Regions of one 4 KiB slot: by default they allow one outstanding WRITE; with
+        // `slots: 1` all 8 of the window are outstanding from and to the same bytes.
+        let src = pa.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+        let dst = pb.alloc_mr(4096, Access::ALL).unwrap();
+        src.write(0, &[0x5a; 4096]).unwrap();
+        let conn = Conn {
+            qp: &qa,
+            cq: &ca,
+            local: &src,
+            rkey: dst.rkey(),
+            remote_len: dst.len() as u64,
+        };
+        let one = run_bw(
+            &conn,
+            &spec(BwOp::Write, 4096, Limit::Iters(20), 8, 1),
+            &mut NoCheck,
+        )
+        .unwrap();
+        assert_eq!((one.iterations, one.window), (20, 1));
+        let shared = BwSpec {
+            slots: 1,
+            ..spec(BwOp::Write, 4096, Limit::Iters(40), 8, 1)
+        };
+        let r = run_bw(&conn, &shared, &mut NoCheck).unwrap();
+        assert_eq!((r.iterations, r.window), (40, 8));
+        let mut got = vec![0u8; 4096];
+        dst.read(0, &mut got).unwrap();
+        assert!(got.iter().all(|&b| b == 0x5a));
+        // More slots than the regions hold is clamped, not an error.
+        let many = BwSpec {
+            slots: 64,
+            ..spec(BwOp::Write, 4096, Limit::Iters(4), 8, 1)
+        };
+        assert_eq!(run_bw(&conn, &many, &mut NoCheck).unwrap().iterations, 4);
     }
 
     #[test]

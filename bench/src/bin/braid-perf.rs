@@ -282,6 +282,13 @@ struct ClientArgs {
     /// Outstanding work requests in bandwidth tests (default: 32 MiB worth, 2 to 64).
     #[arg(long)]
     window: Option<usize>,
+    /// Message slots the WRITE and READ bandwidth tests cycle through in each region
+    /// (default: one per outstanding work request, the window). 1 posts every message from
+    /// and to the same bytes, as perftest's bandwidth tests do: a working set of one message
+    /// instead of the window's (32 MiB by default). Not with --verify (each message's
+    /// pattern needs its own slot).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "verify")]
+    slots: Option<u64>,
     /// Sweep over powers of 2 instead of powers of 4.
     #[arg(long)]
     pow2: bool,
@@ -492,6 +499,7 @@ fn demo(a: &DemoArgs) -> Result<bool, String> {
         size: size32,
         limit,
         window,
+        slots: 0,
         busy_poll: a.busy_poll,
         progress: false,
         signal_every: 1,
@@ -923,7 +931,7 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
         Test::WriteBw | Test::ReadBw | Test::Sweep => {
             let l = sizes
                 .iter()
-                .map(|&s| window_of(s) as u64 * s)
+                .map(|&s| a.slots.unwrap_or(u64::MAX).min(window_of(s) as u64) * s)
                 .max()
                 .unwrap_or(size);
             (l, l)
@@ -1078,6 +1086,10 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
                     size: to_u32(s)?,
                     limit,
                     window,
+                    slots: match op {
+                        BwOp::Send => 0,
+                        _ => a.slots.map_or(0, |n| n.min(window as u64) as usize),
+                    },
                     busy_poll: a.busy_poll,
                     progress,
                     signal_every: a.cq_mod,
