@@ -71,6 +71,11 @@ const BATCH: usize = 64;
 const TIMER_SLACK: Duration = Duration::from_millis(1);
 /// How often a busy-polling progress thread that receives nothing checks timers, ns.
 const BUSY_TIMER_CHECK_NS: u64 = 20_000;
+/// How long after it last received a thread-progress device's progress thread polls the
+/// datapath without sleeping (yielding the CPU between polls), ns. At a steady rate the
+/// next batch comes sooner, and a sleep costs a wake-up at both ends (the sender's kernel
+/// wakes the sleeper): see bench/results/veth-2026-12-03.md.
+const SPIN_BEFORE_SLEEP_NS: u64 = 50_000;
 /// Receive batches the progress thread takes before it runs timers.
 const MAX_RX_BATCHES_BEFORE_TIMERS: usize = 16;
 /// Longest the progress thread sleeps while the device has no QP.
@@ -1215,6 +1220,8 @@ impl Inner {
         // the driver slot's.
         let mut own = (!self.inline()).then(|| Driver::new(self.datapath.max_payload()));
         let mut timers_checked = Timestamp::ZERO;
+        let mut received_at = Timestamp::ZERO;
+        let threaded = own.is_some();
         while !self.stop.load(Ordering::Acquire) {
             let mut slot;
             let drv = match own.as_mut() {
@@ -1231,7 +1238,12 @@ impl Inner {
                 }
             };
             let Driver { rx, tx, .. } = drv;
-            let wait = self.next_wait();
+            let spinning = threaded && self.now().nanos_since(received_at) < SPIN_BEFORE_SLEEP_NS;
+            let wait = if spinning {
+                Duration::ZERO
+            } else {
+                self.next_wait()
+            };
             let asleep = self.inline() && !wait.is_zero();
             if asleep {
                 self.progress_asleep.store(true, Ordering::Release);
@@ -1243,12 +1255,19 @@ impl Inner {
             // A busy-polling thread that received nothing leaves the engine lock alone
             // (posting threads send their own packets) and checks timers only now and then.
             let now = self.now();
-            if self.busy_poll
+            if received > 0 {
+                received_at = now;
+            }
+            if (self.busy_poll || spinning)
                 && received == 0
                 && self.posts.is_empty()
                 && now.nanos_since(timers_checked) < BUSY_TIMER_CHECK_NS
             {
-                std::hint::spin_loop();
+                if self.busy_poll {
+                    std::hint::spin_loop();
+                } else {
+                    std::thread::yield_now();
+                }
                 continue;
             }
             timers_checked = now;
