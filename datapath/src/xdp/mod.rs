@@ -527,6 +527,11 @@ impl RxState {
         self.queues.iter_mut().any(|q| !q.rx.is_empty())
     }
 
+    /// Whether the kernel asked for a system call to see new fill-ring entries.
+    fn fill_needs_wakeup(&self) -> bool {
+        self.queues.iter().any(|q| q.fill.needs_wakeup())
+    }
+
     /// Hands up to `limit` ready datagrams to `f` and recycles their frames; returns how
     /// many were handed out.
     fn drain(
@@ -1143,11 +1148,27 @@ impl XdpDatapath {
         if self.tx_pending.swap(false, Ordering::Relaxed) {
             self.flush(Instant::now());
         }
+        let nonblocking = timeout == Some(Duration::ZERO);
         let deadline = timeout.map(|t| Instant::now() + t);
         let mut rx = lock(&self.rx);
         let rx = &mut *rx;
         loop {
-            let wait = if rx.any_ready() {
+            let ready = rx.any_ready();
+            // The rings are shared memory: frames ready, or none when the caller will not
+            // wait, need no system call (a poll per look was most of a spinning poller's
+            // round), unless a fill ring asks for a wake-up.
+            if (ready || nonblocking) && !rx.fill_needs_wakeup() {
+                let n = rx.drain(limit, self.local, &self.counters, f);
+                if n > 0
+                    || nonblocking
+                    || limit == 0
+                    || deadline.is_some_and(|d| Instant::now() >= d)
+                {
+                    return Ok(n);
+                }
+                continue;
+            }
+            let wait = if ready {
                 Some(Duration::ZERO)
             } else {
                 deadline.map(|d| d.saturating_duration_since(Instant::now()))
