@@ -39,10 +39,7 @@ pub(super) fn crc(b: &[u8]) -> u32 {
         return braid_crc::crc32c(b);
     }
     let f = field::request::HOP_QUEUE;
-    let (at, end) = (HEADER_LEN + f.start, HEADER_LEN + f.end);
-    let c = braid_crc::crc32c(&b[..at]);
-    let c = braid_crc::crc32c_append(c, &[0u8; 2]);
-    braid_crc::crc32c_append(c, &b[end..])
+    braid_crc::crc32c_masked(b, HEADER_LEN + f.start..HEADER_LEN + f.end)
 }
 
 /// The raw hop field of `datagram` (0: none, or not a plain REQUEST).
