@@ -238,6 +238,8 @@ pub struct ConnectionSignal {
 #[derive(Debug, Clone)]
 pub struct PathSet {
     cfg: PathConfig,
+    /// `ln(cfg.balance_range)` (at least 0): a logarithm per acknowledged packet less.
+    balance_range_ln: f64,
     paths: Vec<Path>,
     shares: Vec<f64>,
     /// Cumulative quantized shares: path `i` owns `[cum[i] - q[i], cum[i])`.
@@ -298,6 +300,7 @@ impl PathSet {
         cfg.loss_gain = finite_or(cfg.loss_gain, 0.0625).clamp(0.0, 1.0);
         let mut set = PathSet {
             cfg,
+            balance_range_ln: cfg.balance_range.max(1.0).ln(),
             paths: vec![Path::default(); n],
             shares: vec![0.0; n],
             cum: vec![0; n],
@@ -379,7 +382,7 @@ impl PathSet {
         self.stale[i] = true;
         let p = &mut self.paths[i];
         p.absorb(&cfg, s);
-        p.balance(&cfg, s, self.signal.delay_ns);
+        p.balance(&cfg, self.balance_range_ln, s, self.signal.delay_ns);
         if let Some(d) = s.delay_ns() {
             self.min_delay_ns = Some(self.min_delay_ns.map_or(d, |m| m.min(d)));
         }
@@ -403,7 +406,7 @@ impl PathSet {
             return;
         }
         p.absorb(&cfg, s);
-        p.balance(&cfg, s, self.signal.delay_ns);
+        p.balance(&cfg, self.balance_range_ln, s, self.signal.delay_ns);
         self.stale[i] = true;
         self.dirty = true;
         self.events_since_refresh = self.events_since_refresh.saturating_add(1);
@@ -840,15 +843,15 @@ impl Path {
         if h.is_finite() && h > 0.0 { h } else { 0.0 }
     }
 
-    /// Moves the balance factor by one delay sample against the connection's median delay.
-    fn balance(&mut self, cfg: &PathConfig, s: &AckSample, median_ns: Option<u64>) {
+    /// Moves the balance factor by one delay sample against the connection's median delay
+    /// (`range`: the logarithm of `cfg.balance_range`, the most it may move either way).
+    fn balance(&mut self, cfg: &PathConfig, range: f64, s: &AckSample, median_ns: Option<u64>) {
         let (Some(d), Some(m)) = (s.delay_ns(), median_ns) else {
             return;
         };
         if d == 0 || m == 0 || cfg.balance_gain <= 0.0 {
             return;
         }
-        let range = cfg.balance_range.max(1.0).ln();
         let x = (m as f64 / d as f64).ln();
         if x.is_finite() {
             self.balance_log += cfg.balance_gain * (x.clamp(-range, range) - self.balance_log);
