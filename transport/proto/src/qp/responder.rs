@@ -97,6 +97,11 @@ pub(crate) struct Responder {
     /// A duplicate arrived since the last ACK was sent (reported with `FLAG_DUPLICATE`).
     pub(crate) dup_since_ack: bool,
     pub(crate) echo: Option<(u32, u64, Timestamp)>,
+    /// The echoed packet arrived CE-marked: a later unmarked one does not replace it before
+    /// the next ACK goes. The ACK reports marks as one bit that the requester charges to the
+    /// echoed packet's path, so echoing a marked packet keeps the mark on a path that was
+    /// marked when one ACK covers packets of several paths (a receive batch of a busy host).
+    pub(crate) echo_ce: bool,
     /// Hop telemetry of the packet being handled ([`Qp::dispatch`]).
     pub(crate) rx_hop: u16,
     /// Hop telemetry of the echoed packet.
@@ -120,6 +125,7 @@ impl Responder {
             ack_pending: false,
             dup_since_ack: false,
             echo: None,
+            echo_ce: false,
             rx_hop: 0,
             echo_hop: 0,
             ce_count: CeCount(0),
@@ -141,11 +147,13 @@ impl Qp {
     pub(crate) fn accepted(&mut self, now: Timestamp, h: &Header, ecn: Ecn, sh: &Shared) {
         self.rsp.rx.accept(h.psn);
         self.rsp.ack_pending = true;
-        if self.rsp.echo.is_none() || !sh.stall.catching_up(now) {
+        let keep_marked = self.rsp.echo_ce && !ecn.is_ce();
+        if !keep_marked && (self.rsp.echo.is_none() || !sh.stall.catching_up(now)) {
             // Held from its arrival at this host, not from when the engine got to it.
             self.rsp.echo = Some((h.psn, h.send_ts_ns, sh.rx_at.min(now)));
             // The hop telemetry goes with the echoed packet: kept when its echo is kept.
             self.rsp.echo_hop = self.rsp.rx_hop;
+            self.rsp.echo_ce = ecn.is_ce();
         }
         if ecn.is_ce() {
             self.rsp.ce_count += 1;

@@ -200,6 +200,7 @@ impl Qp {
         sh: &mut Shared,
     ) -> Option<Transmit> {
         self.rsp.ack_pending = false;
+        self.rsp.echo_ce = false;
         let (echo_psn, echo_ts, at) = self.rsp.echo.unwrap_or((0, 0, now));
         let ack = wire::Ack {
             cum_psn: self.rsp.rx.cum(),
