@@ -895,6 +895,38 @@ mod tests {
         }
     }
 
+    /// A protection domain, completion queue and QP on each device of a [`Loop`].
+    struct Ends {
+        pa: braid::ProtectionDomain,
+        pb: braid::ProtectionDomain,
+        ca: CompletionQueue,
+        cb: CompletionQueue,
+        qa: QueuePair,
+        qb: QueuePair,
+    }
+
+    impl Ends {
+        fn new(l: &Loop) -> Ends {
+            let (pa, pb) = (l.devs[0].alloc_pd(), l.devs[1].alloc_pd());
+            let (ca, cb) = (l.devs[0].create_cq(), l.devs[1].create_cq());
+            let qa = pa.create_qp(&ca, &ca).unwrap();
+            let qb = pb.create_qp(&cb, &cb).unwrap();
+            Ends {
+                pa,
+                pb,
+                ca,
+                cb,
+                qa,
+                qb,
+            }
+        }
+
+        fn connect(&self) {
+            self.qa.connect(self.qb.info()).unwrap();
+            self.qb.connect(self.qa.info()).unwrap();
+        }
+    }
+
     fn spec(op: BwOp, size: u32, limit: Limit, window: usize, every: u32) -> BwSpec {
         BwSpec {
             op,
@@ -911,18 +943,15 @@ mod tests {
     #[test]
     fn unsignaled_writes_complete_with_the_next_signaled_one() {
         let l = pair();
-        let (pa, pb) = (l.devs[0].alloc_pd(), l.devs[1].alloc_pd());
-        let (ca, cb) = (l.devs[0].create_cq(), l.devs[1].create_cq());
-        let qa = pa.create_qp(&ca, &ca).unwrap();
-        let qb = pb.create_qp(&cb, &cb).unwrap();
-        qa.connect(qb.info()).unwrap();
-        qb.connect(qa.info()).unwrap();
+        let e = Ends::new(&l);
+        e.connect();
+        let Ends { pa, pb, ca, qa, .. } = &e;
         let window = 8;
         let src = pa.alloc_mr(window * 64, Access::LOCAL_WRITE).unwrap();
         let dst = pb.alloc_mr(window * 64, Access::ALL).unwrap();
         let conn = Conn {
-            qp: &qa,
-            cq: &ca,
+            qp: qa,
+            cq: ca,
             local: &src,
             rkey: dst.rkey(),
             remote_len: dst.len() as u64,
@@ -960,20 +989,17 @@ mod tests {
     #[test]
     fn fewer_slots_than_the_window_share_bytes_and_keep_the_window() {
         let l = pair();
-        let (pa, pb) = (l.devs[0].alloc_pd(), l.devs[1].alloc_pd());
-        let (ca, cb) = (l.devs[0].create_cq(), l.devs[1].create_cq());
-        let qa = pa.create_qp(&ca, &ca).unwrap();
-        let qb = pb.create_qp(&cb, &cb).unwrap();
-        qa.connect(qb.info()).unwrap();
-        qb.connect(qa.info()).unwrap();
+        let e = Ends::new(&l);
+        e.connect();
+        let Ends { pa, pb, ca, qa, .. } = &e;
         // Regions of one 4 KiB slot: by default they allow one outstanding WRITE; with
         // `slots: 1` all 8 of the window are outstanding from and to the same bytes.
         let src = pa.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
         let dst = pb.alloc_mr(4096, Access::ALL).unwrap();
         src.write(0, &[0x5a; 4096]).unwrap();
         let conn = Conn {
-            qp: &qa,
-            cq: &ca,
+            qp: qa,
+            cq: ca,
             local: &src,
             rkey: dst.rkey(),
             remote_len: dst.len() as u64,
@@ -1005,10 +1031,15 @@ mod tests {
     #[test]
     fn send_bandwidth_lands_in_reposted_receives() {
         let l = pair();
-        let (pa, pb) = (l.devs[0].alloc_pd(), l.devs[1].alloc_pd());
-        let (ca, cb) = (l.devs[0].create_cq(), l.devs[1].create_cq());
-        let qa = pa.create_qp(&ca, &ca).unwrap();
-        let qb = pb.create_qp(&cb, &cb).unwrap();
+        let e = Ends::new(&l);
+        let Ends {
+            pa,
+            pb,
+            ca,
+            cb,
+            qa,
+            qb,
+        } = &e;
         let size = 3000u32;
         let window = 4;
         let src = pa
@@ -1017,20 +1048,19 @@ mod tests {
         let dst = pb
             .alloc_mr(2 * window * size as usize, Access::ALL)
             .unwrap();
-        let slots = post_recv_slots(&qb, &dst, size).unwrap();
+        let slots = post_recv_slots(qb, &dst, size).unwrap();
         assert_eq!(slots, 2 * window);
-        qa.connect(qb.info()).unwrap();
-        qb.connect(qa.info()).unwrap();
+        e.connect();
         let conn = Conn {
-            qp: &qa,
-            cq: &ca,
+            qp: qa,
+            cq: ca,
             local: &src,
             rkey: 0,
             remote_len: dst.len() as u64,
         };
         let stop = AtomicBool::new(false);
         let (sent, received) = std::thread::scope(|s| {
-            let rx = s.spawn(|| serve_recvs(&qb, &cb, &dst, size, slots, false, &stop));
+            let rx = s.spawn(|| serve_recvs(qb, cb, &dst, size, slots, false, &stop));
             let sent = run_bw(
                 &conn,
                 &spec(BwOp::Send, size, Limit::Iters(200), window, 1),
