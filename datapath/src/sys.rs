@@ -144,6 +144,17 @@ pub(crate) fn int_option(
     }
 }
 
+/// Waits up to `timeout` for room to send on `fd` (a full socket buffer). EINTR, a timeout
+/// or an error all return: the caller's next send attempt tells which.
+pub(crate) fn wait_writable(fd: RawFd, timeout: Duration) {
+    let mut fds = [libc::pollfd {
+        fd,
+        events: libc::POLLOUT,
+        revents: 0,
+    }];
+    let _ = poll(&mut fds, Some(timeout));
+}
+
 /// `ppoll` on `fds` for up to `timeout` (forever if `None`); returns the number of ready
 /// descriptors.
 pub(crate) fn poll(fds: &mut [libc::pollfd], timeout: Option<Duration>) -> io::Result<usize> {

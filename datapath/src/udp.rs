@@ -265,13 +265,8 @@ impl UdpDatapath {
                     if waited >= limit {
                         return Ok(sent);
                     }
-                    let mut fds = [libc::pollfd {
-                        fd,
-                        events: libc::POLLOUT,
-                        revents: 0,
-                    }];
                     // EINTR or a timeout lands back here and is handled by the next round.
-                    let _ = sys::poll(&mut fds, Some(limit - waited));
+                    sys::wait_writable(fd, limit - waited);
                 }
                 code if first > 1 && is_gso_refusal(code) => {
                     // Send this run again one datagram per message; if the refusal says GSO

@@ -446,13 +446,8 @@ impl Datapath for UringDatapath {
                     }
                     return Ok(sent);
                 }
-                let mut fds = [libc::pollfd {
-                    fd,
-                    events: libc::POLLOUT,
-                    revents: 0,
-                }];
                 // EINTR or a timeout lands back here and is handled by the next round.
-                let _ = sys::poll(&mut fds, Some(limit - waited));
+                sys::wait_writable(fd, limit - waited);
             }
         }
     }
