@@ -1252,8 +1252,9 @@ impl Inner {
             if asleep {
                 self.progress_asleep.store(false, Ordering::Release);
             }
-            // A busy-polling thread that received nothing leaves the engine lock alone
-            // (posting threads send their own packets) and checks timers only now and then.
+            // A busy-polling (or, shortly after a receive, spinning) thread that received
+            // nothing leaves the engine lock alone (posting threads send their own packets)
+            // and checks timers only now and then.
             let now = self.now();
             if received > 0 {
                 received_at = now;
