@@ -748,7 +748,7 @@ impl PathSet {
         {
             let health = if sum > 0.0 { h / sum } else { 1.0 / n };
             *s = c.probe_floor / n + (1.0 - c.probe_floor) * health;
-            acc += ((*s * SHARE_SCALE).round() as u64).max(1);
+            acc += round_share(*s * SHARE_SCALE).max(1);
             *cum = acc;
         }
         self.rebuild_guide();
@@ -796,6 +796,15 @@ impl PathSet {
         }
         self.scratch.last().map(|e| e.0)
     }
+}
+
+/// `x.round() as u64` for a share scaled to integers (`x` is finite, at least 0 and below
+/// 2^52), without `round`'s library call (once per path at every refresh): the truncation
+/// is exact, so is `x` less it, and a fraction of one half or more rounds up, as `round`
+/// does away from zero.
+fn round_share(x: f64) -> u64 {
+    let t = x as u64;
+    if x - t as f64 >= 0.5 { t + 1 } else { t }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -1324,6 +1333,27 @@ mod tests {
 
     /// A path 1.5 times slower than the others, inside the delay tolerance the health formula
     /// ignores, still loses share through the balance term; without it, it keeps its share.
+    #[test]
+    fn round_share_rounds_as_round_does() {
+        let mut x = 0.0f64;
+        for v in [
+            0.0,
+            0.49999999999999994,
+            0.5,
+            1.5,
+            2.5,
+            1e6 + 0.5,
+            4095.499999,
+            65535.5,
+        ] {
+            assert_eq!(round_share(v), v.round() as u64, "{v}");
+        }
+        for _ in 0..100_000 {
+            x = (x * 1.618_033_988 + 0.377) % 70_000.0;
+            assert_eq!(round_share(x), x.round() as u64, "{x}");
+        }
+    }
+
     #[test]
     fn balance_moves_share_off_a_moderately_slower_path() {
         for gain in [0.05, 0.0] {
