@@ -33,8 +33,8 @@
 //!   per extra path on an ephemeral port, reserving the source port that path sends from.
 //!
 //! Transmit writes Ethernet, IPv4 (DF, TTL 64, an IP ID, ECN in the TOS, header checksum) and
-//! UDP headers (UDP checksum zero, "none", as RoCEv2 sends it) in front of the payload in a UMEM frame, resolving
-//! the next hop's MAC through the kernel's route and neighbour tables over rtnetlink (cached
+//! UDP headers (UDP checksum zero, "none", as RoCEv2 sends it) in front of the payload in a
+//! UMEM frame, resolving the next hop's MAC through the kernel's route and neighbour tables over rtnetlink (cached
 //! per destination, refreshed every 5 s; a missing entry is resolved by sending an empty UDP
 //! datagram to the next hop through a normal socket and waiting up to 100 ms). Receive parses
 //! and checks the headers (IPv4 header checksum included; the UDP checksum is not checked,
