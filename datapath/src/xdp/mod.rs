@@ -32,15 +32,15 @@
 //!   kernel sends no ICMP port-unreachable for datagrams the program did not redirect) and one
 //!   per extra path on an ephemeral port, reserving the source port that path sends from.
 //!
-//! Transmit writes Ethernet, IPv4 (DF, TTL 64, an IP ID, ECN in the TOS, header checksum) and
-//! UDP headers (UDP checksum zero, "none", as RoCEv2 sends it) in front of the payload in a
-//! UMEM frame, resolving the next hop's MAC through the kernel's route and neighbour tables over rtnetlink (cached
-//! per destination, refreshed every 5 s; a missing entry is resolved by sending an empty UDP
-//! datagram to the next hop through a normal socket and waiting up to 100 ms). Receive parses
-//! and checks the headers (IPv4 header checksum included; the UDP checksum is not checked,
-//! because frames from virtual devices carry only a partial one, and Braid's CRC32C covers
-//! the payload) and lends the UDP payload straight out of the UMEM frame to
-//! [`Datapath::recv_with`]'s callback: the only copy is the caller's.
+//! Transmit writes Ethernet, IPv4 (DF, TTL 64, an IP ID, ECN in the TOS, header checksum) and UDP
+//! headers (UDP checksum zero, "none", as RoCEv2 sends it) in front of the payload in a UMEM frame,
+//! resolving the next hop's MAC through the kernel's route and neighbour tables over rtnetlink
+//! (cached per destination, refreshed every 5 s; a missing entry is resolved by sending an empty
+//! UDP datagram to the next hop through a normal socket and waiting up to 100 ms). Receive parses
+//! and checks the headers (IPv4 header checksum included; the UDP checksum is not checked, because
+//! frames from virtual devices carry only a partial one, and Braid's CRC32C covers the payload) and
+//! lends the UDP payload straight out of the UMEM frame to [`Datapath::recv_with`]'s callback: the
+//! only copy is the caller's.
 //!
 //! Binding needs root, or CAP_NET_RAW + CAP_NET_ADMIN + CAP_BPF; every failure comes back as
 //! an [`io::Error`] whose inner error is an [`XdpError`] saying what was missing, so a caller
