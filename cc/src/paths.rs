@@ -803,8 +803,10 @@ impl PathSet {
 /// is exact, so is `x` less it, and a fraction of one half or more rounds up, as `round`
 /// does away from zero.
 fn round_share(x: f64) -> u64 {
-    let t = x as u64;
-    if x - t as f64 >= 0.5 { t + 1 } else { t }
+    // Through i64: one conversion instruction each way (u64's need a branch for 2^63 up).
+    let t = x as i64;
+    let r = if x - t as f64 >= 0.5 { t + 1 } else { t };
+    r.max(0) as u64
 }
 
 #[derive(Debug, Clone, Default)]
