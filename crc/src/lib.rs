@@ -1,16 +1,20 @@
-//! CRC32C (Castagnoli) of a datagram, as three interleaved streams.
+//! CRC32C (Castagnoli) of a datagram.
 //!
-//! The x86-64 `crc32` instruction takes 8 bytes per step with a latency of 3 cycles and a
-//! throughput of one per cycle, so one dependent chain runs at a third of what the unit
-//! does. The `crc32c` crate interleaves three chains only over fixed blocks of 3 x 256 and
-//! 3 x 8192 bytes (its combining tables are per block size) and runs the rest as one chain:
-//! of a 1408-byte datagram, 640 bytes go through the slow chain. Here the whole datagram is
-//! split into three equal blocks, whatever its length, and the chains are joined with a
-//! carry-less multiply (PCLMULQDQ) by a per-length constant from a table built at compile
-//! time, so every datagram runs at the unit's throughput. Datagrams under 192 bytes run as
-//! one chain of our own (the crate's entry and block dispatch cost more than such a
-//! datagram's bytes). Without SSE4.2 (and PCLMULQDQ for three chains), and for lengths
-//! outside the table, it is the crate's.
+//! Datagrams of `FOLD_MIN` bytes and more go to the `crc-fast` crate, which folds the bytes
+//! with carry-less multiplies (VPCLMULQDQ over 512-bit registers where the CPU has it,
+//! PCLMULQDQ otherwise): 2 to 4 times the `crc32` instruction's own throughput from a
+//! 1408-byte datagram up (measured in `bench/results/`). Below that its set-up costs more
+//! than it saves, and the bytes run through the `crc32` instruction here:
+//!
+//! - under 192 bytes as one chain of 8-byte steps;
+//! - from 192 bytes as three interleaved chains. The instruction has a latency of 3 cycles
+//!   and a throughput of one per cycle, so one dependent chain runs at a third of what the
+//!   unit does. The datagram is split into three equal blocks and the chains are joined
+//!   with a carry-less multiply (PCLMULQDQ) by a per-length constant from a table built at
+//!   compile time.
+//!
+//! Without SSE4.2 (and PCLMULQDQ for three chains) every length goes to `crc-fast`, which
+//! picks its own code for the CPU.
 //!
 //! A crate of its own because it needs `unsafe` (the CPU-feature-gated intrinsics), which
 //! the engine's crate denies.
@@ -28,8 +32,11 @@ const POLY: u32 = 0x82F6_3B78;
 /// Datagrams this short go through one chain: joining costs more than it saves.
 const THREE_WAY_MIN: usize = 192;
 
-/// Most 8-byte words per block: a 65,535-byte datagram's.
-const MAX_BLOCK_WORDS: usize = 65_535 / 24;
+/// Datagrams this long go to `crc-fast`'s folding.
+const FOLD_MIN: usize = 512;
+
+/// Most 8-byte words per block of the three chains: a `FOLD_MIN - 1`-byte datagram's.
+const MAX_BLOCK_WORDS: usize = (FOLD_MIN - 1) / 24;
 
 /// `SHIFT[n]` is `x^(64n - 33)` modulo the polynomial, reflected, for `n` in
 /// `1..=MAX_BLOCK_WORDS` (`SHIFT[0]` is unused).
@@ -57,26 +64,35 @@ const fn shift_table() -> [u32; MAX_BLOCK_WORDS + 1] {
     t
 }
 
-/// The CRC32C of `b` (as `crc32c::crc32c`).
+/// The CRC32C of `b`.
 pub fn crc32c(b: &[u8]) -> u32 {
     crc32c_append(0, b)
 }
 
-/// The CRC32C of the bytes `crc` was the CRC of, followed by `b` (as
-/// `crc32c::crc32c_append`).
+/// The CRC32C of the bytes `crc` was the CRC of, followed by `b`.
 pub fn crc32c_append(crc: u32, b: &[u8]) -> u32 {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("sse4.2") {
+    if b.len() < FOLD_MIN && std::arch::is_x86_feature_detected!("sse4.2") {
         if b.len() < THREE_WAY_MIN {
             // SAFETY: the CPU has the feature the function is compiled for (checked above).
             return unsafe { one_chain(crc, b) };
         }
-        if b.len() <= 24 * MAX_BLOCK_WORDS && std::arch::is_x86_feature_detected!("pclmulqdq") {
-            // SAFETY: the CPU has both features the function is compiled for (checked above).
+        if std::arch::is_x86_feature_detected!("pclmulqdq") {
+            // SAFETY: the CPU has both features the function is compiled for (checked
+            // above), and `THREE_WAY_MIN <= b.len() < FOLD_MIN` is the table's range.
             return unsafe { three_way(crc, b) };
         }
     }
-    crc32c::crc32c_append(crc, b)
+    folded(crc, b)
+}
+
+/// [`crc32c_append`] by `crc-fast`. Its state is the CRC register before the final
+/// inversion, as the `crc32` instruction's.
+fn folded(crc: u32, b: &[u8]) -> u32 {
+    let mut d =
+        crc_fast::Digest::new_with_init_state(crc_fast::CrcAlgorithm::Crc32Iscsi, u64::from(!crc));
+    d.update(b);
+    d.finalize() as u32
 }
 
 /// The CRC32C of `b` with the bytes at `zero` (clamped to `b`) taken as zeros: the CRC of a
@@ -119,7 +135,7 @@ fn one_chain(crc: u32, b: &[u8]) -> u32 {
     !c
 }
 
-/// [`crc32c_append`] for `24 <= b.len() <= 24 * MAX_BLOCK_WORDS`, three chains.
+/// [`crc32c_append`] for `24 <= b.len() < 24 * (MAX_BLOCK_WORDS + 1)`, three chains.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "sse4.2,pclmulqdq")]
 fn three_way(crc: u32, b: &[u8]) -> u32 {
@@ -129,7 +145,6 @@ fn three_way(crc: u32, b: &[u8]) -> u32 {
     let (b0, rest) = b.split_at(block);
     let (b1, rest) = rest.split_at(block);
     let (b2, tail) = rest.split_at(block);
-    let word = |c: &[u8]| u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
     let (mut c0, mut c1, mut c2) = (u64::from(!crc), 0u64, 0u64);
     for ((w0, w1), w2) in b0
         .chunks_exact(8)
@@ -152,6 +167,13 @@ fn three_way(crc: u32, b: &[u8]) -> u32 {
         c = _mm_crc32_u8(c, byte);
     }
     !c
+}
+
+/// The first 8 bytes of `c`, little-endian. Always inlined: as a closure, the compiler once
+/// left it a call per word (six times slower).
+#[inline(always)]
+fn word(c: &[u8]) -> u64 {
+    u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])
 }
 
 /// The CRC register `r` carried over a block whose constant is `k` (`SHIFT[words]`).
@@ -179,9 +201,8 @@ mod tests {
             1472,
             4096,
             9000,
-            24 * MAX_BLOCK_WORDS - 1,
-            24 * MAX_BLOCK_WORDS,
-            24 * MAX_BLOCK_WORDS + 1,
+            FOLD_MIN - 1,
+            FOLD_MIN,
             65_535,
         ]);
         for len in lens {
