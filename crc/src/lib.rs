@@ -171,6 +171,7 @@ fn three_way(crc: u32, b: &[u8]) -> u32 {
 
 /// The first 8 bytes of `c`, little-endian. Always inlined: as a closure, the compiler once
 /// left it a call per word (six times slower).
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn word(c: &[u8]) -> u64 {
     u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])
