@@ -369,7 +369,7 @@ static MR_OPS: Table<fi::fi_ops_mr> = Table(fi::fi_ops_mr {
 /// `BRAID_FI_DATAPATH` (`udp`, `uring`, `xdp`, `auto`; default `udp`),
 /// `BRAID_FI_MAX_DATAGRAM` (default: from the source interface's MTU with the udp datapath,
 /// else 1472), `BRAID_FI_BURST` (packets per path in a row, 1 to
-/// 64; default 16), `BRAID_PROGRESS` (`thread` or `inline`; default inline).
+/// 64; default 32), `BRAID_PROGRESS` (`thread` or `inline`; default inline).
 fn device_config(src: SocketAddr) -> Result<DeviceConfig, i32> {
     let mut cfg = DeviceConfig::udp(src).paths(
         std::env::var("BRAID_FI_PATHS")
@@ -435,8 +435,11 @@ fn upgrade(eps: &Mutex<Vec<Weak<EpInner>>>) -> Vec<Arc<EpInner>> {
         .collect()
 }
 
-/// Consecutive packets a provider QP sends on one path (`EndpointConfig::burst`).
-const PROVIDER_BURST: u16 = 16;
+/// Consecutive packets a provider QP sends on one path (`EndpointConfig::burst`). Chosen by
+/// fi_pingpong on the veth pair (bench/results/libfabric-burst-2026-12-03.md): 32 against 16
+/// took a 1 MiB message from about 760 to 580 us and left 64 KiB unchanged; 44 (braid-perf's
+/// bandwidth default) took 64 KiB from 78 to 90 us, a single burst holding the receiver back.
+const PROVIDER_BURST: u16 = 32;
 
 /// A number from the environment variable `name`, if set and valid.
 fn env_num(name: &str) -> Option<u64> {
