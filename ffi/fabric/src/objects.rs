@@ -438,7 +438,8 @@ fn upgrade(eps: &Mutex<Vec<Weak<EpInner>>>) -> Vec<Arc<EpInner>> {
 /// Consecutive packets a provider QP sends on one path (`EndpointConfig::burst`). Chosen by
 /// fi_pingpong on the veth pair (bench/results/libfabric-burst-2026-12-03.md): 32 against 16
 /// took a 1 MiB message from about 760 to 580 us and left 64 KiB unchanged; 44 (braid-perf's
-/// bandwidth default) took 64 KiB from 78 to 90 us, a single burst holding the receiver back.
+/// bandwidth default) took 64 KiB from 78 to 90 us (likely one burst holding the receiver
+/// back until all of it came).
 const PROVIDER_BURST: u16 = 32;
 
 /// A number from the environment variable `name`, if set and valid.
