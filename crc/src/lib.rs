@@ -2,9 +2,9 @@
 //!
 //! Datagrams of `FOLD_MIN` bytes and more go to the `crc-fast` crate, which folds the bytes
 //! with carry-less multiplies (VPCLMULQDQ over 512-bit registers where the CPU has it,
-//! PCLMULQDQ otherwise): 2 to 4 times the `crc32` instruction's own throughput from a
-//! 1408-byte datagram up (measured in `bench/results/`). Below that its set-up costs more
-//! than it saves, and the bytes run through the `crc32` instruction here:
+//! PCLMULQDQ otherwise), several times the `crc32` instruction's own throughput at these
+//! lengths (bench/results/crc-2026-12-03.md). Below that its set-up costs more than it
+//! saves, and the bytes run through the `crc32` instruction here:
 //!
 //! - under 192 bytes as one chain of 8-byte steps;
 //! - from 192 bytes as three interleaved chains. The instruction has a latency of 3 cycles
@@ -170,7 +170,7 @@ fn three_way(crc: u32, b: &[u8]) -> u32 {
 }
 
 /// The first 8 bytes of `c`, little-endian. Always inlined: as a closure, the compiler once
-/// left it a call per word (six times slower).
+/// left it a call per word.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn word(c: &[u8]) -> u64 {

