@@ -65,6 +65,9 @@ use super::{OpenError, Progress};
 
 /// Datagrams moved per batch between the engine and the datapath.
 const BATCH: usize = 64;
+/// Payload bytes one receive batch may hold at most, so that the acknowledgements of its
+/// first datagrams do not wait for the placement of many large ones behind them.
+const RX_BATCH_BYTES: usize = 256 << 10;
 /// Longest the progress thread sleeps. Posting threads never wake it for timers, so a
 /// retransmit timeout armed by a post fires at most this late; the floor of the timeout is
 /// 500 µs by default, so the slack stays within the same order.
@@ -434,11 +437,17 @@ pub(super) struct Driver {
 impl Driver {
     fn new(max_payload: usize) -> Driver {
         Driver {
-            rx: RecvBatch::new(BATCH, max_payload),
+            rx: RecvBatch::new(rx_slots(max_payload), max_payload),
             tx: TxBatch::new(max_payload),
             timers_checked: Timestamp::ZERO,
         }
     }
+}
+
+/// Datagram slots of a receive batch for datagrams of up to `max_payload` bytes: `BATCH`,
+/// fewer for large datagrams (`RX_BATCH_BYTES`), at least 4.
+fn rx_slots(max_payload: usize) -> usize {
+    (RX_BATCH_BYTES / max_payload.max(1)).clamp(4, BATCH)
 }
 
 /// Takes `m` if it is free (ignoring poisoning, as every lock here does).
@@ -1315,7 +1324,7 @@ impl Inner {
             }
             received += n;
             timeout = Some(Duration::ZERO);
-            if n < BATCH || round + 1 == MAX_RX_BATCHES_BEFORE_TIMERS {
+            if n < rx.bufs.len() || round + 1 == MAX_RX_BATCHES_BEFORE_TIMERS {
                 break;
             }
             self.flush(tx);
