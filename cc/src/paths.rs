@@ -255,7 +255,10 @@ pub struct PathSet {
     repath_queue: VecDeque<u16>,
     min_delay_ns: Option<u64>,
     delay_target_ns: Option<u64>,
-    scratch: Vec<(f64, f64)>,
+    /// Path indices in the order of each median's value, and the scratch that orders them:
+    /// (no value, the value's [`total_order_key`], index) per path (see [`PathSet::median`]).
+    orders: [Vec<u16>; 3],
+    ranks: [Vec<(bool, i64, u16)>; 3],
     /// Each path's health (its share before normalising) as the last refresh computed it,
     /// whether the path was fed since (`stale`), and what every health depended on beyond
     /// its own path then (the lowest delay and the median ECN fraction, as bits). A refresh
@@ -313,7 +316,11 @@ impl PathSet {
             repath_queue: VecDeque::with_capacity(n),
             min_delay_ns: None,
             delay_target_ns: None,
-            scratch: Vec::with_capacity(n),
+            // `n ≤ MAX_PATHS`, which fits in u16.
+            orders: std::array::from_fn(|_| {
+                (0..n).map(|i| u16::try_from(i).unwrap_or(0)).collect()
+            }),
+            ranks: std::array::from_fn(|_| Vec::with_capacity(n)),
             health: vec![0.0; n],
             stale: vec![true; n],
             health_inputs: (u64::MAX, u64::MAX),
@@ -754,13 +761,15 @@ impl PathSet {
         self.rebuild_guide();
         self.signal = ConnectionSignal {
             delay_ns: self
-                .median(|p| (p.delay_samples > 0).then_some(p.delay_ns))
+                .median(MEDIAN_DELAY, |p| {
+                    (p.delay_samples > 0).then_some(p.delay_ns)
+                })
                 .map(|d| d as u64),
             ecn_frac: self
-                .median(|p| (p.ecn_samples > 0).then_some(p.ecn_frac))
+                .median(MEDIAN_ECN, |p| (p.ecn_samples > 0).then_some(p.ecn_frac))
                 .unwrap_or(0.0),
             loss_rate: self
-                .median(|p| (p.outcomes > 0).then_some(p.loss_rate))
+                .median(MEDIAN_LOSS, |p| (p.outcomes > 0).then_some(p.loss_rate))
                 .unwrap_or(0.0),
             min_delay_ns: self.min_delay_ns,
         };
@@ -768,34 +777,92 @@ impl PathSet {
         self.events_since_refresh = 0;
     }
 
-    /// Share-weighted median of `value` over the paths that have one.
-    fn median(&mut self, value: impl Fn(&Path) -> Option<f64>) -> Option<f64> {
-        self.scratch.clear();
+    /// Share-weighted median of `value` over the paths that have one, `k` naming which
+    /// (`MEDIAN_DELAY`, `MEDIAN_ECN`, `MEDIAN_LOSS`): the first value, in ascending order,
+    /// at which the shares summed in that order reach half their total.
+    ///
+    /// The order is kept from one refresh to the next (`orders[k]`: the path indices sorted
+    /// by value, then index) and brought up to date by insertion over packed keys: between
+    /// two refreshes only the paths fed meanwhile move, by little, so that is a pass over
+    /// the paths where sorting them afresh was a fifth of a refresh. Ordering equal values
+    /// by index is what a stable sort of the path-ordered values does, so the result is
+    /// the same to the bit.
+    fn median(&mut self, k: usize, value: impl Fn(&Path) -> Option<f64>) -> Option<f64> {
+        let PathSet {
+            paths,
+            shares,
+            orders,
+            ranks,
+            ..
+        } = self;
+        // Equal under `total_cmp` means equal bits.
+        let mut first: Option<u64> = None;
         let mut same = true;
-        for (p, &w) in self.paths.iter().zip(&self.shares) {
-            if let Some(v) = value(p) {
-                same &= self
-                    .scratch
-                    .first()
-                    .is_none_or(|f| f.0.total_cmp(&v).is_eq());
-                self.scratch.push((v, w));
+        for v in paths.iter().filter_map(&value) {
+            let b = v.to_bits();
+            match first {
+                None => first = Some(b),
+                Some(f) => same &= f == b,
             }
         }
-        // Usually so for the ECN and loss medians (no marks, no losses): no sort needed.
+        // Usually so for the ECN and loss medians (no marks, no losses): no order needed.
         if same {
-            return self.scratch.first().map(|e| e.0);
+            return first.map(f64::from_bits);
         }
-        self.scratch.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let half = self.scratch.iter().map(|e| e.1).sum::<f64>() / 2.0;
+        let order = &mut orders[k];
+        let ranked = &mut ranks[k];
+        ranked.clear();
+        ranked.extend(order.iter().map(|&i| match value(&paths[usize::from(i)]) {
+            Some(v) => (false, total_order_key(v), i),
+            None => (true, 0, i),
+        }));
+        for j in 1..ranked.len() {
+            let x = ranked[j];
+            let mut m = j;
+            while m > 0 && x < ranked[m - 1] {
+                ranked[m] = ranked[m - 1];
+                m -= 1;
+            }
+            ranked[m] = x;
+        }
+        for (o, r) in order.iter_mut().zip(ranked.iter()) {
+            *o = r.2;
+        }
+        let valued = || {
+            ranked
+                .iter()
+                .filter(|r| !r.0)
+                .map(|r| (from_total_order_key(r.1), shares[usize::from(r.2)]))
+        };
+        let half = valued().map(|e| e.1).sum::<f64>() / 2.0;
         let mut acc = 0.0;
-        for &(v, w) in &self.scratch {
+        let mut last = None;
+        for (v, w) in valued() {
             acc += w;
             if acc >= half {
                 return Some(v);
             }
+            last = Some(v);
         }
-        self.scratch.last().map(|e| e.0)
+        last
     }
+}
+
+/// [`PathSet::orders`] of the delay, ECN and loss medians.
+const MEDIAN_DELAY: usize = 0;
+const MEDIAN_ECN: usize = 1;
+const MEDIAN_LOSS: usize = 2;
+
+/// An integer that orders as `f64::total_cmp` orders `v` (the transform it uses: negative
+/// values get their magnitude bits flipped).
+fn total_order_key(v: f64) -> i64 {
+    let bits = v.to_bits() as i64;
+    bits ^ (((bits >> 63) as u64) >> 1) as i64
+}
+
+/// The value whose [`total_order_key`] is `key` (the transform is its own inverse).
+fn from_total_order_key(key: i64) -> f64 {
+    f64::from_bits((key ^ (((key >> 63) as u64) >> 1) as i64) as u64)
 }
 
 /// `x.round() as u64` for a share scaled to integers (`x` is finite, at least 0 and below
@@ -926,6 +993,61 @@ fn finite_or(x: f64, fallback: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The share-weighted median as a stable sort of the path-ordered values computes it:
+    /// the reference `PathSet::median` must equal to the bit.
+    fn median_by_sort(set: &PathSet, value: impl Fn(&Path) -> Option<f64>) -> Option<f64> {
+        let mut v: Vec<(f64, f64)> = set
+            .paths
+            .iter()
+            .zip(&set.shares)
+            .filter_map(|(p, &w)| value(p).map(|x| (x, w)))
+            .collect();
+        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let half = v.iter().map(|e| e.1).sum::<f64>() / 2.0;
+        let mut acc = 0.0;
+        for &(x, w) in &v {
+            acc += w;
+            if acc >= half {
+                return Some(x);
+            }
+        }
+        v.last().map(|e| e.0)
+    }
+
+    #[test]
+    fn median_order_kept_between_refreshes_equals_a_fresh_sort() {
+        let mut rng = Lcg(7);
+        for n in [1u16, 2, 3, 16, 255] {
+            let mut set = PathSet::new(n);
+            for round in 0..300 {
+                // Move a few paths per round, by little or by much, with ties, paths
+                // without a value, signed zeros and unequal shares.
+                for _ in 0..rng.next() % 6 {
+                    let i = (rng.next() % u32::from(n)) as usize;
+                    let p = &mut set.paths[i];
+                    p.delay_samples = u32::from(!rng.next().is_multiple_of(8));
+                    p.delay_ns = match rng.next() % 16 {
+                        0 => 10_000.0,
+                        1 => -0.0,
+                        2 => 0.0,
+                        3..=5 => p.delay_ns * 1.01,
+                        6..=8 => p.delay_ns * 0.99,
+                        _ => f64::from(rng.next() % 100_000),
+                    };
+                    set.shares[i] = f64::from(rng.next() % 1000 + 1) / 1000.0;
+                }
+                let value = |p: &Path| (p.delay_samples > 0).then_some(p.delay_ns);
+                let want = median_by_sort(&set, value);
+                let got = set.median(MEDIAN_DELAY, value);
+                assert_eq!(
+                    got.map(f64::to_bits),
+                    want.map(f64::to_bits),
+                    "{n} paths, round {round}"
+                );
+            }
+        }
+    }
 
     fn us(x: u64) -> Timestamp {
         Timestamp::from_micros(x)
