@@ -127,6 +127,13 @@ pub trait Datapath: Send + Sync + core::fmt::Debug {
     /// Makes a waiting or the next `recv` return promptly.
     fn wake(&self);
 
+    /// What this datapath and the kernel under it counted since bind, by name, for reports
+    /// and diagnosis: datagrams the kernel dropped before we could receive them, messages
+    /// against datagrams with segmentation offload. Empty for a backend that counts nothing.
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
+
     /// Like [`recv`](Datapath::recv), but hands each datagram to `f` as a borrowed slice, so
     /// the caller can copy the payload straight to its final place. Backends that own their
     /// receive buffers (AF_XDP's UMEM) lend them without copying and leave `scratch` unused;

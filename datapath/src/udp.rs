@@ -404,6 +404,10 @@ impl Datapath for UdpDatapath {
     fn wake(&self) {
         self.wake_fd.signal();
     }
+
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        self.offload_stats().counters()
+    }
 }
 
 impl UdpDatapath {
@@ -613,6 +617,18 @@ pub struct OffloadStats {
     pub messages_received: u64,
     /// Datagrams those buffers held.
     pub datagrams_received: u64,
+}
+
+impl OffloadStats {
+    /// These counts by name, as [`Datapath::counters`] gives them.
+    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("messages_sent", self.messages_sent),
+            ("datagrams_sent", self.datagrams_sent),
+            ("messages_received", self.messages_received),
+            ("datagrams_received", self.datagrams_received),
+        ]
+    }
 }
 
 /// The atomic counters behind [`OffloadStats`].

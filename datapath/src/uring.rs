@@ -469,6 +469,10 @@ impl Datapath for UringDatapath {
         self.wake_fd.signal();
     }
 
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        self.offload_stats().counters()
+    }
+
     /// Hands each datagram to `f` straight out of the kernel-filled receive buffer, without
     /// copying, and leaves `scratch` unused except for its slot count, which bounds the
     /// datagrams handed over per call (64 if it has no slots). `f` runs with the receive

@@ -613,6 +613,11 @@ fn demo(a: &DemoArgs) -> Result<bool, String> {
             ss.rto_fired,
             ss.rx_duplicates
         );
+        for (label, dev) in [("client", &cli), ("server", &srv)] {
+            if let Some(line) = report::datapath_counters_line(label, &dev.datapath_counters()) {
+                println!("{line}");
+            }
+        }
         println!(
             " verification: {}",
             if verified {
@@ -796,7 +801,7 @@ fn serve_one(a: &ServerArgs, stream: TcpStream) -> Result<String, String> {
             "send_bw" => format!(", {echoed} receives"),
             _ => String::new(),
         }
-    ))
+    ) + &report::datapath_counters_line(";", &dev.datapath_counters()).unwrap_or_default())
 }
 
 /// Fills slot k (of `size` bytes) of the server's region with the pattern READ_SALT ^ k.
@@ -1177,6 +1182,9 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
                 "not requested (--verify)"
             }
         );
+        if let Some(line) = report::datapath_counters_line("client", &dev.datapath_counters()) {
+            println!("{line}");
+        }
     }
     Ok(rep.verified)
 }

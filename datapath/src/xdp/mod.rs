@@ -1303,6 +1303,21 @@ impl Datapath for XdpDatapath {
         sys::eventfd_signal(self.wake_fd.as_raw_fd());
     }
 
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        let s = self.stats();
+        vec![
+            ("sent", s.sent),
+            ("received", s.received),
+            ("tx_unroutable", s.tx_unroutable),
+            ("tx_oversize", s.tx_oversize),
+            ("rx_rejected", s.rx_rejected),
+            ("tx_kick_errors", s.tx_kick_errors),
+            ("kernel_rx_dropped", s.kernel_rx_dropped),
+            ("kernel_fill_ring_empty", s.kernel_fill_ring_empty),
+            ("kernel_tx_invalid", s.kernel_tx_invalid),
+        ]
+    }
+
     /// Lends each UDP payload straight out of its UMEM frame; `scratch` is unused except that
     /// its length (or 64 if empty) bounds how many datagrams one call hands out.
     fn recv_with(

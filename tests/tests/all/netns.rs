@@ -349,11 +349,26 @@ fn every_operation_is_byte_exact_over_veth(test: &str, kind_a: DatapathKind, kin
         usize::from(PATHS),
         "READ responses went out on every path"
     );
+    // Each datapath counted the traffic it moved (AF_XDP: its rings; sockets: messages and
+    // datagrams), under the names `Device::datapath_counters` documents.
+    for (side, d) in [("requester", &a.dev), ("responder", &b.dev)] {
+        let c = d.datapath_counters();
+        let get = |names: [&str; 2]| {
+            c.iter()
+                .find(|(n, _)| names.contains(n))
+                .map(|&(_, v)| v)
+                .unwrap_or_else(|| panic!("{test}: {side} counters {c:?} lack {names:?}"))
+        };
+        assert!(get(["sent", "datagrams_sent"]) > 0, "{side}: {c:?}");
+        assert!(get(["received", "datagrams_received"]) > 0, "{side}: {c:?}");
+    }
     eprintln!(
-        "{test}: {:.2?}; requester {:?}; responder {:?}; kernel drops: {}",
+        "{test}: {:.2?}; requester {:?} {:?}; responder {:?} {:?}; kernel drops: {}",
         started.elapsed(),
         a.dev.stats(),
+        a.dev.datapath_counters(),
         b.dev.stats(),
+        b.dev.datapath_counters(),
         kernel_drops(&[veth.a(), veth.b()])
     );
 }

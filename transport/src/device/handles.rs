@@ -251,6 +251,18 @@ impl Device {
         self.owner().stats()
     }
 
+    /// What the datapath and the kernel under it counted since the device opened, by name,
+    /// summed over the shards: for AF_XDP the frames the kernel dropped before they reached
+    /// a receive ring (`kernel_rx_dropped`, `kernel_fill_ring_empty`), for UDP sockets and
+    /// io_uring the messages against the datagrams they carried (segmentation offload).
+    /// Empty on verbs.
+    pub fn datapath_counters(&self) -> Vec<(&'static str, u64)> {
+        if self.is_verbs() {
+            return Vec::new();
+        }
+        self.owner().datapath_counters()
+    }
+
     /// Per-path counters, summed over the shards (empty on verbs).
     pub fn path_stats(&self) -> Vec<PathStats> {
         if self.is_verbs() {
