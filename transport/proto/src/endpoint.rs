@@ -1110,4 +1110,85 @@ mod host_wait_tests {
         // A departure at the write itself changes nothing.
         assert_eq!(one_write(0, 0, Some(0)), [(Some(200_000), Some(200_000))]);
     }
+
+    /// A two-packet WRITE from A to B, both packets built at t0 in one transmit batch whose
+    /// send returned `departs` ns later (`None`: the runtime does not say). B gets only the
+    /// first and acknowledges it 100 µs after t0; then A runs its timers at `at` ns after
+    /// t0. Returns whether A resent the second packet by then.
+    fn second_packet_resent(departs: Option<u64>, at: u64) -> bool {
+        let (ea, eb): (SocketAddr, SocketAddr) = (
+            "10.0.0.1:4791".parse().unwrap(),
+            "10.0.0.2:4791".parse().unwrap(),
+        );
+        let cfg = |seed| EndpointConfig {
+            seed,
+            cc: Arc::new(FixedWindowConfig { packets: 16 }),
+            ..EndpointConfig::default()
+        };
+        let (mut a, mut b) = (Endpoint::new(cfg(1), ea), Endpoint::new(cfg(2), eb));
+        let (apd, bpd) = (a.alloc_pd(), b.alloc_pd());
+        let (acq, bcq) = (a.create_cq(), b.create_cq());
+        let qa = a
+            .create_qp_with(apd, acq, acq, QpOptions::default())
+            .unwrap();
+        let qb = b
+            .create_qp_with(bpd, bcq, bcq, QpOptions::default())
+            .unwrap();
+        a.connect(qa.qpn, qb).unwrap();
+        b.connect(qb.qpn, qa).unwrap();
+        let src = a.register(apd, Region::new(4096), Access::NONE).unwrap();
+        let dst = b
+            .register(bpd, Region::new(4096), Access::REMOTE_WRITE)
+            .unwrap();
+        let len = a.chunk_size() + 100;
+        let wr = SendWr {
+            wr_id: 7,
+            op: SendOp::Write(RemoteAddr {
+                rkey: dst.rkey,
+                offset: 0,
+            }),
+            sges: vec![Sge {
+                lkey: src.lkey,
+                offset: 0,
+                len,
+            }],
+            signaled: true,
+        };
+        a.post_send(qa.qpn, wr).unwrap();
+        let t0 = Timestamp::from_micros(1_000);
+        let mut buf = vec![0u8; 2048];
+        let t = a
+            .poll_transmit(t0, &mut buf)
+            .expect("the first packet leaves");
+        let first = buf[..t.len].to_vec();
+        let _second = a
+            .poll_transmit(t0, &mut buf)
+            .expect("the second packet leaves");
+        assert!(a.poll_transmit(t0, &mut buf).is_none(), "two packets");
+        let batch = a.end_tx_batch();
+        if let Some(d) = departs {
+            a.departed(batch, t0.add_nanos(d));
+        }
+        let tb = t0.add_nanos(50_000);
+        b.handle_received(tb, 0, ea, 0, &first);
+        let t = b.poll_transmit(tb, &mut buf).expect("the ACK leaves");
+        let ack = buf[..t.len].to_vec();
+        a.handle_received(t0.add_nanos(100_000), 0, eb, 0, &ack);
+        let now = t0.add_nanos(at);
+        a.handle_timeout(now);
+        a.poll_transmit(now, &mut buf).is_some()
+    }
+
+    #[test]
+    fn the_reorder_timer_runs_from_when_a_packet_left_not_from_when_it_was_built() {
+        // One round trip sample of 100 µs: the timer waits 100 + 4 x 50 µs plus the 20 µs
+        // reordering window, 320 µs, and the retransmit timeout is 500 µs after the ACK.
+        // Timed from its build, the second packet is resent after 320 µs.
+        assert!(!second_packet_resent(None, 310_000));
+        assert!(second_packet_resent(None, 330_000));
+        // Its batch's send returned 150 µs after the build: it left then, so it is not
+        // taken for lost before 470 µs, and is by 480 µs (before the retransmit timeout).
+        assert!(!second_packet_resent(Some(150_000), 460_000));
+        assert!(second_packet_resent(Some(150_000), 480_000));
+    }
 }
