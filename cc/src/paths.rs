@@ -716,12 +716,19 @@ impl PathSet {
     fn refresh(&mut self) {
         let c = self.cfg;
         let n = self.paths.len() as f64;
-        let dmin = self
-            .paths
-            .iter()
-            .filter(|p| p.delay_samples > 0)
-            .map(|p| p.delay_ns)
-            .fold(f64::INFINITY, f64::min);
+        // One pass for the lowest delay and for whether each median's values are all equal
+        // (usually so for ECN and loss: no marks, no losses), which spares those medians
+        // their own passes.
+        let mut dmin = f64::INFINITY;
+        let mut uniform = [Uniform::default(); 3];
+        for p in &self.paths {
+            if let Some(d) = delay_of(p) {
+                dmin = dmin.min(d);
+            }
+            uniform[MEDIAN_DELAY].see(delay_of(p));
+            uniform[MEDIAN_ECN].see(ecn_of(p));
+            uniform[MEDIAN_LOSS].see(loss_of(p));
+        }
         let ecn_median = self.signal.ecn_frac;
         let inputs = (dmin.to_bits(), ecn_median.to_bits());
         let all = inputs != self.health_inputs;
@@ -761,15 +768,13 @@ impl PathSet {
         self.rebuild_guide();
         self.signal = ConnectionSignal {
             delay_ns: self
-                .median(MEDIAN_DELAY, |p| {
-                    (p.delay_samples > 0).then_some(p.delay_ns)
-                })
+                .median(MEDIAN_DELAY, uniform[MEDIAN_DELAY], delay_of)
                 .map(|d| d as u64),
             ecn_frac: self
-                .median(MEDIAN_ECN, |p| (p.ecn_samples > 0).then_some(p.ecn_frac))
+                .median(MEDIAN_ECN, uniform[MEDIAN_ECN], ecn_of)
                 .unwrap_or(0.0),
             loss_rate: self
-                .median(MEDIAN_LOSS, |p| (p.outcomes > 0).then_some(p.loss_rate))
+                .median(MEDIAN_LOSS, uniform[MEDIAN_LOSS], loss_of)
                 .unwrap_or(0.0),
             min_delay_ns: self.min_delay_ns,
         };
@@ -787,7 +792,15 @@ impl PathSet {
     /// the paths where sorting them afresh was a fifth of a refresh. Ordering equal values
     /// by index is what a stable sort of the path-ordered values does, so the result is
     /// the same to the bit.
-    fn median(&mut self, k: usize, value: impl Fn(&Path) -> Option<f64>) -> Option<f64> {
+    ///
+    /// `uniform` says whether the values are all equal (the refresh's first pass): then the
+    /// median is that value, with no order needed.
+    fn median(
+        &mut self,
+        k: usize,
+        uniform: Uniform,
+        value: impl Fn(&Path) -> Option<f64>,
+    ) -> Option<f64> {
         let PathSet {
             paths,
             shares,
@@ -795,19 +808,8 @@ impl PathSet {
             ranks,
             ..
         } = self;
-        // Equal under `total_cmp` means equal bits.
-        let mut first: Option<u64> = None;
-        let mut same = true;
-        for v in paths.iter().filter_map(&value) {
-            let b = v.to_bits();
-            match first {
-                None => first = Some(b),
-                Some(f) => same &= f == b,
-            }
-        }
-        // Usually so for the ECN and loss medians (no marks, no losses): no order needed.
-        if same {
-            return first.map(f64::from_bits);
+        if uniform.same {
+            return uniform.first.map(f64::from_bits);
         }
         let order = &mut orders[k];
         let ranked = &mut ranks[k];
@@ -845,6 +847,47 @@ impl PathSet {
             last = Some(v);
         }
         last
+    }
+}
+
+/// A path's delay, ECN fraction and loss rate, where it has measured one (the values of the
+/// three medians).
+fn delay_of(p: &Path) -> Option<f64> {
+    (p.delay_samples > 0).then_some(p.delay_ns)
+}
+fn ecn_of(p: &Path) -> Option<f64> {
+    (p.ecn_samples > 0).then_some(p.ecn_frac)
+}
+fn loss_of(p: &Path) -> Option<f64> {
+    (p.outcomes > 0).then_some(p.loss_rate)
+}
+
+/// Whether the values seen so far are all equal (under `total_cmp`, which is equal bits),
+/// and the first of them.
+#[derive(Debug, Clone, Copy)]
+struct Uniform {
+    first: Option<u64>,
+    same: bool,
+}
+
+impl Default for Uniform {
+    fn default() -> Self {
+        Uniform {
+            first: None,
+            same: true,
+        }
+    }
+}
+
+impl Uniform {
+    fn see(&mut self, v: Option<f64>) {
+        if let Some(v) = v {
+            let b = v.to_bits();
+            match self.first {
+                None => self.first = Some(b),
+                Some(f) => self.same &= f == b,
+            }
+        }
     }
 }
 
@@ -1039,7 +1082,11 @@ mod tests {
                 }
                 let value = |p: &Path| (p.delay_samples > 0).then_some(p.delay_ns);
                 let want = median_by_sort(&set, value);
-                let got = set.median(MEDIAN_DELAY, value);
+                let mut uniform = Uniform::default();
+                for p in &set.paths {
+                    uniform.see(value(p));
+                }
+                let got = set.median(MEDIAN_DELAY, uniform, value);
                 assert_eq!(
                     got.map(f64::to_bits),
                     want.map(f64::to_bits),
