@@ -1001,17 +1001,36 @@ mod host_wait_tests {
         }
     }
 
-    /// One one-packet WRITE from A to B: B takes it 100 µs after it was written, of which it
-    /// waited `queued_b` in B's kernel, and acknowledges it at once; A takes the ACK 100 µs
-    /// later, of which it waited `queued_a`. A's runtime says the send returned `departs` ns
-    /// after the write (`None`: it does not say). Returns the (round trip, fabric delay)
-    /// samples A's controller saw.
-    fn one_write(
-        queued_b: u32,
-        queued_a: u32,
-        departs: Option<u64>,
-    ) -> Vec<(Option<u64>, Option<u64>)> {
-        let seen = Arc::new(Mutex::new(Vec::new()));
+    /// Two endpoints A (with controller `cc`) and B, one connected QP pair, a `len`-byte
+    /// source region at A and a remotely writable one at B.
+    struct Two {
+        a: Endpoint,
+        b: Endpoint,
+        ea: SocketAddr,
+        eb: SocketAddr,
+        qa: QpInfo,
+        src: MrKeys,
+        dst: MrKeys,
+    }
+
+    /// A signaled WRITE (`wr_id` 7) of `len` bytes from the start of `src` to that of `dst`.
+    fn write_wr(src: &MrKeys, dst: &MrKeys, len: u32) -> SendWr {
+        SendWr {
+            wr_id: 7,
+            op: SendOp::Write(RemoteAddr {
+                rkey: dst.rkey,
+                offset: 0,
+            }),
+            sges: vec![Sge {
+                lkey: src.lkey,
+                offset: 0,
+                len,
+            }],
+            signaled: true,
+        }
+    }
+
+    fn two(cc: Arc<dyn ControllerFactory>, len: usize) -> Two {
         let (ea, eb): (SocketAddr, SocketAddr) = (
             "10.0.0.1:4791".parse().unwrap(),
             "10.0.0.2:4791".parse().unwrap(),
@@ -1019,7 +1038,7 @@ mod host_wait_tests {
         let mut a = Endpoint::new(
             EndpointConfig {
                 seed: 1,
-                cc: Arc::new(RecorderFactory(seen.clone())),
+                cc,
                 ..EndpointConfig::default()
             },
             ea,
@@ -1041,23 +1060,42 @@ mod host_wait_tests {
             .unwrap();
         a.connect(qa.qpn, qb).unwrap();
         b.connect(qb.qpn, qa).unwrap();
-        let src = a.register(apd, Region::new(64), Access::NONE).unwrap();
+        let src = a.register(apd, Region::new(len), Access::NONE).unwrap();
         let dst = b
-            .register(bpd, Region::new(64), Access::REMOTE_WRITE)
+            .register(bpd, Region::new(len), Access::REMOTE_WRITE)
             .unwrap();
-        let wr = SendWr {
-            wr_id: 7,
-            op: SendOp::Write(RemoteAddr {
-                rkey: dst.rkey,
-                offset: 0,
-            }),
-            sges: vec![Sge {
-                lkey: src.lkey,
-                offset: 0,
-                len: 64,
-            }],
-            signaled: true,
-        };
+        Two {
+            a,
+            b,
+            ea,
+            eb,
+            qa,
+            src,
+            dst,
+        }
+    }
+
+    /// One one-packet WRITE from A to B: B takes it 100 µs after it was written, of which it
+    /// waited `queued_b` in B's kernel, and acknowledges it at once; A takes the ACK 100 µs
+    /// later, of which it waited `queued_a`. A's runtime says the send returned `departs` ns
+    /// after the write (`None`: it does not say). Returns the (round trip, fabric delay)
+    /// samples A's controller saw.
+    fn one_write(
+        queued_b: u32,
+        queued_a: u32,
+        departs: Option<u64>,
+    ) -> Vec<(Option<u64>, Option<u64>)> {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let Two {
+            mut a,
+            mut b,
+            ea,
+            eb,
+            qa,
+            src,
+            dst,
+        } = two(Arc::new(RecorderFactory(seen.clone())), 64);
+        let wr = write_wr(&src, &dst, 64);
         a.post_send(qa.qpn, wr).unwrap();
         let t0 = Timestamp::from_micros(1_000);
         let mut buf = vec![0u8; 2048];
@@ -1116,44 +1154,17 @@ mod host_wait_tests {
     /// first and acknowledges it 100 µs after t0; then A runs its timers at `at` ns after
     /// t0. Returns whether A resent the second packet by then.
     fn second_packet_resent(departs: Option<u64>, at: u64) -> bool {
-        let (ea, eb): (SocketAddr, SocketAddr) = (
-            "10.0.0.1:4791".parse().unwrap(),
-            "10.0.0.2:4791".parse().unwrap(),
-        );
-        let cfg = |seed| EndpointConfig {
-            seed,
-            cc: Arc::new(FixedWindowConfig { packets: 16 }),
-            ..EndpointConfig::default()
-        };
-        let (mut a, mut b) = (Endpoint::new(cfg(1), ea), Endpoint::new(cfg(2), eb));
-        let (apd, bpd) = (a.alloc_pd(), b.alloc_pd());
-        let (acq, bcq) = (a.create_cq(), b.create_cq());
-        let qa = a
-            .create_qp_with(apd, acq, acq, QpOptions::default())
-            .unwrap();
-        let qb = b
-            .create_qp_with(bpd, bcq, bcq, QpOptions::default())
-            .unwrap();
-        a.connect(qa.qpn, qb).unwrap();
-        b.connect(qb.qpn, qa).unwrap();
-        let src = a.register(apd, Region::new(4096), Access::NONE).unwrap();
-        let dst = b
-            .register(bpd, Region::new(4096), Access::REMOTE_WRITE)
-            .unwrap();
+        let Two {
+            mut a,
+            mut b,
+            ea,
+            eb,
+            qa,
+            src,
+            dst,
+        } = two(Arc::new(FixedWindowConfig { packets: 16 }), 4096);
         let len = a.chunk_size() + 100;
-        let wr = SendWr {
-            wr_id: 7,
-            op: SendOp::Write(RemoteAddr {
-                rkey: dst.rkey,
-                offset: 0,
-            }),
-            sges: vec![Sge {
-                lkey: src.lkey,
-                offset: 0,
-                len,
-            }],
-            signaled: true,
-        };
+        let wr = write_wr(&src, &dst, len);
         a.post_send(qa.qpn, wr).unwrap();
         let t0 = Timestamp::from_micros(1_000);
         let mut buf = vec![0u8; 2048];
