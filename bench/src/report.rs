@@ -363,15 +363,16 @@ pub fn print_lat(title: &str, r: &LatResult) {
     );
 }
 
-/// One line of a device's datapath counters (`Device::datapath_counters`), the non-zero ones
-/// (`name value` pairs), or `None` when every counter is zero or there are none.
-pub fn datapath_counters_line(label: &str, counters: &[(&'static str, u64)]) -> Option<String> {
+/// A device's datapath counters (`Device::datapath_counters`) for a report line: the
+/// non-zero ones as `name value` pairs, or `None` when every counter is zero or there are
+/// none.
+pub fn datapath_counters(counters: &[(&'static str, u64)]) -> Option<String> {
     let set: Vec<String> = counters
         .iter()
         .filter(|(_, v)| *v != 0)
         .map(|(n, v)| format!("{n} {v}"))
         .collect();
-    (!set.is_empty()).then(|| format!(" {label} datapath: {}", set.join(", ")))
+    (!set.is_empty()).then(|| set.join(", "))
 }
 
 /// Prints a per-path table.

@@ -614,8 +614,8 @@ fn demo(a: &DemoArgs) -> Result<bool, String> {
             ss.rx_duplicates
         );
         for (label, dev) in [("client", &cli), ("server", &srv)] {
-            if let Some(line) = report::datapath_counters_line(label, &dev.datapath_counters()) {
-                println!("{line}");
+            if let Some(c) = report::datapath_counters(&dev.datapath_counters()) {
+                println!(" {label} datapath: {c}");
             }
         }
         println!(
@@ -801,7 +801,9 @@ fn serve_one(a: &ServerArgs, stream: TcpStream) -> Result<String, String> {
             "send_bw" => format!(", {echoed} receives"),
             _ => String::new(),
         }
-    ) + &report::datapath_counters_line(";", &dev.datapath_counters()).unwrap_or_default())
+    ) + &report::datapath_counters(&dev.datapath_counters())
+        .map(|c| format!("; datapath: {c}"))
+        .unwrap_or_default())
 }
 
 /// Fills slot k (of `size` bytes) of the server's region with the pattern READ_SALT ^ k.
@@ -1182,8 +1184,8 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
                 "not requested (--verify)"
             }
         );
-        if let Some(line) = report::datapath_counters_line("client", &dev.datapath_counters()) {
-            println!("{line}");
+        if let Some(c) = report::datapath_counters(&dev.datapath_counters()) {
+            println!(" client datapath: {c}");
         }
     }
     Ok(rep.verified)

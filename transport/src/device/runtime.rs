@@ -719,8 +719,6 @@ impl Owner {
         sum
     }
 
-    /// Per-path counters, summed over the shards path by path (the smoothed RTT weighted by
-    /// each shard's samples on the path).
     /// The datapaths' counters ([`Datapath::counters`]), summed by name over the shards.
     pub(super) fn datapath_counters(&self) -> Vec<(&'static str, u64)> {
         let mut sum: Vec<(&'static str, u64)> = Vec::new();
@@ -735,6 +733,8 @@ impl Owner {
         sum
     }
 
+    /// Per-path counters, summed over the shards path by path (the smoothed RTT weighted by
+    /// each shard's samples on the path).
     pub(super) fn path_stats(&self) -> Vec<PathStats> {
         let mut all = self
             .shards
