@@ -14,7 +14,10 @@
 //!   and into (placement at the receiver) a registered [`Region`], whose bytes are atomic
 //!   words; at an 8-aligned and at an unaligned (offset 3) region offset.
 //! - `region_read_then_crc`: the sender's gather and the CRC32C of the packet it fills
-//!   (with `braid_crc`, as the engine does).
+//!   (with `braid_crc`, as the engine did until it folded the CRC into the copy).
+//! - `region_read_crc`: the sender's gather as the engine does it now, `Region::read_crc`:
+//!   one pass that copies and folds the CRC32C from the loaded values (AVX-512 VPCLMULQDQ
+//!   where the CPU has it, else `region_read_then_crc`).
 //!
 //! `cargo bench -p braid-bench --bench copy_crc`
 use std::hint::black_box;
@@ -99,6 +102,9 @@ fn bench_copy_crc(c: &mut Criterion) {
                 })
             },
         );
+        g.bench_with_input(BenchmarkId::new("region_read_crc", len), &len, |b, _| {
+            b.iter(|| black_box(region.read_crc(black_box(0), &mut dst, 0).unwrap()))
+        });
     }
     g.finish();
 }

@@ -16,6 +16,10 @@
 //! Without SSE4.2 (and PCLMULQDQ for three chains) every length goes to `crc-fast`, which
 //! picks its own code for the CPU.
 //!
+//! [`copy_append`] copies and checksums in one pass, folding the values it loads for the
+//! copy (AVX-512 VPCLMULQDQ): the sender's gather out of a registered region, where a
+//! separate CRC would reload bytes just stored.
+//!
 //! A crate of its own because it needs `unsafe` (the CPU-feature-gated intrinsics), which
 //! the engine's crate denies.
 //!
@@ -188,6 +192,196 @@ fn shift(r: u32, k: u32) -> u32 {
     _mm_crc32_u64(0, _mm_cvtsi128_si64(p) as u64) as u32
 }
 
+/// Shortest copy [`copy_append`] folds (below it the plain copy and a separate CRC cost less
+/// than setting up the fold).
+pub const COPY_FOLD_MIN: usize = 256;
+
+/// `x^n` modulo the polynomial, reflected (bit 31 is `x^0`).
+const fn x_pow(n: u32) -> u32 {
+    let mut v = 0x8000_0000u32;
+    let mut i = 0;
+    while i < n {
+        v = times_x(v);
+        i += 1;
+    }
+    v
+}
+
+/// The two 64-bit multipliers that carry a 16-byte lane `d` bits forward: the lane's first 8
+/// bytes by `x^(d + 63)`, its last 8 by `x^(d - 1)`, each remainder in the high half (the
+/// carry-less product of two reflected operands is one power of `x` short, which the `- 1`
+/// makes up).
+const fn fold_keys(d: u32) -> (u64, u64) {
+    ((x_pow(d + 63) as u64) << 32, (x_pow(d - 1) as u64) << 32)
+}
+
+const FOLD_2048: (u64, u64) = fold_keys(2048);
+const FOLD_1536: (u64, u64) = fold_keys(1536);
+const FOLD_1024: (u64, u64) = fold_keys(1024);
+const FOLD_512: (u64, u64) = fold_keys(512);
+const FOLD_384: (u64, u64) = fold_keys(384);
+const FOLD_256: (u64, u64) = fold_keys(256);
+const FOLD_128: (u64, u64) = fold_keys(128);
+
+/// Copies `len` bytes (a multiple of 8) from `src` to `dst` and returns the CRC32C of the
+/// bytes `crc` was the CRC of followed by the copied bytes, computed from the very values
+/// loaded for the copy (one pass: the CRC never reloads the bytes just stored, which costs
+/// more than the copy and the CRC apart, bench/results/copy-crc-fold-2026-12-03.md).
+/// Returns `None`, copying nothing, when this CPU lacks AVX-512 with VPCLMULQDQ or `len` is
+/// below [`COPY_FOLD_MIN`]: the caller copies and checksums its own way.
+///
+/// `src` is read only by inline assembly, 64-byte vector loads then 8-byte loads, so it may
+/// be memory that others access atomically (a registered region's words): assembly is
+/// opaque to the Rust abstract machine, and each aligned 8-byte part of such a load is one
+/// untorn relaxed load.
+///
+/// # Safety
+/// `src` valid for reads and `dst` for writes of `len` bytes, not overlapping.
+pub unsafe fn copy_append(crc: u32, dst: *mut u8, src: *const u8, len: usize) -> Option<u32> {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if len >= COPY_FOLD_MIN && len.is_multiple_of(8) && fold_cpu() {
+        // SAFETY: the caller's contract; the CPU has the features (checked above).
+        return Some(unsafe { copy_fold(crc, dst, src, len) });
+    }
+    let _ = (crc, dst, src, len);
+    None
+}
+
+/// Whether the CPU has what [`copy_fold`] is compiled for (probed once).
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+fn fold_cpu() -> bool {
+    use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
+    static LEVEL: AtomicU8 = AtomicU8::new(0);
+    match LEVEL.load(Relaxed) {
+        0 => {
+            let ok = std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("vpclmulqdq")
+                && std::arch::is_x86_feature_detected!("pclmulqdq")
+                && std::arch::is_x86_feature_detected!("sse4.2");
+            LEVEL.store(if ok { 2 } else { 1 }, Relaxed);
+            ok
+        }
+        l => l == 2,
+    }
+}
+
+/// [`copy_append`] for `len >= 64`, a multiple of 8: each 64-byte block is loaded into one
+/// register, stored, and folded into a 512-bit accumulator (four 16-byte lanes, each carried
+/// 512 bits forward by carry-less multiplies and XORed with the next block's); the four
+/// lanes are then folded into one, which the `crc32` instruction reduces as if it were 16
+/// message bytes (it is congruent to all the bytes before it), and the last words go
+/// through the instruction as they are copied. The initial register is XORed into the first
+/// four bytes, as the instruction itself does.
+///
+/// # Safety
+/// As [`copy_append`], and the CPU has AVX-512F, VPCLMULQDQ, PCLMULQDQ and SSE4.2.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[target_feature(enable = "avx512f,vpclmulqdq,pclmulqdq,sse4.2")]
+unsafe fn copy_fold(crc: u32, dst: *mut u8, src: *const u8, len: usize) -> u32 {
+    use core::arch::asm;
+    use std::arch::x86_64::*;
+    debug_assert!(len >= 64 && len.is_multiple_of(8));
+    let block = |i: usize| -> __m512i {
+        let v: __m512i;
+        // SAFETY: `i * 64 + 64 <= len`, so the 64 bytes at `src + i*64` are readable and
+        // at `dst + i*64` writable (the caller's contract, `i < blocks`); the source is
+        // read by one vector load, as braid-proto's region copies read it.
+        unsafe {
+            asm!(
+                "vmovdqu64 {v}, zmmword ptr [{s}]",
+                "vmovdqu64 zmmword ptr [{d}], {v}",
+                s = in(reg) src.add(i * 64),
+                d = in(reg) dst.add(i * 64),
+                v = out(zmm_reg) v,
+                options(nostack, preserves_flags),
+            );
+        }
+        v
+    };
+    let blocks = len / 64;
+    let keys = |k: (u64, u64)| {
+        _mm512_set_epi64(
+            k.1 as i64, k.0 as i64, k.1 as i64, k.0 as i64, k.1 as i64, k.0 as i64, k.1 as i64,
+            k.0 as i64,
+        )
+    };
+    // `v` carried forward by `k`'s distance, XOR `b`.
+    let fold = |v: __m512i, k: __m512i, b: __m512i| {
+        let lo = _mm512_clmulepi64_epi128::<0x00>(v, k);
+        let hi = _mm512_clmulepi64_epi128::<0x11>(v, k);
+        _mm512_ternarylogic_epi64::<0x96>(lo, hi, b)
+    };
+    let init = _mm512_zextsi128_si512(_mm_cvtsi32_si128(!crc as i32));
+    let k512 = keys(FOLD_512);
+    let (mut x, mut next) = if blocks >= 8 {
+        // Four accumulators over blocks 4i..4i+3, each carried 2048 bits at a step, so the
+        // multiplies of one step do not wait for each other; then joined into one.
+        let k2048 = keys(FOLD_2048);
+        let mut a = [
+            _mm512_xor_si512(block(0), init),
+            block(1),
+            block(2),
+            block(3),
+        ];
+        let mut i = 4;
+        while i + 4 <= blocks {
+            for (j, acc) in a.iter_mut().enumerate() {
+                *acc = fold(*acc, k2048, block(i + j));
+            }
+            i += 4;
+        }
+        let x = fold(a[0], keys(FOLD_1536), fold(a[1], keys(FOLD_1024), a[3]));
+        (
+            _mm512_xor_si512(x, fold(a[2], k512, _mm512_setzero_si512())),
+            i,
+        )
+    } else {
+        (_mm512_xor_si512(block(0), init), 1)
+    };
+    while next < blocks {
+        x = fold(x, k512, block(next));
+        next += 1;
+    }
+    let lane = |v: __m128i, k: (u64, u64)| -> __m128i {
+        let k = _mm_set_epi64x(k.1 as i64, k.0 as i64);
+        _mm_xor_si128(
+            _mm_clmulepi64_si128::<0x00>(v, k),
+            _mm_clmulepi64_si128::<0x11>(v, k),
+        )
+    };
+    let r = _mm_xor_si128(
+        _mm_xor_si128(
+            lane(_mm512_extracti32x4_epi32::<0>(x), FOLD_384),
+            lane(_mm512_extracti32x4_epi32::<1>(x), FOLD_256),
+        ),
+        _mm_xor_si128(
+            lane(_mm512_extracti32x4_epi32::<2>(x), FOLD_128),
+            _mm512_extracti32x4_epi32::<3>(x),
+        ),
+    );
+    let mut c = _mm_crc32_u64(0, _mm_cvtsi128_si64(r) as u64);
+    c = _mm_crc32_u64(c, _mm_extract_epi64::<1>(r) as u64);
+    let mut at = blocks * 64;
+    while at < len {
+        let w: u64;
+        // SAFETY: `at + 8 <= len` (`len` is a multiple of 8): readable at `src + at`,
+        // writable at `dst + at`; one 8-byte load, as braid-proto's region copies do.
+        unsafe {
+            asm!(
+                "mov {w}, qword ptr [{s}]",
+                "mov qword ptr [{d}], {w}",
+                s = in(reg) src.add(at),
+                d = in(reg) dst.add(at),
+                w = out(reg) w,
+                options(nostack, preserves_flags),
+            );
+        }
+        c = _mm_crc32_u64(c, w);
+        at += 8;
+    }
+    !(c as u32)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,5 +453,35 @@ mod tests {
             v = times_x(v);
         }
         assert_eq!(SHIFT[2], v);
+    }
+
+    #[test]
+    fn copy_append_copies_and_agrees_with_the_crate() {
+        let data: Vec<u8> = (0..10_000u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        let mut folded = 0;
+        for len in (0..2100).step_by(8).chain([4096, 8192, 9000]) {
+            for (start, init) in [(0usize, 0u32), (8, 0xdead_beef), (24, 7)] {
+                let src = &data[start..start + len];
+                let mut dst = vec![0u8; len];
+                // SAFETY: two distinct live buffers of `len` bytes.
+                let got = unsafe { copy_append(init, dst.as_mut_ptr(), src.as_ptr(), len) };
+                match got {
+                    Some(c) => {
+                        folded += 1;
+                        assert_eq!(c, crc32c::crc32c_append(init, src), "length {len}");
+                        assert_eq!(dst, src, "length {len}");
+                    }
+                    None => assert!(dst.iter().all(|&b| b == 0), "copied nothing"),
+                }
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("vpclmulqdq")
+        {
+            assert!(folded > 0, "this CPU folds: the fused path ran");
+        }
     }
 }

@@ -241,6 +241,25 @@ impl Region {
         Ok(())
     }
 
+    /// [`read`](Self::read), returning the CRC32C of the bytes `crc` was the CRC of followed
+    /// by the bytes copied: in the same pass as the copy where the CPU can fold
+    /// ([`braid_crc::copy_append`]), else over `dst` after it.
+    pub fn read_crc(&self, offset: u64, dst: &mut [u8], crc: u32) -> Result<u32, MemError> {
+        self.check(offset, dst.len() as u64)?;
+        let pos = self.head + offset as usize; // fits: checked against len above
+        // The bytes before the first whole word, the whole words, the bytes after them.
+        let head = ((8 - pos % 8) % 8).min(dst.len());
+        let whole = (dst.len() - head) / 8;
+        let (first, rest) = dst.split_at_mut(head);
+        let (middle, last) = rest.split_at_mut(whole * 8);
+        self.read(offset, first)?;
+        let mut crc = braid_crc::crc32c_append(crc, first);
+        let at = (pos + head) / 8;
+        crc = words::load_crc(&self.words()[at..at + whole], middle, crc);
+        self.read(offset + (head + whole * 8) as u64, last)?;
+        Ok(braid_crc::crc32c_append(crc, last))
+    }
+
     /// Copies `src` into the region starting at `offset`.
     pub fn write(&self, offset: u64, src: &[u8]) -> Result<(), MemError> {
         self.check(offset, src.len() as u64)?;
@@ -371,6 +390,31 @@ mod words {
         }
         for (w, chunk) in words.iter().zip(dst.chunks_exact_mut(8)) {
             chunk.copy_from_slice(&w.load(Relaxed).to_ne_bytes());
+        }
+    }
+
+    /// [`load`], returning the CRC32C of the bytes `crc` was the CRC of followed by the
+    /// words' bytes: folded from the loaded values in the copy's pass where the CPU can.
+    #[inline]
+    pub(super) fn load_crc(words: &[AtomicU64], dst: &mut [u8], crc: u32) -> u32 {
+        assert_eq!(words.len() * 8, dst.len(), "whole words");
+        // SAFETY: as in `load` (`words` readable and `dst` writable for `dst.len()` bytes,
+        // not overlapping); `copy_append` reads the words only by assembly vector and word
+        // loads, the relaxed atomic loads of the module comment.
+        let folded = unsafe {
+            braid_crc::copy_append(
+                crc,
+                dst.as_mut_ptr(),
+                words.as_ptr().cast::<u8>(),
+                dst.len(),
+            )
+        };
+        match folded {
+            Some(c) => c,
+            None => {
+                load(words, dst);
+                braid_crc::crc32c_append(crc, dst)
+            }
         }
     }
 
@@ -580,6 +624,36 @@ mod tests {
             assert_eq!(back, data);
             assert_eq!(r.check(0, len as u64 + 1), Err(MemError::OutOfBounds));
         }
+    }
+
+    /// `read_crc` copies what `read` copies and returns the CRC32C of `crc`'s bytes followed
+    /// by them, at every alignment, for lengths on both sides of the one-pass copy's minimum.
+    #[test]
+    fn read_crc_copies_and_checksums_at_any_alignment() {
+        let size = 3000usize;
+        let r = Region::new(size);
+        let data: Vec<u8> = (0..size)
+            .map(|i| (i.wrapping_mul(131) >> 3) as u8)
+            .collect();
+        r.write(0, &data).unwrap();
+        for off in 0..9usize {
+            for len in [0, 5, 64, 255, 256, 263, 264, 1408, 1409, 2900] {
+                let mut got = vec![0u8; len];
+                let crc = r.read_crc(off as u64, &mut got, 0x1234_5678).unwrap();
+                let want = &data[off..off + len];
+                assert_eq!(got, want, "offset {off}, length {len}");
+                assert_eq!(
+                    crc,
+                    crc32c::crc32c_append(0x1234_5678, want),
+                    "offset {off}, length {len}"
+                );
+            }
+        }
+        let mut over = vec![0u8; 10];
+        assert_eq!(
+            r.read_crc(size as u64 - 5, &mut over, 0),
+            Err(MemError::OutOfBounds)
+        );
     }
 
     #[test]

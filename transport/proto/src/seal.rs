@@ -446,6 +446,32 @@ impl QpSeal {
             QpSeal::Pending { .. } => Err(wire::Error::Sealed),
         }
     }
+
+    /// [`emit`](Self::emit) for a payload copied out of memory regions: `fill_payload` gets
+    /// the payload's bytes and, when it should also checksum them, the CRC32C of the bytes
+    /// before them (`Some`); it returns the CRC32C through the payload (anything when given
+    /// `None`). The CRC goes along with the copy for plain packets whose payload is long
+    /// enough for the one-pass copy to pay ([`braid_crc::COPY_FOLD_MIN`]); short payloads
+    /// and sealed packets are copied, then checksummed or sealed, as by `emit`.
+    pub(crate) fn emit_copied(
+        &self,
+        buf: &mut [u8],
+        header: &Header,
+        body: &Body,
+        payload_len: usize,
+        fill_payload: impl FnOnce(&mut [u8], Option<u32>) -> u32,
+    ) -> Result<usize, wire::Error> {
+        match self {
+            QpSeal::Off if payload_len >= braid_crc::COPY_FOLD_MIN => {
+                wire::emit_with_crc(buf, header, body, payload_len, |p, crc| {
+                    fill_payload(p, Some(crc))
+                })
+            }
+            _ => self.emit(buf, header, body, payload_len, |p| {
+                fill_payload(p, None);
+            }),
+        }
+    }
 }
 
 #[cfg(test)]

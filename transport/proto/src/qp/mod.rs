@@ -63,7 +63,10 @@ pub(crate) struct Seg {
 }
 
 /// Copies message bytes `[off, off + out.len())` out of a gather list.
-pub(crate) fn gather(segs: &[Seg], mut off: u64, out: &mut [u8]) {
+///
+/// With `crc` (the CRC32C of the bytes before `out`), returns the CRC32C through `out`,
+/// computed as the bytes are copied ([`Region::read_crc`]); without, returns 0.
+pub(crate) fn gather(segs: &[Seg], mut off: u64, out: &mut [u8], mut crc: Option<u32>) -> u32 {
     let mut done = 0;
     for s in segs {
         if done == out.len() {
@@ -76,10 +79,17 @@ pub(crate) fn gather(segs: &[Seg], mut off: u64, out: &mut [u8]) {
         }
         let n = ((len - off) as usize).min(out.len() - done);
         // Bounds were checked when the work request was posted.
-        let _ = s.region.read(s.offset + off, &mut out[done..done + n]);
+        let part = &mut out[done..done + n];
+        match crc {
+            Some(c) => crc = Some(s.region.read_crc(s.offset + off, part, c).unwrap_or(c)),
+            None => {
+                let _ = s.region.read(s.offset + off, part);
+            }
+        }
         done += n;
         off = 0;
     }
+    crc.unwrap_or(0)
 }
 
 /// Copies `data` into a scatter list at message offset `off`. False if it does not fit.

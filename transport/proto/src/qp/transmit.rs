@@ -86,12 +86,13 @@ impl Qp {
                     (0, None)
                 };
                 self.seal
-                    .emit(buf, &h, &body, plen, |p| match ops {
+                    .emit_copied(buf, &h, &body, plen, |p, crc| match ops {
                         Some((a, b)) => {
                             p[..8].copy_from_slice(&a.to_be_bytes());
                             p[8..16].copy_from_slice(&b.to_be_bytes());
+                            crc.map_or(0, |c| braid_crc::crc32c_append(c, p))
                         }
-                        None => gather(&w.segs, u64::from(*offset), p),
+                        None => gather(&w.segs, u64::from(*offset), p, crc),
                     })
                     .ok()
             }
@@ -110,9 +111,16 @@ impl Qp {
                     msg_len: *msg_len,
                 });
                 self.seal
-                    .emit(buf, &h, &body, *len as usize, |p| {
+                    .emit_copied(buf, &h, &body, *len as usize, |p, crc| {
                         // Bounds were checked when the READ was accepted.
-                        let _ = region.read(base + u64::from(*offset), p);
+                        let at = base + u64::from(*offset);
+                        match crc {
+                            Some(c) => region.read_crc(at, p, c).unwrap_or(c),
+                            None => {
+                                let _ = region.read(at, p);
+                                0
+                            }
+                        }
                     })
                     .ok()
             }

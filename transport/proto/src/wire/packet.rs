@@ -92,6 +92,22 @@ pub fn emit(
     repr.emit(buf, payload_len, fill_payload)
 }
 
+/// Writes a plain packet into `buf` whose payload filler also checksums it
+/// ([`Repr::emit_with_crc`]). Returns the datagram's length.
+pub fn emit_with_crc(
+    buf: &mut [u8],
+    header: &Header,
+    body: &Body,
+    payload_len: usize,
+    fill_payload: impl FnOnce(&mut [u8], u32) -> u32,
+) -> Result<usize, Error> {
+    let repr = Repr {
+        header: *header,
+        body: *body,
+    };
+    repr.emit_with_crc(buf, payload_len, fill_payload)
+}
+
 /// Writes the plaintext of a sealed packet into `buf` ([`Repr::emit_for_seal`]). Returns
 /// the sealed datagram's length.
 pub fn emit_for_seal(

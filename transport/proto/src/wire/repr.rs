@@ -99,6 +99,28 @@ impl Repr {
         Ok(total)
     }
 
+    /// [`emit`](Self::emit) with the payload's CRC computed by the filler: `fill_payload`
+    /// gets the payload's bytes and the CRC32C of the bytes before them, and returns the
+    /// CRC32C through the payload (so a copy can checksum what it copies in the same pass,
+    /// `Region::read_crc`), which goes into the trailer.
+    pub fn emit_with_crc(
+        &self,
+        buf: &mut [u8],
+        payload_len: usize,
+        fill_payload: impl FnOnce(&mut [u8], u32) -> u32,
+    ) -> Result<usize, Error> {
+        let total = self.buffer_len(payload_len);
+        let buf = buf.get_mut(..total).ok_or(Error::BufferTooSmall)?;
+        let flags = self.header.flag_set().difference(Flags::SEALED);
+        let start = self.emit_headers(buf, flags, None);
+        // The hop field lies in the headers, so their CRC masks it as the whole packet's would.
+        let head = super::telemetry::crc(&buf[..start]);
+        let (body, trailer) = buf.split_at_mut(start + payload_len);
+        let crc = fill_payload(&mut body[start..], head);
+        trailer.copy_from_slice(&crc.to_be_bytes());
+        Ok(total)
+    }
+
     /// Writes the plaintext of a sealed packet into `buf`: the header with
     /// [`Flags::SEALED`] set, the sealing sequence number `seq`, the per-kind header and
     /// `payload_len` bytes filled by `fill_payload`, and leaves
