@@ -33,6 +33,16 @@ fn the_view_and_repr_read_what_emit_wrote() {
             .emit(&mut again, payload.len(), |p| p.copy_from_slice(&payload))
             .expect("room");
         assert_eq!(&again[..n], &bytes[..]);
+        // The filler that checksums what it copies writes the same datagram, hop field
+        // masked as the trailer's CRC masks it.
+        let mut fused = vec![0u8; repr.buffer_len(payload.len())];
+        let n = repr
+            .emit_with_crc(&mut fused, payload.len(), |p, crc| {
+                p.copy_from_slice(&payload);
+                braid_crc::crc32c_append(crc, p)
+            })
+            .expect("room");
+        assert_eq!(&fused[..n], &bytes[..], "{}", body.kind());
     }
 }
 
