@@ -1231,6 +1231,9 @@ pub enum ConnectError {
     Post(PostError),
     /// Too many peers ([`MAX_PEERS`]).
     Limit,
+    /// The QP named no longer serves the peer: its connection was replaced, failed or closed
+    /// ([`Device::post_recv_on`]).
+    Replaced,
 }
 
 impl std::fmt::Display for ConnectError {
@@ -1244,6 +1247,7 @@ impl std::fmt::Display for ConnectError {
             ConnectError::Resource(e) => write!(f, "{e}"),
             ConnectError::Post(e) => write!(f, "{e}"),
             ConnectError::Limit => f.write_str("too many peers"),
+            ConnectError::Replaced => f.write_str("that QP no longer serves the peer"),
         }
     }
 }
@@ -1737,14 +1741,31 @@ impl Device {
     }
 
     /// Posts a receive work request on `peer`'s QP (allowed while the connection is being
-    /// set up; starts an attempt if there is none).
-    pub fn post_recv_to(&self, peer: SocketAddr, wr: RecvWr) -> Result<(), ConnectError> {
+    /// set up; starts an attempt if there is none). Returns the local QP number it went to.
+    pub fn post_recv_to(&self, peer: SocketAddr, wr: RecvWr) -> Result<u32, ConnectError> {
         self.with_handshake(|ep, rt, now, dp| {
             let rt = rt.as_mut().ok_or(ConnectError::NotEnabled)?;
             let (local, _) = rt.start(ep, now, peer)?;
             let r = ep.post_recv(local.qpn, wr).map_err(ConnectError::Post);
             rt.apply(ep, dp);
-            r
+            r.map(|()| local.qpn)
+        })
+    }
+
+    /// Posts a receive work request on local QP `qpn` only while it still serves `peer`
+    /// (connecting or connected); starts no attempt. A caller whose receive buffers belong to
+    /// one connection re-posts them with this: once the peer's connection was replaced or
+    /// failed, [`ConnectError::Replaced`] says so, and the buffer never reaches the QP that
+    /// replaced it (whose owner may free that memory on seeing the replacement).
+    pub fn post_recv_on(&self, peer: SocketAddr, qpn: u32, wr: RecvWr) -> Result<(), ConnectError> {
+        self.with_handshake(|ep, rt, _, _| {
+            let rt = rt.as_mut().ok_or(ConnectError::NotEnabled)?;
+            match rt.local_qp(peer) {
+                Some((local, _)) if local.qpn == qpn => {
+                    ep.post_recv(qpn, wr).map_err(ConnectError::Post)
+                }
+                _ => Err(ConnectError::Replaced),
+            }
         })
     }
 
@@ -2513,20 +2534,26 @@ mod device_tests {
         assert!(second.incarnation > first.incarnation);
         assert_eq!(second.remote.qpn, c2.local.qpn);
         assert_ne!(second.local.qpn, first.local.qpn);
-        // The new connection works.
+        // A receive meant for the old QP does not reach the new one.
         let (s, r) = (mr(&b2), mr(&a));
-        a.dev
-            .post_recv_to(
-                pb,
-                RecvWr {
-                    wr_id: 5,
-                    sges: vec![r.sge(0, 64)],
-                },
-            )
-            .unwrap();
+        let recv = |wr_id| RecvWr {
+            wr_id,
+            sges: vec![r.sge(0, 64)],
+        };
+        assert_eq!(
+            a.dev.post_recv_on(pb, first.local.qpn, recv(4)),
+            Err(ConnectError::Replaced)
+        );
+        // The new connection works.
+        assert_eq!(a.dev.post_recv_to(pb, recv(5)), Ok(second.local.qpn));
         b2.dev.post_send_to(pa, send(6, &s, 16)).unwrap();
         let wc = a.cq.wait(WAIT).expect("recv");
         assert_eq!((wc.wr_id, wc.status), (5, WcStatus::Success));
+        // And takes receives posted on it by number.
+        a.dev.post_recv_on(pb, second.local.qpn, recv(7)).unwrap();
+        b2.dev.post_send_to(pa, send(8, &s, 16)).unwrap();
+        let wc = a.cq.wait(WAIT).expect("recv");
+        assert_eq!((wc.wr_id, wc.status), (7, WcStatus::Success));
     }
 
     #[test]

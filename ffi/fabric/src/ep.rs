@@ -25,7 +25,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use braid::{Access, Completion, ConnectionEvent, MemoryRegion, RecvWr, SendOp, SendWr, WcStatus};
+use braid::{
+    Access, Completion, ConnectError, ConnectionEvent, MemoryRegion, RecvWr, SendOp, SendWr,
+    WcStatus,
+};
 
 use crate::objects::{
     Av, AvInner, Cntr, CntrInner, Cq, CqInner, Domain, DomainInner, Entry, Eq, FI_ADDR_NOTAVAIL,
@@ -1120,18 +1123,20 @@ impl EpInner {
         };
         let id = st.next_peer_id;
         st.next_peer_id = st.next_peer_id.wrapping_add(1).max(1);
-        for slot in 0..RX_SLOTS as u32 {
-            let wr = RecvWr {
-                wr_id: bounce_id(id, slot),
-                sges: vec![rx.sge(u64::from(slot) * SLOT_LEN as u64, SLOT_LEN as u32)],
-            };
-            if self.net.dev.post_recv_to(peer, wr).is_err() {
+        let slot_wr = |slot: u32| RecvWr {
+            wr_id: bounce_id(id, slot),
+            sges: vec![rx.sge(u64::from(slot) * SLOT_LEN as u64, SLOT_LEN as u32)],
+        };
+        // The first post picks (or starts) the connection; the others go to that same QP, so
+        // every buffer of `rx` belongs to the QP recorded below.
+        let Ok(qpn) = self.net.dev.post_recv_to(peer, slot_wr(0)) else {
+            return false;
+        };
+        for slot in 1..RX_SLOTS as u32 {
+            if self.net.dev.post_recv_on(peer, qpn, slot_wr(slot)).is_err() {
                 return false;
             }
         }
-        let Some(qpn) = self.net.dev.local_qpn(peer) else {
-            return false;
-        };
         st.peer_ids.insert(id, peer);
         st.peers.insert(
             peer,
@@ -1699,10 +1704,16 @@ impl EpInner {
             wr_id: bounce_id(peer_id, slot),
             sges: vec![p.rx.sge(u64::from(slot) * SLOT_LEN as u64, SLOT_LEN as u32)],
         };
-        if self.net.dev.post_recv_to(peer, wr).is_err()
-            && let Some(p) = st.peers.get_mut(&peer)
-        {
-            p.broken = true;
+        // Only to the QP the buffer belongs to: once the peer's connection was replaced, the
+        // event that says so drops this peer entry and its buffers, so they must not reach
+        // the new QP (whose receives would then name freed memory and fail it).
+        match self.net.dev.post_recv_on(peer, p.qpn, wr) {
+            Ok(()) | Err(ConnectError::Replaced) => {}
+            Err(_) => {
+                if let Some(p) = st.peers.get_mut(&peer) {
+                    p.broken = true;
+                }
+            }
         }
     }
 
