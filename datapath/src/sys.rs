@@ -620,13 +620,19 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
 
     /// Queues a new message: `contents` for `dest` with ECN codepoint `ecn`. Returns `false`
     /// (and queues nothing) if the scratch is full or `dest` cannot be addressed from a
-    /// socket of this family (`ipv6_socket`).
+    /// socket of this family (`ipv6_socket`). The socket it goes out on marks its datagrams
+    /// `socket_ecn` unless told otherwise, so only another codepoint takes a control
+    /// message; `connected`: it is connected to `dest`, so the message names no address.
+    /// Both let the kernel send on the route the socket cached instead of looking one up (a
+    /// control message other than the segment size makes it look one up too).
     pub(crate) fn push(
         &mut self,
         dest: SocketAddr,
         ipv6_socket: bool,
         contents: &'a [u8],
         ecn: Ecn,
+        socket_ecn: Ecn,
+        connected: bool,
     ) -> bool {
         let n = self.len;
         if n >= C || self.slots >= C {
@@ -635,8 +641,9 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
         let Some((addr_len, family)) = encode_addr(dest, ipv6_socket, &mut self.a.addrs[n]) else {
             return false;
         };
-        self.a.addr_lens[n] = addr_len;
-        self.a.tos[n] = (ecn != Ecn::NotEct).then_some((family, ecn));
+        // A length of 0 sends without a name.
+        self.a.addr_lens[n] = if connected { 0 } else { addr_len };
+        self.a.tos[n] = (ecn != socket_ecn).then_some((family, ecn));
         self.a.spans[n] = (self.slots, 1);
         self.a.iovs[self.slots] = libc::iovec {
             iov_base: contents.as_ptr() as *mut libc::c_void,
@@ -681,8 +688,10 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
                 .write_send(self.a.tos[i], segment)
                 .unwrap_or(0);
             let mut hdr: libc::msghdr = zeroed();
-            hdr.msg_name = (&mut self.a.addrs[i] as *mut libc::sockaddr_storage).cast();
-            hdr.msg_namelen = self.a.addr_lens[i];
+            if self.a.addr_lens[i] > 0 {
+                hdr.msg_name = (&mut self.a.addrs[i] as *mut libc::sockaddr_storage).cast();
+                hdr.msg_namelen = self.a.addr_lens[i];
+            }
             hdr.msg_iov = &mut self.a.iovs[first];
             hdr.msg_iovlen = count as _;
             if control_len > 0 {
@@ -726,6 +735,11 @@ pub(crate) struct RecvMmsg<const C: usize, const CTRL: usize> {
     /// again, and rewriting all `C` headers per call was most of its own time.
     prepared: usize,
     prepared_at: usize,
+    /// Buffers of its own ([`own`](Self::own), [`recv_owned`](Self::recv_owned)), and
+    /// whether the first headers point at them (nobody else can move or replace them, so a
+    /// call need not compare every iovec to find out, as `recv` must).
+    owned: Vec<Box<[u8]>>,
+    owned_prepared: bool,
 }
 
 // SAFETY: the raw pointers in the headers and iovecs point into this struct's own arrays or
@@ -746,6 +760,62 @@ impl<const C: usize, const CTRL: usize> RecvMmsg<C, CTRL> {
             received_at: None,
             prepared: 0,
             prepared_at: 0,
+            owned: Vec::new(),
+            owned_prepared: false,
+        }
+    }
+
+    /// Gives the scratch `n` (at most `C`) zero-filled buffers of `len` bytes of its own, for
+    /// [`recv_owned`](Self::recv_owned), unless it has them.
+    pub(crate) fn own(&mut self, n: usize, len: usize) {
+        if self.owned.is_empty() {
+            // Zero-filled allocations are mapped lazily: a buffer only ever filled with small
+            // datagrams costs a page.
+            self.owned = (0..n.min(C))
+                .map(|_| vec![0u8; len].into_boxed_slice())
+                .collect();
+            self.owned_prepared = false;
+        }
+    }
+
+    /// Own buffer `i` (see [`own`](Self::own)), as the last call filled it (the first
+    /// `meta(i).len` bytes).
+    pub(crate) fn owned(&self, i: usize) -> Option<&[u8]> {
+        self.owned.get(i).map(|b| &b[..])
+    }
+
+    /// [`recv`](Self::recv) into the scratch's own buffers: when the headers point at them
+    /// already (the scratch did not move), only those the kernel wrote last time are reset.
+    pub(crate) fn recv_owned(&mut self, fd: RawFd) -> io::Result<usize> {
+        let moved = self.prepared_at != self.hdrs.as_ptr() as usize;
+        if moved || !self.owned_prepared {
+            let mut bufs = mem::take(&mut self.owned);
+            let r = self.recv(fd, &mut bufs);
+            self.owned = bufs;
+            self.owned_prepared = true;
+            return r;
+        }
+        let want = self.owned.len().min(C);
+        self.reset_written(want);
+        // SAFETY: as in `recv`: the first `want` headers were prepared by the `recv` of an
+        // earlier call with these very buffers (`owned_prepared`, cleared by any `recv` with
+        // others), which only this scratch holds and nobody moved or resized (they are
+        // boxes behind `&mut self`), and the arrays the headers point into are where they
+        // were then (`moved` is false).
+        unsafe { self.call(fd, want) }
+    }
+
+    /// Resets the headers the kernel wrote at the last call (the lengths and flags of the
+    /// ones it filled, and maybe of the first even when nothing came), among the first
+    /// `want`.
+    fn reset_written(&mut self, want: usize) {
+        let written = self.received.max(1).min(want);
+        self.received = 0;
+        for m in &mut self.hdrs[..written] {
+            m.msg_hdr.msg_namelen = mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            m.msg_hdr.msg_controllen = CTRL as _;
+            m.msg_hdr.msg_flags = 0;
+            m.msg_len = 0;
         }
     }
 
@@ -758,10 +828,9 @@ impl<const C: usize, const CTRL: usize> RecvMmsg<C, CTRL> {
             self.prepared = 0;
             self.prepared_at = at;
         }
-        // The kernel wrote the lengths and flags of the headers it filled last time (and may
-        // have of the first even when nothing came): those are reset, the rest kept.
-        let written = self.received.max(1);
-        self.received = 0;
+        // The headers may stop pointing at the own buffers (`recv_owned` checks them again).
+        self.owned_prepared = false;
+        self.reset_written(want);
         for (i, buf) in bufs.iter_mut().take(want).enumerate() {
             let iov = libc::iovec {
                 iov_base: buf.as_mut_ptr().cast(),
@@ -771,14 +840,6 @@ impl<const C: usize, const CTRL: usize> RecvMmsg<C, CTRL> {
                 && self.iovs[i].iov_base == iov.iov_base
                 && self.iovs[i].iov_len == iov.iov_len;
             if same {
-                if i < written {
-                    let m = &mut self.hdrs[i];
-                    m.msg_hdr.msg_namelen =
-                        mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-                    m.msg_hdr.msg_controllen = CTRL as _;
-                    m.msg_hdr.msg_flags = 0;
-                    m.msg_len = 0;
-                }
                 continue;
             }
             self.iovs[i] = iov;
@@ -799,7 +860,20 @@ impl<const C: usize, const CTRL: usize> RecvMmsg<C, CTRL> {
         // and control buffers (at their current place: `prepared_at`), sized as the headers
         // say, and their iovecs at `want` distinct buffers of `bufs` (each compared or
         // rewritten above), each `iov_len` long; all are exclusively borrowed until the call
-        // returns, and the kernel writes only within those lengths.
+        // returns.
+        unsafe { self.call(fd, want) }
+    }
+
+    /// The `recvmmsg(MSG_DONTWAIT)` itself, into the first `want` headers.
+    ///
+    /// # Safety
+    /// The first `want <= C` headers point at this scratch's own address storage and control
+    /// buffers where they are now, sized as the headers say, and their iovecs at `want`
+    /// distinct live buffers of at least `iov_len` bytes that nothing else accesses during
+    /// the call (the kernel writes only within those lengths).
+    unsafe fn call(&mut self, fd: RawFd, want: usize) -> io::Result<usize> {
+        debug_assert!(want <= C && want <= self.prepared);
+        // SAFETY: the caller's contract.
         let n = unsafe {
             libc::recvmmsg(
                 fd,
