@@ -8,14 +8,17 @@
 //! ECMP switches hash on). Sends go out with `sendmmsg`, one call per run of consecutive
 //! datagrams on the same path; receives use `poll` then `recvmmsg`. ECN is read through
 //! `IP_RECVTOS`/`IPV6_RECVTCLASS` and set per datagram with an `IP_TOS`/`IPV6_TCLASS` control
-//! message where it differs from the socket's own codepoint: IPv4 sockets mark ECT(0) by
-//! default, so data packets carry no such message.
+//! message where it differs from the socket's own codepoint.
 //!
-//! **Cached routes.** Each send-only socket is connected to the first destination it sends
-//! to: datagrams to it go without an address and, with no control message but a segment
-//! size, on the route the socket cached, which spares a route lookup per send (about a third
-//! of a microsecond of a veth round trip); datagrams to other destinations name theirs.
-//! Path 0 is never connected, which would filter what it receives.
+//! **Cached routes.** Each socket is set up at its first send, from that first datagram: a
+//! send-only socket is connected to its destination, and an IPv4 socket takes its ECN
+//! codepoint as its own (`IP_TOS`: ECT(0) on a host that sends data, not-ECT on one that
+//! only acknowledges). A datagram to that destination with that codepoint then goes out
+//! with neither an address nor a control message (but a segment size), and udp_sendmsg
+//! takes the route the socket cached instead of looking one up: about a third of a
+//! microsecond per send, on each side of a veth round trip. Other destinations and
+//! codepoints name theirs, as before. Path 0 is never connected, which would filter what it
+//! receives.
 //!
 //! **Segmentation offload.** With [`UdpConfig::gso`] (the default, where the kernel has UDP
 //! GSO, Linux 4.18), each run of consecutive datagrams with the same path, destination, ECN
@@ -136,13 +139,9 @@ pub struct UdpDatapath {
     sockets: Vec<Socket>,
     /// Where each socket is bound, same indexing as `sockets`.
     addrs: Vec<SocketAddr>,
-    /// The destination each send-only socket is connected to, set at its first send (`None`
-    /// there: path 0, a destination of the other family, or a failed connect), same
+    /// How each socket was set up at its first send (see the module documentation), same
     /// indexing as `sockets`.
-    connected: Vec<OnceLock<Option<SocketAddr>>>,
-    /// The ECN codepoint each socket marks its datagrams with when a send names none (ECT(0)
-    /// on IPv4 sockets that took it, else not-ECT), same indexing as `sockets`.
-    socket_ecn: Vec<Ecn>,
+    setup: Vec<OnceLock<SocketSetup>>,
     /// Written by `wake`, polled and drained by `recv`.
     wake_fd: EventFd,
     /// Whether the sockets are IPv6 (possibly dual-stack) sockets.
@@ -193,24 +192,13 @@ impl UdpDatapath {
             addrs.push(bound);
         }
         let wake_fd = EventFd::new()?;
-        let connected = (0..sockets.len()).map(|_| OnceLock::new()).collect();
-        let socket_ecn = sockets
-            .iter()
-            .map(|s| {
-                let ect0 = libc::c_int::from(Ecn::Ect0.to_bits());
-                let fd = s.as_raw_fd();
-                let set =
-                    !ipv6 && sys::set_int_option(fd, libc::IPPROTO_IP, libc::IP_TOS, ect0).is_ok();
-                if set { Ecn::Ect0 } else { Ecn::NotEct }
-            })
-            .collect();
+        let setup = (0..sockets.len()).map(|_| OnceLock::new()).collect();
         let gso = config.gso && supports_gso(&sockets[0]);
         let gro = (config.gro && enable_gro(&sockets[0])).then(|| Mutex::new(GroRx::new()));
         Ok(UdpDatapath {
             sockets,
             addrs,
-            connected,
-            socket_ecn,
+            setup,
             wake_fd,
             ipv6,
             max_payload: config.max_payload,
@@ -250,14 +238,24 @@ impl UdpDatapath {
         usize::from(path) % self.sockets.len()
     }
 
-    /// The destination `path`'s socket is connected to; the first call for a send-only
-    /// socket connects it to `dest` (once: a socket sending to several destinations keeps
-    /// the first, and names the others in each message).
-    fn connected_dest(&self, path: u16, dest: SocketAddr) -> Option<SocketAddr> {
+    /// How `path`'s socket is set up; the first call sets it up for a datagram to `dest`
+    /// marked `ecn` (once: a socket that later sends elsewhere or otherwise marked names
+    /// those in each message).
+    fn socket_setup(&self, path: u16, dest: SocketAddr, ecn: Ecn) -> SocketSetup {
         let i = self.path_index(path);
-        *self.connected[i].get_or_init(|| {
+        *self.setup[i].get_or_init(|| {
+            let socket = &self.sockets[i];
             let same_family = dest.is_ipv6() == self.ipv6;
-            (i > 0 && same_family && self.sockets[i].connect(&dest.into()).is_ok()).then_some(dest)
+            let connected =
+                (i > 0 && same_family && socket.connect(&dest.into()).is_ok()).then_some(dest);
+            let tos = libc::c_int::from(ecn.to_bits());
+            let own_ecn = !self.ipv6
+                && sys::set_int_option(socket.as_raw_fd(), libc::IPPROTO_IP, libc::IP_TOS, tos)
+                    .is_ok();
+            SocketSetup {
+                ecn: if own_ecn { ecn } else { Ecn::NotEct },
+                connected,
+            }
         })
     }
 
@@ -279,11 +277,7 @@ impl UdpDatapath {
             // The leading run that shares the first datagram's path and can be addressed
             // from this socket family, at most SEND_CHUNK datagrams, as GSO runs if on.
             scratch.clear();
-            let path = rest[0].path;
-            let socket = (
-                self.socket_ecn[self.path_index(path)],
-                self.connected_dest(path, rest[0].dest),
-            );
+            let socket = self.socket_setup(rest[0].path, rest[0].dest, rest[0].ecn);
             queue_path_run(&mut scratch, rest, self.ipv6, gso, socket);
             if scratch.len() == 0 {
                 // The first datagram cannot be addressed from this socket family.
@@ -724,16 +718,16 @@ fn queue_path_run<'a, const C: usize, const CTRL: usize>(
     rest: &[Transmit<'a>],
     ipv6: bool,
     gso: bool,
-    (socket_ecn, connected): (Ecn, Option<SocketAddr>),
+    socket: SocketSetup,
 ) {
     let Some(path) = rest.first().map(|t| t.path) else {
         return;
     };
     let mut i = 0;
     while let Some(t) = rest.get(i) {
-        let to_connected = connected == Some(t.dest);
+        let to_connected = socket.connected == Some(t.dest);
         if t.path != path
-            || !scratch.push(t.dest, ipv6, t.contents, t.ecn, socket_ecn, to_connected)
+            || !scratch.push(t.dest, ipv6, t.contents, t.ecn, socket.ecn, to_connected)
         {
             return;
         }
@@ -764,6 +758,16 @@ fn queue_path_run<'a, const C: usize, const CTRL: usize>(
             }
         }
     }
+}
+
+/// What a socket was set up with at its first send (see the module documentation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct SocketSetup {
+    /// The codepoint its datagrams carry when a send names none.
+    ecn: Ecn,
+    /// The destination it is connected to (`None`: path 0, a destination of the other
+    /// family, or a failed connect).
+    connected: Option<SocketAddr>,
 }
 
 /// Locks `mutex`, ignoring poisoning: a panic in a caller's `f` mid-batch leaves at worst
@@ -941,18 +945,24 @@ mod tests {
         let (b, c) = (loopback(1), loopback(1));
         let gone = loopback(1).local_addr(); // closed at once: the port is unreachable
         send_all(&a, &on_path(gone, 1, &[[0u8; 4]]));
-        assert_eq!(a.connected_dest(1, b.local_addr()), Some(gone));
-        assert_eq!(a.connected_dest(0, b.local_addr()), None);
+        let setup = |path| a.socket_setup(path, b.local_addr(), Ecn::Ect0);
+        assert_eq!(setup(1).connected, Some(gone));
+        assert_eq!(setup(1).ecn, Ecn::NotEct, "the first datagram's codepoint");
+        assert_eq!(setup(0).connected, None);
         // The ICMP error is pending on the connected socket (loopback answers at once);
         // then the connected peer and two others are reached through the same socket.
         std::thread::sleep(Duration::from_millis(20));
         send_all(&a, &on_path(b.local_addr(), 1, &[*b"to-b"]));
         send_all(&a, &on_path(gone, 1, &[[1u8; 4]]));
-        send_all(&a, &on_path(c.local_addr(), 1, &[*b"to-c"]));
-        for (dp, want) in [(&b, b"to-b"), (&c, b"to-c")] {
+        let to_c_bytes = [*b"to-c"];
+        let mut to_c = on_path(c.local_addr(), 1, &to_c_bytes);
+        to_c[0].ecn = Ecn::Ect0; // not the socket's own codepoint: a control message says it
+        send_all(&a, &to_c);
+        for (dp, want, ecn) in [(&b, b"to-b", Ecn::NotEct), (&c, b"to-c", Ecn::Ect0)] {
             let got = recv_all(dp, 1);
             assert_eq!(got.len(), 1, "{want:?} arrived");
             assert_eq!(&got[0].1[..], want);
+            assert_eq!(got[0].0.ecn, ecn);
             assert_eq!(Some(got[0].0.src), a.path_local_addr(1));
         }
         // Path 0 sent to b, and still receives from c.
