@@ -2,7 +2,8 @@
 //! (`conformance_tests!(Backend)` in the backend's test module): datagrams leave on the
 //! source port of their path and arrive intact, ECN codepoints survive both ways (IPv4 and
 //! IPv6), a wake-up ends a blocking receive and is remembered when it comes first,
-//! unreachable destinations are skipped without failing the batch, and datagrams up to the
+//! unreachable destinations are skipped without failing the batch, a peer gone away costs
+//! no other peer a datagram, and datagrams up to the
 //! configured maximum pass, and segmentation offload (GSO runs on send, GRO splitting on
 //! receive) delivers every datagram by itself, with a counter proving it happened.
 //! Backend-specific behaviour (io_uring's buffer ring, sendmmsg chunking) stays in the
@@ -281,6 +282,37 @@ pub(crate) fn unreachable_destinations_are_skipped_not_fatal<B: Backend>() {
     assert_eq!(Some(path7.0.src), a.source_of(1));
 }
 
+/// A send-only path socket is set up at its first send (connected to that destination,
+/// see `udp::PathSockets`): it still reaches other destinations from the path's port with
+/// their own ECN codepoints, the port-unreachable a peer that went away causes does not cost
+/// the next datagram (to someone else) its send, and path 0 still receives from anyone.
+pub(crate) fn a_gone_peer_costs_no_other_peer_a_datagram<B: Backend>() {
+    let a: B = loopback(2);
+    let (b, c): (B, B) = (loopback(1), loopback(1));
+    let gone = loopback::<B>(1).local_addr(); // closed at once: the port is unreachable
+    send_all(&a, &on_path(gone, 1, &[[0u8; 4]]));
+    // The ICMP error is pending (loopback answers at once); then the first peer again and
+    // two others are reached through the same socket.
+    std::thread::sleep(Duration::from_millis(20));
+    send_all(&a, &on_path(b.local_addr(), 1, &[*b"to-b"]));
+    send_all(&a, &on_path(gone, 1, &[[1u8; 4]]));
+    let to_c_bytes = [*b"to-c"];
+    let mut to_c = on_path(c.local_addr(), 1, &to_c_bytes);
+    to_c[0].ecn = Ecn::Ect0;
+    send_all(&a, &to_c);
+    for (dp, want, ecn) in [(&b, b"to-b", Ecn::NotEct), (&c, b"to-c", Ecn::Ect0)] {
+        let got = recv_all(dp, 1);
+        assert_eq!(got.len(), 1, "{want:?} arrived");
+        assert_eq!(&got[0].1[..], want);
+        assert_eq!(got[0].0.ecn, ecn);
+        assert_eq!(Some(got[0].0.src), a.source_of(1));
+    }
+    send_all(&a, &on_path(b.local_addr(), 0, &[*b"p0-b"]));
+    send_all(&c, &on_path(a.local_addr(), 0, &[*b"from"]));
+    assert_eq!(recv_all(&a, 1).len(), 1);
+    assert_eq!(&recv_all(&b, 1)[0].1[..], b"p0-b");
+}
+
 /// A datagram of the largest payload the datapath allows passes loopback intact, with ECN.
 pub(crate) fn large_datagrams_pass_on_loopback<B: Backend>() {
     let config = UdpConfig {
@@ -534,6 +566,10 @@ macro_rules! conformance_tests {
             #[test]
             fn unreachable_destinations_are_skipped_not_fatal() {
                 c::unreachable_destinations_are_skipped_not_fatal::<$backend>();
+            }
+            #[test]
+            fn a_gone_peer_costs_no_other_peer_a_datagram() {
+                c::a_gone_peer_costs_no_other_peer_a_datagram::<$backend>();
             }
             #[test]
             fn large_datagrams_pass_on_loopback() {

@@ -4,9 +4,11 @@
 //! What it does not do: zero-copy send (`SEND_ZC` pays only for payloads far larger than
 //! Braid's MTU-sized datagrams), pacing, or any protocol logic. It moves datagrams.
 //!
-//! Sockets are laid out exactly as in [`UdpDatapath`](crate::udp::UdpDatapath): one per path,
-//! path 0 bound to the configured address and the only one read from, paths `1..paths`
-//! bound to ephemeral ports and only sending.
+//! Sockets are laid out and set up exactly as in [`UdpDatapath`](crate::udp::UdpDatapath)
+//! (the same `PathSockets`): one per path, path 0 bound to the configured address and the
+//! only one read from, paths `1..paths` bound to ephemeral ports and only sending, each
+//! connected to the first destination it sends to and marking that datagram's ECN
+//! codepoint by default, so that sends to it carry neither address nor `IP_TOS` message.
 //!
 //! **Receive.** One multishot `IORING_OP_RECVMSG` stays armed on the path-0 socket. The
 //! kernel picks a buffer from a registered *buffer ring* (`IORING_REGISTER_PBUF_RING`) for
@@ -56,9 +58,9 @@ use socket2::{Domain, Protocol, Socket, Type};
 use crate::sys::{self, Control, EventFd};
 use crate::udp::{
     self, GRO_BUFFER_BYTES, GSO_BYTES_MAX, GSO_SEGMENTS_MAX, MAX_PATHS, OffloadCounters,
-    OffloadStats, UdpConfig,
+    OffloadStats, PathSockets, UdpConfig,
 };
-use crate::{Datapath, Ecn, MAX_DATAGRAM, RecvBatch, RecvMeta, Transmit};
+use crate::{Datapath, MAX_DATAGRAM, RecvBatch, RecvMeta, Transmit};
 
 /// Memory the receive buffer pool may take, in bytes (the pool is at most
 /// [`RX_BUFFERS_MAX`] buffers, at least [`RX_BUFFERS_MIN`]).
@@ -129,15 +131,11 @@ pub struct UringDatapath {
     rx: Mutex<Rx>,
     /// The send ring and its scratch arrays; `None` once the ring failed beyond repair.
     tx: Mutex<Option<Tx>>,
-    /// `sockets[p]` sends path `p`; `sockets[0]` also receives. Never empty. Declared after
-    /// the rings so that they drop (and stop using these descriptors) first.
-    sockets: Vec<Socket>,
-    /// Where each socket is bound, same indexing as `sockets`.
-    addrs: Vec<SocketAddr>,
+    /// One socket per path; path 0's also receives. Declared after the rings so that they
+    /// drop (and stop using these descriptors) first.
+    sockets: PathSockets,
     /// Written by `wake`, polled through the receive ring and drained by `recv`.
     wake_fd: EventFd,
-    /// Whether the sockets are IPv6 (possibly dual-stack) sockets.
-    ipv6: bool,
     /// Whether runs of equal datagrams go out as one GSO send. Cleared for good when the
     /// kernel or the device turns GSO down.
     gso: AtomicBool,
@@ -152,8 +150,7 @@ pub struct UringDatapath {
 impl core::fmt::Debug for UringDatapath {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("UringDatapath")
-            .field("addrs", &self.addrs)
-            .field("ipv6", &self.ipv6)
+            .field("addrs", &self.sockets.addrs)
             .field("gso", &self.gso.load(Ordering::Relaxed))
             .field("max_payload", &self.max_payload)
             .finish_non_exhaustive()
@@ -199,35 +196,17 @@ impl UringDatapath {
         rx.probe_multishot(config.local)?;
         let tx = Tx::new()?;
 
-        let ipv6 = config.local.is_ipv6();
-        let mut sockets = Vec::with_capacity(usize::from(config.paths));
-        let mut addrs = Vec::with_capacity(usize::from(config.paths));
-        for path in 0..config.paths {
-            let bind_to = if path == 0 {
-                config.local
-            } else {
-                SocketAddr::new(config.local.ip(), 0)
-            };
-            let socket = udp::open_socket(bind_to, path == 0)?;
-            let bound = socket
-                .local_addr()?
-                .as_socket()
-                .ok_or_else(|| io::Error::other("bound socket has no IP address"))?;
-            sockets.push(socket);
-            addrs.push(bound);
-        }
+        let sockets = PathSockets::open(config.local, config.paths)?;
         let wake_fd = EventFd::new()?;
-        rx.sock_fd = sockets[0].as_raw_fd();
+        rx.sock_fd = sockets.rx().as_raw_fd();
         rx.wake_fd = wake_fd.as_raw_fd();
-        let gso = config.gso && udp::supports_gso(&sockets[0]);
-        let gro = config.gro && udp::enable_gro(&sockets[0]);
+        let gso = config.gso && udp::supports_gso(sockets.rx());
+        let gro = config.gro && udp::enable_gro(sockets.rx());
         Ok(UringDatapath {
             rx: Mutex::new(rx),
             tx: Mutex::new(Some(tx)),
             sockets,
-            addrs,
             wake_fd,
-            ipv6,
             gso: AtomicBool::new(gso),
             gso_sends: AtomicU64::new(0),
             gro,
@@ -239,7 +218,7 @@ impl UringDatapath {
     /// The local address path `path` sends from (its source port), or `None` if this
     /// datapath has no such path.
     pub fn path_local_addr(&self, path: u16) -> Option<SocketAddr> {
-        self.addrs.get(usize::from(path)).copied()
+        self.sockets.local_addr(path)
     }
 
     /// Whether runs of equal-sized datagrams currently go out as UDP GSO sends.
@@ -300,9 +279,6 @@ impl UringDatapath {
     }
 
     /// The socket for `path`; out-of-range paths wrap around (`path % paths`).
-    fn socket_index(&self, path: u16) -> usize {
-        usize::from(path) % self.sockets.len()
-    }
 
     /// The addresses of this datapath's receive buffer memory (call it outside `recv`:
     /// it takes the receive lock).
@@ -334,12 +310,11 @@ impl Datapath for UringDatapath {
     }
 
     fn local_addr(&self) -> SocketAddr {
-        self.addrs[0]
+        self.sockets.addrs[0]
     }
 
     fn paths(&self) -> u16 {
-        // `bind` opens 1..=MAX_PATHS sockets.
-        u16::try_from(self.sockets.len()).unwrap_or(MAX_PATHS)
+        self.sockets.paths()
     }
 
     fn max_payload(&self) -> usize {
@@ -371,6 +346,7 @@ impl Datapath for UringDatapath {
         // Runs starting before this index go out one datagram per send (GSO was refused).
         let mut no_gso_before = 0;
         let mut blocked_since: Option<Instant> = None;
+        let mut refusal_retried = false;
         loop {
             while sent < batch.len() && tx.done[sent] {
                 sent += 1;
@@ -416,6 +392,12 @@ impl Datapath for UringDatapath {
                             self.gso.store(false, Ordering::Relaxed);
                         }
                         no_gso_before = no_gso_before.max(span.start + span.count);
+                    }
+                    libc::ECONNREFUSED if !refusal_retried => {
+                        // The port-unreachable of an earlier datagram to the peer a socket is
+                        // connected to, reported (and cleared) now: send this one again, once
+                        // (see `UdpDatapath::send`).
+                        refusal_retried = true;
                     }
                     code if udp::is_per_datagram_error(code) => {
                         tx.done[span.start..span.start + span.count].fill(true);
@@ -1128,13 +1110,15 @@ impl Tx {
                 continue;
             }
             let t = &batch[i];
-            let Some((addr_len, family)) = sys::encode_addr(t.dest, dp.ipv6, &mut self.addrs[ops])
+            let Some((addr_len, family)) =
+                sys::encode_addr(t.dest, dp.sockets.ipv6, &mut self.addrs[ops])
             else {
                 self.done[i] = true;
                 i += 1;
                 continue;
             };
-            let socket = dp.socket_index(t.path);
+            let socket = dp.sockets.index(t.path);
+            let setup = dp.sockets.setup(t.path, t.dest, t.ecn);
             let seg = t.contents.len();
             let mut count = 1;
             if gso && i >= no_gso_before && seg > 0 {
@@ -1147,7 +1131,7 @@ impl Tx {
                     let len = u.contents.len();
                     if self.done[j]
                         || u.dest != t.dest
-                        || dp.socket_index(u.path) != socket
+                        || dp.sockets.index(u.path) != socket
                         || u.ecn != t.ecn
                         || len == 0
                         || len > seg
@@ -1168,11 +1152,14 @@ impl Tx {
                 };
             }
             let mut hdr: libc::msghdr = sys::zeroed();
-            hdr.msg_name = (&mut self.addrs[ops] as *mut libc::sockaddr_storage).cast();
-            hdr.msg_namelen = addr_len;
+            // To the destination the socket is connected to, no name (see `PathSockets`).
+            if setup.connected != Some(t.dest) {
+                hdr.msg_name = (&mut self.addrs[ops] as *mut libc::sockaddr_storage).cast();
+                hdr.msg_namelen = addr_len;
+            }
             hdr.msg_iov = &mut self.iovs[slots];
             hdr.msg_iovlen = count as _;
-            let tos = (t.ecn != Ecn::NotEct).then_some((family, t.ecn));
+            let tos = (t.ecn != setup.ecn).then_some((family, t.ecn));
             let segment = (count > 1).then_some(seg as u16);
             // TX_CONTROL_BYTES holds both messages, so this is never `None`; without the
             // messages the datagram would still go out, only unmarked and unsegmented.
@@ -1185,7 +1172,7 @@ impl Tx {
             self.spans[ops] = Span {
                 start: i,
                 count,
-                fd: dp.sockets[socket].as_raw_fd(),
+                fd: dp.sockets.socket(t.path).as_raw_fd(),
             };
             let entry = opcode::SendMsg::new(Fd(self.spans[ops].fd), &self.hdrs[ops])
                 .flags(libc::MSG_DONTWAIT as u32)
@@ -1253,6 +1240,7 @@ mod tests {
     }
 
     conformance::conformance_tests!(UringDatapath);
+    use crate::Ecn;
     use crate::udp::UdpDatapath;
     use std::collections::BTreeSet;
     use std::sync::Arc;
