@@ -278,8 +278,6 @@ impl UringDatapath {
         Ok(handed)
     }
 
-    /// The socket for `path`; out-of-range paths wrap around (`path % paths`).
-
     /// The addresses of this datapath's receive buffer memory (call it outside `recv`:
     /// it takes the receive lock).
     #[cfg(test)]
