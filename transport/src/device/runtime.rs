@@ -45,7 +45,11 @@
 //!   `sleeper` doorbell). The progress thread takes the driver slot for each of its rounds,
 //!   and backs off (sleeps, out of the datapath) while a poller has been seen within
 //!   `POLLER_GRACE_NS`; a poller that finds it asleep in the datapath wakes it so it sees
-//!   that. When nobody polls any more it takes over receives, timers and ACKs again.
+//!   that. Backed off, it looks again after `INLINE_SLICE`, then after twice as long each
+//!   time up to `PARKED_SLICE_MAX`: on a machine whose CPUs the pollers keep busy, each of
+//!   its wake-ups preempts one of them for a few microseconds, and a thousand a second put
+//!   about one round trip in a hundred behind one. When nobody polls any more it takes over
+//!   receives, timers and ACKs again, within `POLLER_GRACE_NS` and its current slice.
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, TryLockError};
@@ -94,9 +98,13 @@ const POST_RING: usize = 1024;
 const POLLER_GRACE_NS: u64 = 2_000_000;
 /// How stale the recorded poller time may get before a poller updates it, ns.
 const POLLER_SEEN_STEP_NS: u64 = 100_000;
-/// How long the backed-off progress thread sleeps before it looks again, and the longest an
-/// inline waiter sleeps in the datapath or on its CQ's event before it looks again.
+/// How long the backed-off progress thread first sleeps before it looks again, and the
+/// longest an inline waiter sleeps in the datapath or on its CQ's event before it looks again.
 const INLINE_SLICE: Duration = Duration::from_millis(1);
+/// The longest the backed-off progress thread sleeps before it looks again (its sleep
+/// doubles from `INLINE_SLICE` while pollers stay active): after pollers stop, it takes over
+/// within `POLLER_GRACE_NS` plus this.
+const PARKED_SLICE_MAX: Duration = Duration::from_millis(16);
 /// Datagrams of one UDP GSO message at most (the kernel's limit before Linux 6.9).
 const GSO_RUN_MAX: usize = 64;
 /// Transmit batches kept for reuse (each is `BATCH` datagram buffers): one per thread that
@@ -1245,6 +1253,7 @@ impl Inner {
         let mut timers_checked = Timestamp::ZERO;
         let mut received_at = Timestamp::ZERO;
         let threaded = own.is_some();
+        let mut parked_slice = INLINE_SLICE;
         while !self.stop.load(Ordering::Acquire) {
             let mut slot;
             let drv = match own.as_mut() {
@@ -1252,9 +1261,11 @@ impl Inner {
                 None => {
                     if self.pollers_active(self.now()) {
                         self.progress_parked.store(true, Ordering::Release);
-                        std::thread::sleep(INLINE_SLICE);
+                        std::thread::sleep(parked_slice);
+                        parked_slice = (parked_slice * 2).min(PARKED_SLICE_MAX);
                         continue;
                     }
+                    parked_slice = INLINE_SLICE;
                     self.progress_parked.store(false, Ordering::Release);
                     slot = self.driver.lock().unwrap_or_else(|e| e.into_inner());
                     &mut *slot
