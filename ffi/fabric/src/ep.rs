@@ -73,6 +73,14 @@ const THREAD_WAIT: Duration = Duration::from_millis(2);
 /// driver slot or the endpoint lock only makes the polling thread wait for it (on a machine
 /// with few cores, for the scheduler to run it).
 const APP_GRACE: Duration = Duration::from_millis(2);
+/// The longest the provider thread sleeps while it keeps out of the way: it looks again after
+/// half the grace, then after twice as long each time up to this, for as long as the
+/// application keeps calling. Each look wakes a thread on a machine whose CPUs the
+/// application's polling keeps busy, which preempts it for a few microseconds; a thousand
+/// looks a second delayed about one round trip in a hundred (the device's progress thread
+/// backs off the same way). Once the application stops calling, the thread takes over
+/// within the grace plus this.
+const APP_AWAY_SLEEP_MAX: Duration = Duration::from_millis(16);
 
 #[derive(Copy, Clone, Debug, Default, PartialEq, Eq)]
 struct Header {
@@ -498,6 +506,7 @@ unsafe extern "C" fn ep_close(fid: *mut fi::fid) -> i32 {
         };
         e.inner.stop.store(true, Ordering::Release);
         if let Some(t) = e.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            t.thread().unpark();
             let _ = t.join();
         }
         if std::env::var_os("BRAID_FI_STATS").is_some() {
@@ -682,11 +691,16 @@ unsafe extern "C" fn ep_control(fid: *mut fi::fid, command: i32, arg: *mut c_voi
                     let t = std::thread::Builder::new()
                         .name("braid-fi-progress".into())
                         .spawn(move || {
+                            let first = Duration::from_nanos(inner.grace_ns / 2);
+                            let mut away = first;
                             while !inner.stop.load(Ordering::Acquire) {
                                 if inner.app_active() {
-                                    std::thread::sleep(Duration::from_nanos(inner.grace_ns / 2));
+                                    // Parked, not asleep: closing the endpoint unparks it.
+                                    std::thread::park_timeout(away);
+                                    away = (away * 2).min(APP_AWAY_SLEEP_MAX.max(first));
                                     continue;
                                 }
+                                away = first;
                                 inner.net.cq.wait_ready(THREAD_WAIT);
                                 inner.progress_background();
                             }

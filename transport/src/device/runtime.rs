@@ -846,6 +846,7 @@ impl Drop for Owner {
         }
         let threads = std::mem::take(self.threads.get_mut().unwrap_or_else(|e| e.into_inner()));
         for t in threads {
+            t.thread().unpark();
             let _ = t.join();
         }
     }
@@ -1261,7 +1262,8 @@ impl Inner {
                 None => {
                     if self.pollers_active(self.now()) {
                         self.progress_parked.store(true, Ordering::Release);
-                        std::thread::sleep(parked_slice);
+                        // Parked, not asleep: closing the device unparks it (`Owner::drop`).
+                        std::thread::park_timeout(parked_slice);
                         parked_slice = (parked_slice * 2).min(PARKED_SLICE_MAX);
                         continue;
                     }
