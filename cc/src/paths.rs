@@ -255,10 +255,10 @@ pub struct PathSet {
     repath_queue: VecDeque<u16>,
     min_delay_ns: Option<u64>,
     delay_target_ns: Option<u64>,
-    /// Path indices in the order of each median's value, and the scratch that orders them:
-    /// (no value, the value's [`total_order_key`], index) per path (see [`PathSet::median`]).
+    /// Path indices in the order of each median's value, and the keys that order them (see
+    /// [`PathSet::order`] and [`rank_key`]).
     orders: [Vec<u16>; 3],
-    ranks: [Vec<(bool, i64, u16)>; 3],
+    ranks: [Vec<u128>; 3],
     /// Each path's health (its share before normalising) as the last refresh computed it,
     /// whether the path was fed since (`stale`), and what every health depended on beyond
     /// its own path then (the lowest delay and the median ECN fraction, as bits). A refresh
@@ -716,16 +716,23 @@ impl PathSet {
     fn refresh(&mut self) {
         let c = self.cfg;
         let n = self.paths.len() as f64;
-        // One pass for the lowest delay and for whether each median's values are all equal
-        // (usually so for ECN and loss: no marks, no losses), which spares those medians
-        // their own passes.
-        let mut dmin = f64::INFINITY;
+        // The delays' order first: its first value is the lowest delay (what `f64::min` over
+        // them gives, as delays are never NaN or -0).
+        self.order(MEDIAN_DELAY, delay_of);
+        let dmin = self.ranks[MEDIAN_DELAY]
+            .first()
+            .and_then(|&key| rank_value(key))
+            .unwrap_or(f64::INFINITY);
+        debug_assert_eq!(
+            dmin.to_bits(),
+            (self.paths.iter().filter_map(delay_of))
+                .fold(f64::INFINITY, f64::min)
+                .to_bits()
+        );
+        // One pass for whether the ECN and loss medians' values are all equal (usually so:
+        // no marks, no losses), which spares them their order.
         let mut uniform = [Uniform::default(); 3];
         for p in &self.paths {
-            if let Some(d) = delay_of(p) {
-                dmin = dmin.min(d);
-            }
-            uniform[MEDIAN_DELAY].see(delay_of(p));
             uniform[MEDIAN_ECN].see(ecn_of(p));
             uniform[MEDIAN_LOSS].see(loss_of(p));
         }
@@ -767,9 +774,7 @@ impl PathSet {
         }
         self.rebuild_guide();
         self.signal = ConnectionSignal {
-            delay_ns: self
-                .median(MEDIAN_DELAY, uniform[MEDIAN_DELAY], delay_of)
-                .map(|d| d as u64),
+            delay_ns: self.ordered_median(MEDIAN_DELAY).map(|d| d as u64),
             ecn_frac: self
                 .median(MEDIAN_ECN, uniform[MEDIAN_ECN], ecn_of)
                 .unwrap_or(0.0),
@@ -784,40 +789,45 @@ impl PathSet {
 
     /// Share-weighted median of `value` over the paths that have one, `k` naming which
     /// (`MEDIAN_DELAY`, `MEDIAN_ECN`, `MEDIAN_LOSS`): the first value, in ascending order,
-    /// at which the shares summed in that order reach half their total.
-    ///
-    /// The order is kept from one refresh to the next (`orders[k]`: the path indices sorted
-    /// by value, then index) and brought up to date by insertion over packed keys: between
-    /// two refreshes only the paths fed meanwhile move, by little, so that is a pass over
-    /// the paths where sorting them afresh was a fifth of a refresh. Ordering equal values
-    /// by index is what a stable sort of the path-ordered values does, so the result is
-    /// the same to the bit.
-    ///
-    /// `uniform` says whether the values are all equal (the refresh's first pass): then the
-    /// median is that value, with no order needed.
+    /// at which the shares summed in that order reach half their total. `uniform` says
+    /// whether the values are all equal (the refresh's pass over the paths): then the median
+    /// is that value, with no order needed.
     fn median(
         &mut self,
         k: usize,
         uniform: Uniform,
         value: impl Fn(&Path) -> Option<f64>,
     ) -> Option<f64> {
+        if uniform.same {
+            return uniform.first.map(f64::from_bits);
+        }
+        self.order(k, value);
+        self.ordered_median(k)
+    }
+
+    /// Brings the order of median `k`'s values (`orders[k]`: the path indices sorted by
+    /// value, then index) and their packed keys (`ranks[k]`, see [`rank_key`]) up to date.
+    ///
+    /// The order is kept from one refresh to the next and updated by insertion over the
+    /// keys: between two refreshes only the paths fed meanwhile move, by little, so that is
+    /// a pass over the paths where sorting them afresh was a fifth of a refresh. Ordering
+    /// equal values by index is what a stable sort of the path-ordered values does, so the
+    /// medians are the same to the bit.
+    fn order(&mut self, k: usize, value: impl Fn(&Path) -> Option<f64>) {
         let PathSet {
             paths,
-            shares,
             orders,
             ranks,
             ..
         } = self;
-        if uniform.same {
-            return uniform.first.map(f64::from_bits);
-        }
         let order = &mut orders[k];
         let ranked = &mut ranks[k];
         ranked.clear();
-        ranked.extend(order.iter().map(|&i| match value(&paths[usize::from(i)]) {
-            Some(v) => (false, total_order_key(v), i),
-            None => (true, 0, i),
-        }));
+        ranked.extend(
+            order
+                .iter()
+                .map(|&i| rank_key(value(&paths[usize::from(i)]), i)),
+        );
         for j in 1..ranked.len() {
             let x = ranked[j];
             let mut m = j;
@@ -827,14 +837,18 @@ impl PathSet {
             }
             ranked[m] = x;
         }
-        for (o, r) in order.iter_mut().zip(ranked.iter()) {
-            *o = r.2;
+        for (o, &key) in order.iter_mut().zip(ranked.iter()) {
+            *o = rank_index(key);
         }
+    }
+
+    /// [`median`](Self::median) over the keys `order` left in `ranks[k]`, with the current
+    /// shares.
+    fn ordered_median(&self, k: usize) -> Option<f64> {
         let valued = || {
-            ranked
-                .iter()
-                .filter(|r| !r.0)
-                .map(|r| (from_total_order_key(r.1), shares[usize::from(r.2)]))
+            self.ranks[k].iter().map_while(|&key| {
+                rank_value(key).map(|v| (v, self.shares[usize::from(rank_index(key))]))
+            })
         };
         let half = valued().map(|e| e.1).sum::<f64>() / 2.0;
         let mut acc = 0.0;
@@ -848,6 +862,26 @@ impl PathSet {
         }
         last
     }
+}
+
+/// The key path `i` with median value `v` sorts by: the values in [`total_order_key`] order,
+/// then the paths without one, each group by index, as one integer (bits 0-15 the index,
+/// 16-79 the order key with its sign bit flipped, 80 set for "no value").
+fn rank_key(v: Option<f64>, i: u16) -> u128 {
+    match v {
+        Some(v) => u128::from(total_order_key(v) as u64 ^ (1 << 63)) << 16 | u128::from(i),
+        None => 1 << 80 | u128::from(i),
+    }
+}
+
+/// The value of a [`rank_key`], `None` for a path without one.
+fn rank_value(key: u128) -> Option<f64> {
+    (key >> 80 == 0).then(|| from_total_order_key(((key >> 16) as u64 ^ (1 << 63)) as i64))
+}
+
+/// The path index of a [`rank_key`].
+fn rank_index(key: u128) -> u16 {
+    key as u16
 }
 
 /// A path's delay, ECN fraction and loss rate, where it has measured one (the values of the
@@ -1059,6 +1093,38 @@ mod tests {
     }
 
     #[test]
+    fn rank_keys_sort_as_value_then_index_with_the_valueless_last() {
+        let values = [
+            None,
+            Some(-1.5),
+            Some(-0.0),
+            Some(0.0),
+            Some(1e-300),
+            Some(8_000.0),
+            Some(f64::INFINITY),
+            Some(f64::NAN),
+        ];
+        let tuple = |v: Option<f64>, i: u16| match v {
+            Some(v) => (false, total_order_key(v), i),
+            None => (true, 0, i),
+        };
+        for &a in &values {
+            for &b in &values {
+                for (i, j) in [(0u16, 1u16), (1, 0), (7, 7), (255, 3)] {
+                    assert_eq!(
+                        rank_key(a, i).cmp(&rank_key(b, j)),
+                        tuple(a, i).cmp(&tuple(b, j)),
+                        "{a:?}/{i} against {b:?}/{j}"
+                    );
+                }
+            }
+            let key = rank_key(a, 42);
+            assert_eq!(rank_value(key).map(f64::to_bits), a.map(f64::to_bits));
+            assert_eq!(rank_index(key), 42);
+        }
+    }
+
+    #[test]
     fn median_order_kept_between_refreshes_equals_a_fresh_sort() {
         let mut rng = Lcg(7);
         for n in [1u16, 2, 3, 16, 255] {
@@ -1092,6 +1158,10 @@ mod tests {
                     want.map(f64::to_bits),
                     "{n} paths, round {round}"
                 );
+                // The refresh orders the delays whether or not they are all equal.
+                set.order(MEDIAN_DELAY, value);
+                let ordered = set.ordered_median(MEDIAN_DELAY);
+                assert_eq!(ordered.map(f64::to_bits), want.map(f64::to_bits));
             }
         }
     }
