@@ -43,31 +43,27 @@ impl<T> EventQueue<T> {
 
     /// Queues `item` at `at_ns` with sequence number `seq` from [`EventQueue::take_seq`].
     pub fn push_seq(&mut self, at_ns: u64, seq: u64, item: T) {
-        self.heap.push(Event {
-            at: at_ns,
-            seq,
-            item,
-        });
+        self.heap.push(Event::new(at_ns, seq, item));
     }
 
     /// When the earliest event happens, ns.
     pub fn peek_at(&self) -> Option<u64> {
-        self.heap.peek().map(|e| e.at)
+        self.heap.peek().map(Event::at)
     }
 
     /// The earliest event, `(time ns, item)`, if it happens at or before `now_ns`.
     pub fn pop_due(&mut self, now_ns: u64) -> Option<(u64, T)> {
-        if self.heap.peek()?.at > now_ns {
+        if self.heap.peek()?.at() > now_ns {
             return None;
         }
-        self.heap.pop().map(|e| (e.at, e.item))
+        self.heap.pop().map(|e| (e.at(), e.item))
     }
 
     /// The earliest event, `(time ns, &item)`, if it happens at or before `now_ns`; it stays
     /// queued.
     pub fn peek_due(&self, now_ns: u64) -> Option<(u64, &T)> {
         let e = self.heap.peek()?;
-        (e.at <= now_ns).then_some((e.at, &e.item))
+        (e.at() <= now_ns).then_some((e.at(), &e.item))
     }
 
     /// Takes the earliest event, `(time ns, item)`, and queues `item` at `at_ns` with
@@ -76,15 +72,8 @@ impl<T> EventQueue<T> {
     /// queues its next packet). `None`, and nothing queued, when the queue is empty.
     pub fn replace_first(&mut self, at_ns: u64, seq: u64, item: T) -> Option<(u64, T)> {
         let mut top = self.heap.peek_mut()?;
-        let old = std::mem::replace(
-            &mut *top,
-            Event {
-                at: at_ns,
-                seq,
-                item,
-            },
-        );
-        Some((old.at, old.item))
+        let old = std::mem::replace(&mut *top, Event::new(at_ns, seq, item));
+        Some((old.at(), old.item))
     }
 
     /// Events queued.
@@ -98,17 +87,31 @@ impl<T> EventQueue<T> {
     }
 }
 
-/// Ordered so that `BinaryHeap` (a max-heap) pops the earliest `(at, seq)` first.
+/// Ordered so that `BinaryHeap` (a max-heap) pops the earliest `(at, seq)` first. The pair
+/// is kept as one integer, time above sequence, so that each comparison of a sift is one
+/// integer comparison rather than a tuple's two.
 #[derive(Debug)]
 struct Event<T> {
-    at: u64,
-    seq: u64,
+    key: u128,
     item: T,
+}
+
+impl<T> Event<T> {
+    fn new(at: u64, seq: u64, item: T) -> Self {
+        Event {
+            key: u128::from(at) << 64 | u128::from(seq),
+            item,
+        }
+    }
+
+    fn at(&self) -> u64 {
+        (self.key >> 64) as u64
+    }
 }
 
 impl<T> PartialEq for Event<T> {
     fn eq(&self, other: &Self) -> bool {
-        (self.at, self.seq) == (other.at, other.seq)
+        self.key == other.key
     }
 }
 
@@ -122,7 +125,7 @@ impl<T> PartialOrd for Event<T> {
 
 impl<T> Ord for Event<T> {
     fn cmp(&self, other: &Self) -> Ordering {
-        (other.at, other.seq).cmp(&(self.at, self.seq))
+        other.key.cmp(&self.key)
     }
 }
 
