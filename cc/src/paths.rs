@@ -716,26 +716,34 @@ impl PathSet {
     fn refresh(&mut self) {
         let c = self.cfg;
         let n = self.paths.len() as f64;
-        // The delays' order first: its first value is the lowest delay (what `f64::min` over
-        // them gives, as delays are never NaN or -0).
-        self.order(MEDIAN_DELAY, delay_of);
-        let dmin = self.ranks[MEDIAN_DELAY]
-            .first()
-            .and_then(|&key| rank_value(key))
-            .unwrap_or(f64::INFINITY);
+        // One pass for whether each median's values are all equal (usually so for ECN and
+        // loss: no marks, no losses; for the delay when every path measured the same), which
+        // spares those medians their order.
+        let mut uniform = [Uniform::default(); 3];
+        for p in &self.paths {
+            uniform[MEDIAN_DELAY].see(delay_of(p));
+            uniform[MEDIAN_ECN].see(ecn_of(p));
+            uniform[MEDIAN_LOSS].see(loss_of(p));
+        }
+        // The lowest delay: the one value, or the first of the delays' order (what `f64::min`
+        // over them gives, as delays are never NaN or -0).
+        let dmin = if uniform[MEDIAN_DELAY].same {
+            uniform[MEDIAN_DELAY]
+                .first
+                .map_or(f64::INFINITY, f64::from_bits)
+        } else {
+            self.order(MEDIAN_DELAY, delay_of);
+            self.ranks[MEDIAN_DELAY]
+                .first()
+                .and_then(|&key| rank_value(key))
+                .unwrap_or(f64::INFINITY)
+        };
         debug_assert_eq!(
             dmin.to_bits(),
             (self.paths.iter().filter_map(delay_of))
                 .fold(f64::INFINITY, f64::min)
                 .to_bits()
         );
-        // One pass for whether the ECN and loss medians' values are all equal (usually so:
-        // no marks, no losses), which spares them their order.
-        let mut uniform = [Uniform::default(); 3];
-        for p in &self.paths {
-            uniform[MEDIAN_ECN].see(ecn_of(p));
-            uniform[MEDIAN_LOSS].see(loss_of(p));
-        }
         let ecn_median = self.signal.ecn_frac;
         let inputs = (dmin.to_bits(), ecn_median.to_bits());
         let all = inputs != self.health_inputs;
@@ -774,7 +782,13 @@ impl PathSet {
         }
         self.rebuild_guide();
         self.signal = ConnectionSignal {
-            delay_ns: self.ordered_median(MEDIAN_DELAY).map(|d| d as u64),
+            delay_ns: if uniform[MEDIAN_DELAY].same {
+                uniform[MEDIAN_DELAY].first.map(f64::from_bits)
+            } else {
+                // Ordered above.
+                self.ordered_median(MEDIAN_DELAY)
+            }
+            .map(|d| d as u64),
             ecn_frac: self
                 .median(MEDIAN_ECN, uniform[MEDIAN_ECN], ecn_of)
                 .unwrap_or(0.0),
@@ -1158,7 +1172,8 @@ mod tests {
                     want.map(f64::to_bits),
                     "{n} paths, round {round}"
                 );
-                // The refresh orders the delays whether or not they are all equal.
+                // `order` then `ordered_median` (the refresh's way for the delay) agree with
+                // it, also when the values are all equal.
                 set.order(MEDIAN_DELAY, value);
                 let ordered = set.ordered_median(MEDIAN_DELAY);
                 assert_eq!(ordered.map(f64::to_bits), want.map(f64::to_bits));
