@@ -107,7 +107,9 @@ static void read_ok(struct end *a, fi_addr_t to, void *buf, size_t len, uint64_t
  * FI_EREMOTEIO says the target's QP was in error already when the write came (a remote
  * operation error is the verdict on a QP, not on a request): that attempt is repeated, as
  * write_ok repeats a flushed one, and the write must in the end be refused for access.
- * (CI saw it twice in the OFFSET round, after read_fails; the cause is not found yet.) */
+ * (CI saw it twice in the OFFSET round, after read_fails. The likely cause: a late copy of an
+ * earlier reconnection's handshake request replaces the newest connection, since the
+ * acceptor cannot order two requests of one incarnation; see the issue note.) */
 static void write_fails(struct end *a, fi_addr_t to, const void *buf, size_t len,
 			uint64_t addr, uint64_t key, uint64_t ok_addr)
 {
