@@ -44,6 +44,12 @@
 //!   the same incarnation, for another QP: the peer gave up and tried again) replaces the
 //!   connection: [`HandshakeEvent::Replaced`] names the old local QP, then a fresh local QP is
 //!   connected. A REQUEST with an older incarnation is stale and dropped.
+//! - **Attempts** are numbered per device run, increasing: every REQUEST carries its
+//!   attempt's number, every other message the newest number its sender has used. A REQUEST
+//!   from the connected peer's incarnation for another QP is stale (dropped, not a
+//!   replacement) if its number is no newer than what this side has seen of the peer with
+//!   the connection: a retransmitted REQUEST of an attempt the peer has since replaced must
+//!   not retire the newer connection.
 //!
 //! On the verbs backend the same exchange runs over a UDP socket of the device's own (bound to
 //! [`DeviceConfig::local`](crate::DeviceConfig::local)) and carries the NIC's QP: the sender
@@ -57,7 +63,7 @@
 //! malformed datagram is counted and dropped.
 //!
 //! ```text
-//! Handshake datagram (all integers big-endian), 52 to 96 bytes:
+//! Handshake datagram (all integers big-endian), 60 to 104 bytes:
 //!  0               1               2               3
 //! +---------------+---------------+---------------+---------------+
 //! | version (1) | kind 16/17/18/19| reject reason |  family 4/6   |
@@ -67,6 +73,9 @@
 //! |              sender's incarnation id (64 bits)                |
 //! +---------------------------------------------------------------+
 //! | echoed incarnation: the peer's (REPLY/REJECT/CONFIRM), else 0 |
+//! +---------------------------------------------------------------+
+//! | attempt (64 bits): REQUEST its attempt's number, else the     |
+//! | newest attempt number the sender has used (0: none)           |
 //! +---------------------------------------------------------------+
 //! |                         feature bits                          |
 //! +---------------------------------------------------------------+
@@ -106,7 +115,7 @@ use crate::{CompletionQueue, Device, ProtectionDomain};
 pub const HANDSHAKE_QPN: u32 = u32::MAX;
 /// The handshake's wire version. A REQUEST with another version is answered with a REJECT
 /// ([`RejectReason::Version`]).
-pub const HANDSHAKE_VERSION: u8 = 1;
+pub const HANDSHAKE_VERSION: u8 = 2;
 /// Feature bit: the sender's QP encrypts its traffic (its seal key is in the datagram).
 pub const FEATURE_SEAL: u32 = 1;
 /// Feature bit: the sender's QP is an RDMA NIC's RC QP (the verbs backend); the address field
@@ -131,7 +140,7 @@ const KIND_REQUEST: u8 = 16;
 const KIND_REPLY: u8 = 17;
 const KIND_REJECT: u8 = 18;
 const KIND_CONFIRM: u8 = 19;
-const FIXED_LEN: usize = 44;
+const FIXED_LEN: usize = 52;
 
 /// Whether `datagram` is addressed to the handshake (and so is not the engine's).
 pub fn is_handshake(datagram: &[u8]) -> bool {
@@ -351,6 +360,8 @@ pub struct HandshakeStats {
 
 struct Attempt {
     local: QpInfo,
+    /// This attempt's number (see the module docs).
+    number: u64,
     tries: u32,
     rto_ns: u64,
     deadline: Timestamp,
@@ -362,6 +373,9 @@ enum Peer {
         local: QpInfo,
         remote: QpInfo,
         incarnation: u64,
+        /// The newest attempt number seen from the peer with this connection: its REQUEST's,
+        /// or what its REPLY said it had used.
+        peer_attempt: u64,
         origin: Origin,
     },
 }
@@ -395,6 +409,8 @@ pub struct Handshake {
     /// This device's address (its port goes into REJECTs, which carry no QP).
     local: SocketAddr,
     incarnation: u64,
+    /// The newest attempt number used (0: none yet).
+    attempts: u64,
     peers: HashMap<SocketAddr, Peer>,
     /// Accept-limit counts per source IP address (entries with both counts zero are removed).
     sources: HashMap<IpAddr, SourceCount>,
@@ -415,6 +431,7 @@ impl Handshake {
             cfg,
             local,
             incarnation,
+            attempts: 0,
             peers: HashMap::new(),
             sources: HashMap::new(),
             unconfirmed: std::collections::BTreeSet::new(),
@@ -487,16 +504,19 @@ impl Handshake {
             return Err(StartError::Limit);
         }
         let rto_ns = self.cfg.rto_initial_ns.max(1);
+        self.attempts += 1;
+        let number = self.attempts;
         self.set_peer(
             peer,
             Peer::Connecting(Attempt {
                 local,
+                number,
                 tries: 1,
                 rto_ns,
                 deadline: now + std::time::Duration::from_nanos(rto_ns),
             }),
         );
-        self.send_request(peer, local);
+        self.send_request(peer, local, number);
         Ok(())
     }
 
@@ -690,7 +710,7 @@ impl Handshake {
             Some(Peer::Connecting(a)) => {
                 // Simultaneous connect: our pending QP serves the peer's request.
                 let local = a.local;
-                self.establish(peer, local, remote, msg.incarnation, Origin::Ours);
+                self.establish(peer, local, remote, msg, Origin::Ours);
                 self.send_reply(peer, local, msg.incarnation, remote.qpn);
                 return;
             }
@@ -698,17 +718,25 @@ impl Handshake {
                 local,
                 remote: known,
                 incarnation,
+                peer_attempt,
                 ..
             }) => {
                 if msg.incarnation < *incarnation {
                     self.stats.stale += 1;
                     return;
                 }
-                if msg.incarnation == *incarnation && known.qpn == remote.qpn {
-                    // A duplicate (our reply was lost): answer again.
-                    let local = *local;
-                    self.send_reply(peer, local, msg.incarnation, remote.qpn);
-                    return;
+                if msg.incarnation == *incarnation {
+                    if known.qpn == remote.qpn {
+                        // A duplicate (our reply was lost): answer again.
+                        let local = *local;
+                        self.send_reply(peer, local, msg.incarnation, remote.qpn);
+                        return;
+                    }
+                    if msg.attempt <= *peer_attempt {
+                        // A late copy of an attempt the peer has moved on from.
+                        self.stats.stale += 1;
+                        return;
+                    }
                 }
                 replaced = Some(*local);
             }
@@ -727,7 +755,7 @@ impl Handshake {
                 let origin = Origin::Accepted {
                     unconfirmed_since: Some(now),
                 };
-                self.establish(peer, local, remote, msg.incarnation, origin);
+                self.establish(peer, local, remote, msg, origin);
                 self.send_reply(peer, local, msg.incarnation, remote.qpn);
             }
             Err(reason) => {
@@ -746,7 +774,7 @@ impl Handshake {
         match self.peers.get(&peer) {
             Some(Peer::Connecting(a)) if a.local.qpn == msg.echo_qpn => {
                 let local = a.local;
-                self.establish(peer, local, remote, msg.incarnation, Origin::Ours);
+                self.establish(peer, local, remote, msg, Origin::Ours);
                 self.send_confirm(peer, local, msg.incarnation, remote.qpn);
             }
             Some(Peer::Connected {
@@ -777,6 +805,7 @@ impl Handshake {
                 local,
                 remote: known,
                 incarnation,
+                peer_attempt,
                 origin,
             }) if local.qpn == msg.echo_qpn
                 && known.qpn == remote.qpn
@@ -787,6 +816,7 @@ impl Handshake {
                 } = *origin
                 {
                     let (local, known, incarnation) = (*local, *known, *incarnation);
+                    let peer_attempt = (*peer_attempt).max(msg.attempt);
                     self.stats.confirmed += 1;
                     self.set_peer(
                         peer,
@@ -794,6 +824,7 @@ impl Handshake {
                             local,
                             remote: known,
                             incarnation,
+                            peer_attempt,
                             origin: Origin::Accepted {
                                 unconfirmed_since: None,
                             },
@@ -828,20 +859,23 @@ impl Handshake {
         }
     }
 
+    /// Connects `local` to the peer's `remote`, which `msg` (its REQUEST or REPLY) offered.
     fn establish(
         &mut self,
         peer: SocketAddr,
         local: QpInfo,
         remote: QpInfo,
-        incarnation: u64,
+        msg: &Message,
         origin: Origin,
     ) {
+        let incarnation = msg.incarnation;
         self.set_peer(
             peer,
             Peer::Connected {
                 local,
                 remote,
                 incarnation,
+                peer_attempt: msg.attempt,
                 origin,
             },
         );
@@ -870,7 +904,7 @@ impl Handshake {
             a.tries += 1;
             a.rto_ns = a.rto_ns.saturating_mul(2).min(self.cfg.rto_max_ns.max(1));
             a.deadline = now + std::time::Duration::from_nanos(a.rto_ns);
-            resend.push((*peer, a.local));
+            resend.push((*peer, a.local, a.number));
         }
         for (peer, local) in failed {
             self.take_peer(peer);
@@ -880,9 +914,9 @@ impl Handshake {
                 reason: ConnectFailure::Timeout,
             });
         }
-        for (peer, local) in resend {
+        for (peer, local, number) in resend {
             self.stats.retransmits += 1;
-            self.send_request(peer, local);
+            self.send_request(peer, local, number);
         }
     }
 
@@ -922,19 +956,19 @@ impl Handshake {
         }
     }
 
-    fn send_request(&mut self, peer: SocketAddr, local: QpInfo) {
+    fn send_request(&mut self, peer: SocketAddr, local: QpInfo, attempt: u64) {
         self.stats.requests_sent += 1;
-        self.send_info(KIND_REQUEST, peer, local, 0, 0);
+        self.send_info(KIND_REQUEST, peer, local, 0, 0, attempt);
     }
 
     fn send_reply(&mut self, peer: SocketAddr, local: QpInfo, echo_inc: u64, echo_qpn: u32) {
         self.stats.replies_sent += 1;
-        self.send_info(KIND_REPLY, peer, local, echo_inc, echo_qpn);
+        self.send_info(KIND_REPLY, peer, local, echo_inc, echo_qpn, self.attempts);
     }
 
     fn send_confirm(&mut self, peer: SocketAddr, local: QpInfo, echo_inc: u64, echo_qpn: u32) {
         self.stats.confirms_sent += 1;
-        self.send_info(KIND_CONFIRM, peer, local, echo_inc, echo_qpn);
+        self.send_info(KIND_CONFIRM, peer, local, echo_inc, echo_qpn, self.attempts);
     }
 
     /// Queues a message of `kind` that carries this side's QP (request, reply, confirm).
@@ -945,6 +979,7 @@ impl Handshake {
         local: QpInfo,
         echo_inc: u64,
         echo_qpn: u32,
+        attempt: u64,
     ) {
         let mut info = local;
         let mut features = features_of(&local);
@@ -959,6 +994,7 @@ impl Handshake {
             reason: 0,
             incarnation: self.incarnation,
             echo_incarnation: echo_inc,
+            attempt,
             features,
             echo_qpn,
             info,
@@ -979,6 +1015,7 @@ impl Handshake {
             reason: reason.code(),
             incarnation: self.incarnation,
             echo_incarnation: echo_inc,
+            attempt: self.attempts,
             features: 0,
             echo_qpn,
             info: QpInfo {
@@ -1007,6 +1044,7 @@ struct Message {
     reason: u8,
     incarnation: u64,
     echo_incarnation: u64,
+    attempt: u64,
     features: u32,
     echo_qpn: u32,
     info: QpInfo,
@@ -1083,6 +1121,7 @@ impl Message {
         let _dst = r.u32()?;
         let incarnation = r.u64()?;
         let echo_incarnation = r.u64()?;
+        let attempt = r.u64()?;
         let features = r.u32()?;
         let echo_qpn = r.u32()?;
         let qpn = r.u32()?;
@@ -1125,6 +1164,7 @@ impl Message {
             reason,
             incarnation,
             echo_incarnation,
+            attempt,
             features,
             echo_qpn,
             info: QpInfo {
@@ -1143,6 +1183,7 @@ impl Message {
         v.extend_from_slice(&HANDSHAKE_QPN.to_be_bytes());
         v.extend_from_slice(&self.incarnation.to_be_bytes());
         v.extend_from_slice(&self.echo_incarnation.to_be_bytes());
+        v.extend_from_slice(&self.attempt.to_be_bytes());
         v.extend_from_slice(&self.features.to_be_bytes());
         v.extend_from_slice(&self.echo_qpn.to_be_bytes());
         v.extend_from_slice(&self.info.qpn.to_be_bytes());
@@ -2162,6 +2203,61 @@ mod tests {
     }
 
     #[test]
+    fn a_late_request_of_an_earlier_attempt_does_not_replace_the_newer_connection() {
+        let now = Timestamp::ZERO;
+        let (mut a, mut b) = (Side::new(1000, 1), Side::new(2000, 5));
+        b.hs.connect(now, addr(1000), qp(2000, 22)).unwrap();
+        // The first attempt's REQUEST, as a retransmission still in flight would carry it.
+        let late = b.out().remove(0);
+        a.deliver(now, 2000, &late);
+        exchange(now, &mut a, &mut b);
+        assert_eq!(connected(&b, 1000).0, 22);
+        // Same run of b, a second attempt (its first connection failed): it replaces.
+        b.hs.forget(addr(1000));
+        b.hs.connect(now, addr(1000), qp(2000, 33)).unwrap();
+        exchange(now, &mut a, &mut b);
+        let (new_local, remote) = connected(&a, 2000);
+        assert_eq!(remote, 33);
+        assert!(matches!(
+            a.events()[..],
+            [_, HandshakeEvent::Replaced { .. }, _]
+        ));
+        // Then the first attempt's REQUEST arrives: stale, nothing answered, nothing replaced.
+        let stale = a.hs.stats().stale;
+        a.deliver(now, 2000, &late);
+        assert_eq!(connected(&a, 2000), (new_local, 33));
+        assert!(a.events().is_empty());
+        assert!(a.out().is_empty());
+        assert_eq!(a.hs.stats().stale, stale + 1);
+        // A third attempt still replaces.
+        b.hs.forget(addr(1000));
+        b.hs.connect(now, addr(1000), qp(2000, 44)).unwrap();
+        exchange(now, &mut a, &mut b);
+        assert_eq!(connected(&a, 2000).1, 44);
+        assert_eq!(connected(&b, 1000).0, 44);
+    }
+
+    #[test]
+    fn a_reply_tells_which_of_the_peers_requests_are_older_than_the_connection() {
+        let now = Timestamp::ZERO;
+        let (mut a, mut b) = (Side::new(1000, 1), Side::new(2000, 5));
+        // b tries first and gives up before its REQUEST arrives.
+        b.hs.connect(now, addr(1000), qp(2000, 22)).unwrap();
+        let late = b.out().remove(0);
+        b.hs.forget(addr(1000));
+        // a connects; b's REPLY says b has used attempt 1 already.
+        a.hs.connect(now, addr(2000), qp(1000, 11)).unwrap();
+        exchange(now, &mut a, &mut b);
+        let (local, remote) = connected(&a, 2000);
+        assert_eq!(local, 11);
+        a.events();
+        a.deliver(now, 2000, &late);
+        assert_eq!(connected(&a, 2000), (local, remote));
+        assert!(a.events().is_empty());
+        assert_eq!(a.hs.stats().stale, 1);
+    }
+
+    #[test]
     fn a_refused_request_fails_the_attempt_with_the_reason() {
         let now = Timestamp::ZERO;
         let (mut a, mut b) = (Side::new(1000, 1), Side::new(2000, 2));
@@ -2231,6 +2327,7 @@ mod tests {
             reason: 0,
             incarnation: 7,
             echo_incarnation: 0,
+            attempt: 1,
             features: 0,
             echo_qpn: 0,
             info: QpInfo {
@@ -2383,6 +2480,7 @@ mod tests {
             reason: 0,
             incarnation: 0x0102_0304_0506_0708,
             echo_incarnation: 9,
+            attempt: 0x1112_1314_1516_1718,
             features: FEATURE_SEAL,
             echo_qpn: 77,
             info: QpInfo {
@@ -2617,6 +2715,7 @@ mod device_tests {
                 reason: 0,
                 incarnation: 9,
                 echo_incarnation: 0,
+                attempt: 1,
                 features: 0,
                 echo_qpn: 0,
                 info: QpInfo {
@@ -2631,7 +2730,7 @@ mod device_tests {
         }
         // Every request is answered (to the port it claims, where nobody listens): 8
         // REPLYs, the rest Limit REJECTs. Loopback loses nothing here (500 datagrams of
-        // 56 bytes fit the socket buffer); wait until the device has handled them all.
+        // 64 bytes fit the socket buffer); wait until the device has handled them all.
         let deadline = std::time::Instant::now() + WAIT;
         let st = loop {
             let st = b.dev.handshake_stats();
