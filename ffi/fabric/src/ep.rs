@@ -1099,6 +1099,13 @@ impl EpInner {
     fn on_connection(&self, st: &mut State, ev: ConnectionEvent) {
         match ev {
             ConnectionEvent::Established(c) => {
+                // The events can lag behind the connections: by the time this one is read,
+                // the peer may have replaced it (several times over). Only the connection
+                // that serves the peer now decides the peer's buffers; acting on an older
+                // one would drop the buffers posted to the current QP and so fail it.
+                if self.net.dev.local_qpn(c.peer) != Some(c.local.qpn) {
+                    return;
+                }
                 let stale = st.peers.get(&c.peer).is_some_and(|p| p.qpn != c.local.qpn);
                 if stale && let Some(p) = st.peers.remove(&c.peer) {
                     st.peer_ids.remove(&p.id);
