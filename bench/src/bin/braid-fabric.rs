@@ -188,6 +188,16 @@ struct Cli {
     /// the target's headroom doubles the window per round trip instead of adding one packet
     #[arg(long)]
     swift_fast_start: bool,
+    /// Override Swift's multiplicative decrease gain on the relative excess delay.
+    #[arg(long)]
+    swift_beta: Option<f64>,
+    /// Override the exponent of Swift's rate-fair increase (1: equal windows, 2: equal rates).
+    #[arg(long)]
+    swift_rtt_fair_exp: Option<f64>,
+    /// Override the path weights' ECN penalty (`PathConfig::k_ecn`, default 50; 0 ignores
+    /// ECN marks in the spraying weights).
+    #[arg(long)]
+    path_k_ecn: Option<u32>,
     /// Two regions of its own per host instead of one backing for all (the harness's old
     /// layout, for speed comparisons; the packets are the same).
     #[arg(long)]
@@ -436,6 +446,12 @@ impl Cli {
                     }
                     s.hop_standing |= self.swift_hop_standing;
                     s.fast_start |= self.swift_fast_start;
+                    if let Some(e) = self.swift_rtt_fair_exp {
+                        s.rtt_fair_exp = e;
+                    }
+                    if let Some(b) = self.swift_beta {
+                        s.beta = b;
+                    }
                 }
                 Ok(mode)
             })
@@ -479,6 +495,7 @@ fn main() -> ExitCode {
         burst: cli.burst,
         hop_telemetry: cli.hop_telemetry,
         region_per_host: cli.region_per_host,
+        path_k_ecn: cli.path_k_ecn,
         ..EngineKnobs::default()
     };
     println!("fabric: {}", cli.describe(&ls, topo.as_ref()));

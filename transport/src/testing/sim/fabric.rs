@@ -92,6 +92,7 @@ use std::sync::Arc;
 
 use braid_datapath::fabric::{Fabric, LeafSpine, NodeKind, PortConfig, PortId};
 use braid_datapath::net::{HostId, Network};
+use braid_proto::cc::paths::PathConfig;
 use braid_proto::cc::{ControllerFactory, DcqcnConfig, FixedWindowConfig, SwiftConfig};
 use braid_proto::{
     Access, Completion, CqId, Endpoint, EndpointConfig, MrKeys, PdId, RecvWr, Region, RemoteAddr,
@@ -371,6 +372,9 @@ pub struct EngineKnobs {
     /// backing shared by all: the harness's layout before the shared one, for speed
     /// comparisons (the packets are the same either way). Default off.
     pub region_per_host: bool,
+    /// Override the path weights' ECN penalty ([`PathConfig::k_ecn`], whole units): `None`
+    /// keeps the engine's default (50).
+    pub path_k_ecn: Option<u32>,
 }
 
 impl Default for EngineKnobs {
@@ -384,6 +388,7 @@ impl Default for EngineKnobs {
             burst: 1,
             hop_telemetry: false,
             region_per_host: false,
+            path_k_ecn: None,
         }
     }
 }
@@ -546,6 +551,13 @@ impl Scenario {
             retry_limit: self.engine.retry_limit,
             burst: self.engine.burst,
             cc: self.mode.cc.factory(),
+            path: PathConfig {
+                k_ecn: self
+                    .engine
+                    .path_k_ecn
+                    .map_or(PathConfig::default().k_ecn, f64::from),
+                ..PathConfig::default()
+            },
             ..EndpointConfig::default()
         }
     }
