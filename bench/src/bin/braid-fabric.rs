@@ -198,6 +198,11 @@ struct Cli {
     /// ECN marks in the spraying weights).
     #[arg(long)]
     path_k_ecn: Option<u32>,
+    /// Override the path weights' ECN tolerance, percent of the packets
+    /// (`PathConfig::ecn_tolerance`; the harness's default is 10, the engine's 0): marks
+    /// this far above the connection's median are ignored.
+    #[arg(long)]
+    path_ecn_tolerance_pct: Option<u32>,
     /// Two regions of its own per host instead of one backing for all (the harness's old
     /// layout, for speed comparisons; the packets are the same).
     #[arg(long)]
@@ -496,6 +501,9 @@ fn main() -> ExitCode {
         hop_telemetry: cli.hop_telemetry,
         region_per_host: cli.region_per_host,
         path_k_ecn: cli.path_k_ecn,
+        path_ecn_tolerance_pct: cli
+            .path_ecn_tolerance_pct
+            .or(EngineKnobs::default().path_ecn_tolerance_pct),
         ..EngineKnobs::default()
     };
     println!("fabric: {}", cli.describe(&ls, topo.as_ref()));

@@ -375,6 +375,16 @@ pub struct EngineKnobs {
     /// Override the path weights' ECN penalty ([`PathConfig::k_ecn`], whole units): `None`
     /// keeps the engine's default (50).
     pub path_k_ecn: Option<u32>,
+    /// Override the path weights' ECN tolerance ([`PathConfig::ecn_tolerance`], percent of
+    /// the packets): `None` keeps the engine's default (0). Default 10 here: on a fabric
+    /// whose links run full (a permutation's full leaves), every uplink's queue crosses the
+    /// marking threshold now and then, and a path's ECN fraction, an average over the few
+    /// packets it carries when a connection sprays over hundreds of paths, is mostly noise
+    /// around the median; penalized 50-fold from the first point above the median (and barred
+    /// from gaining share by the balance term), that noise moves the shares off their even
+    /// split and the uplinks' queues empty in turn (bench/results/fabric-tail-2026-12-05.md).
+    /// A link marked far more than the rest still loses its traffic.
+    pub path_ecn_tolerance_pct: Option<u32>,
 }
 
 impl Default for EngineKnobs {
@@ -389,6 +399,7 @@ impl Default for EngineKnobs {
             hop_telemetry: false,
             region_per_host: false,
             path_k_ecn: None,
+            path_ecn_tolerance_pct: Some(10),
         }
     }
 }
@@ -556,6 +567,12 @@ impl Scenario {
                     .engine
                     .path_k_ecn
                     .map_or(PathConfig::default().k_ecn, f64::from),
+                ecn_tolerance: self
+                    .engine
+                    .path_ecn_tolerance_pct
+                    .map_or(PathConfig::default().ecn_tolerance, |p| {
+                        f64::from(p) / 100.0
+                    }),
                 ..PathConfig::default()
             },
             ..EndpointConfig::default()
