@@ -686,7 +686,8 @@ fn write_results(
         "**Engine**: {}-byte datagrams, retransmit timeout floor {} µs, seed {}. Modes: \
          **ecmp** (a) one path per connection, Swift; **spray** (b) {} paths, fixed window of {} \
          packets, no congestion control; **spray-cc** (c) {} paths, Swift (`fabric_swift()`: \
-         target {} µs above the minimum delay) with per-path weights and PLB re-pathing.\n",
+         target {} µs above the minimum delay) with per-path weights (ECN marks up to {} \
+         points above the connection's median ignored) and PLB re-pathing.\n",
         cli.max_datagram,
         cli.rto_min_us,
         cli.seed,
@@ -695,6 +696,9 @@ fn write_results(
         cli.paths,
         cli.swift_target_us
             .unwrap_or(fabric::fabric_swift().base_target_ns / 1000),
+        cli.path_ecn_tolerance_pct
+            .or(EngineKnobs::default().path_ecn_tolerance_pct)
+            .unwrap_or(0),
     );
     let _ = writeln!(
         md,
