@@ -203,6 +203,10 @@ struct Cli {
     /// this far above the connection's median are ignored.
     #[arg(long)]
     path_ecn_tolerance_pct: Option<u32>,
+    /// Override the path weights' balance gain, thousandths (`PathConfig::balance_gain`,
+    /// default 50, i.e. 0.05 per delay sample).
+    #[arg(long)]
+    path_balance_gain_milli: Option<u32>,
     /// Two regions of its own per host instead of one backing for all (the harness's old
     /// layout, for speed comparisons; the packets are the same).
     #[arg(long)]
@@ -504,6 +508,7 @@ fn main() -> ExitCode {
         path_ecn_tolerance_pct: cli
             .path_ecn_tolerance_pct
             .or(EngineKnobs::default().path_ecn_tolerance_pct),
+        path_balance_gain_milli: cli.path_balance_gain_milli,
         ..EngineKnobs::default()
     };
     println!("fabric: {}", cli.describe(&ls, topo.as_ref()));

@@ -385,6 +385,9 @@ pub struct EngineKnobs {
     /// split and the uplinks' queues empty in turn (bench/results/fabric-tail-2026-12-05.md).
     /// A link marked far more than the rest still loses its traffic.
     pub path_ecn_tolerance_pct: Option<u32>,
+    /// Override the path weights' balance gain ([`PathConfig::balance_gain`], thousandths):
+    /// `None` keeps the engine's default (0.05).
+    pub path_balance_gain_milli: Option<u32>,
 }
 
 impl Default for EngineKnobs {
@@ -400,6 +403,7 @@ impl Default for EngineKnobs {
             region_per_host: false,
             path_k_ecn: None,
             path_ecn_tolerance_pct: Some(10),
+            path_balance_gain_milli: None,
         }
     }
 }
@@ -572,6 +576,12 @@ impl Scenario {
                     .path_ecn_tolerance_pct
                     .map_or(PathConfig::default().ecn_tolerance, |p| {
                         f64::from(p) / 100.0
+                    }),
+                balance_gain: self
+                    .engine
+                    .path_balance_gain_milli
+                    .map_or(PathConfig::default().balance_gain, |g| {
+                        f64::from(g) / 1000.0
                     }),
                 ..PathConfig::default()
             },
