@@ -1291,7 +1291,7 @@ mod tests {
         };
         // One packet in twenty marked on path 2, none elsewhere: within the tolerance the
         // path keeps its share; without it the penalty takes almost half of it.
-        let few = |p: u16, k: u64| p == 2 && k % 20 == 0;
+        let few = |p: u16, k: u64| p == 2 && k.is_multiple_of(20);
         let mut ps = PathSet::with_config(8, tolerant);
         feed(&mut ps, 25, 4, |_| 100, few);
         let w = ps.weights().to_vec();
