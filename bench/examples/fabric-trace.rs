@@ -41,6 +41,15 @@ struct Cli {
     /// In-band hop telemetry (switches stamp, Swift reacts to the bottleneck hop).
     #[arg(long)]
     hop_telemetry: bool,
+    /// Override Swift's multiplicative decrease gain.
+    #[arg(long)]
+    swift_beta: Option<f64>,
+    /// Swift's rate-fair increase: largest factor on the additive increase (0: off).
+    #[arg(long)]
+    swift_rtt_fair: Option<f64>,
+    /// Exponent of the rate-fair increase.
+    #[arg(long)]
+    swift_rtt_fair_exp: Option<f64>,
 }
 
 fn main() {
@@ -54,6 +63,15 @@ fn main() {
     let mut mode = Mode::by_name(&cli.mode, cli.paths, 64).expect("known mode");
     if let braid_bench::fabric::Cc::Swift(sw) = &mut mode.cc {
         sw.hop_telemetry = cli.hop_telemetry;
+        if let Some(k) = cli.swift_rtt_fair {
+            sw.rtt_fair_max = k;
+        }
+        if let Some(e) = cli.swift_rtt_fair_exp {
+            sw.rtt_fair_exp = e;
+        }
+        if let Some(b) = cli.swift_beta {
+            sw.beta = b;
+        }
     }
     let w = Workload::Permutation {
         bytes_per_host: cli.bytes,

@@ -9,7 +9,8 @@
 //!
 //!   ```text
 //!   h = b / (1 + k_delay × max(0, delay / min_delay − 1 − delay_tolerance)
-//!              + k_ecn × max(0, ecn_frac − median ecn_frac) + k_loss × loss_rate)
+//!              + k_ecn × max(0, ecn_frac − median ecn_frac − ecn_tolerance)
+//!              + k_loss × loss_rate)
 //!   share = probe_floor / N + (1 − probe_floor) × h / Σh
 //!   ```
 //!
@@ -123,6 +124,9 @@ pub struct PathConfig {
     /// shorter than the busy healthy links' (a much smaller gain leaves it a good share; see
     /// `docs/design-notes.md`, "The ECN penalty").
     pub k_ecn: f64,
+    /// ECN fraction above the connection's median ignored as noise, both by the penalty and
+    /// by the rule that a marked path may not gain share from the balance term. Default 0.
+    pub ecn_tolerance: f64,
     /// Weight penalty per unit of loss rate. Default 50: 2% loss halves the health.
     pub k_loss: f64,
     /// Fraction of the traffic spread evenly over all paths whatever their health, so every
@@ -169,6 +173,7 @@ impl Default for PathConfig {
             k_delay: 1.0,
             delay_tolerance: 1.0,
             k_ecn: 50.0,
+            ecn_tolerance: 0.0,
             k_loss: 50.0,
             probe_floor: 0.1,
             plb_rounds: 3,
@@ -999,7 +1004,7 @@ impl Path {
         // Marks above the connection's median: marks every path sees are the controller's
         // business, and an ACK's CE report covers every packet since the previous ACK, so
         // some of one path's marks land on the paths whose packets the ACKs echo.
-        let ecn = (self.ecn_frac - ecn_median).max(0.0);
+        let ecn = (self.ecn_frac - ecn_median - c.ecn_tolerance).max(0.0);
         // A path marked more than the median is not fast, whatever its delay (a marking
         // AQM keeps its queue short): the balance term may only take share from it.
         let balance = if ecn > 0.0 {
@@ -1276,6 +1281,33 @@ mod tests {
         let w = ps.weights().to_vec();
         assert!(w[2] < 0.5 * fair(&ps), "{w:?}");
         assert!((ps.stats(2).unwrap().ecn_frac - 0.5).abs() < 0.1);
+    }
+
+    #[test]
+    fn ecn_tolerance_ignores_a_few_points_of_marks_and_not_half() {
+        let tolerant = PathConfig {
+            ecn_tolerance: 0.1,
+            ..PathConfig::default()
+        };
+        // One packet in twenty marked on path 2, none elsewhere: within the tolerance the
+        // path keeps its share; without it the penalty takes almost half of it.
+        let few = |p: u16, k: u64| p == 2 && k.is_multiple_of(20);
+        let mut ps = PathSet::with_config(8, tolerant);
+        feed(&mut ps, 25, 4, |_| 100, few);
+        let w = ps.weights().to_vec();
+        assert!(w[2] > 0.9 * fair(&ps), "{w:?}");
+        let mut strict = PathSet::new(8);
+        feed(&mut strict, 25, 4, |_| 100, few);
+        assert!(
+            strict.weights()[2] < 0.6 * fair(&strict),
+            "{:?}",
+            strict.weights()
+        );
+        // Half marked is far above the tolerance: the path still loses its traffic.
+        let mut ps = PathSet::with_config(8, tolerant);
+        feed(&mut ps, 25, 4, |_| 100, |p, k| p == 2 && k % 2 == 0);
+        let w = ps.weights().to_vec();
+        assert!(w[2] < 0.5 * fair(&ps), "{w:?}");
     }
 
     #[test]

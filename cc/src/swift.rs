@@ -99,14 +99,18 @@ pub struct SwiftConfig {
     /// telemetry keep the measured delay.
     pub hop_telemetry: bool,
     /// Rate-fair additive increase: the increase per round trip grows with the smoothed
-    /// round trip over the minimum delay (at most `rtt_fair_max` times), so the window grows
-    /// by the same amount per unit of *time* whatever queues the connection's round trip
-    /// crosses. With Swift's one decrease per round trip, equal increases per round trip
-    /// give flows equal *windows* at a shared bottleneck, so a flow whose round trip is
-    /// longer (it crosses more standing queues, both ways) gets a lower *rate*; an increase
-    /// per unit of time gives windows in proportion to the round trip, equal rates. 0 (or
-    /// below 1) turns it off.
+    /// round trip over the minimum delay, raised to `rtt_fair_exp` (at most `rtt_fair_max`
+    /// times). Swift's plain increase, a constant amount per round trip, grows a window by
+    /// `ai / srtt` per unit of time, so a flow whose round trip is longer (it crosses more
+    /// standing queues, both ways) settles at a smaller window *and* divides it by a longer
+    /// round trip. With the exponent at 1 the window grows by the same amount per unit of
+    /// time whatever the round trip: equal decreases then give equal *windows*, and still
+    /// unequal rates. With 2 the *rate* (window over round trip) grows by the same amount per
+    /// unit of time: equal decreases give equal rates. 0 (or below 1) turns it off.
     pub rtt_fair_max: f64,
+    /// Exponent of the rate-fair increase: the factor on `ai` is
+    /// `(srtt / min_delay)^rtt_fair_exp`, within `1..=rtt_fair_max` (see there). Default 1.
+    pub rtt_fair_exp: f64,
     /// With `hop_telemetry`, react to the *standing* queue of the bottleneck hop: the
     /// lowest hop telemetry of the last one to two smoothed round trips rather than the
     /// latest sample (a queue that drained within a round trip is a burst, not congestion;
@@ -149,6 +153,7 @@ impl Default for SwiftConfig {
             ai_ref_delay_ns: 0,
             hop_telemetry: false,
             rtt_fair_max: 0.0,
+            rtt_fair_exp: 1.0,
             hop_standing: false,
             fast_start: false,
         }
@@ -316,6 +321,7 @@ impl Swift {
         cfg.ai = finite_or(cfg.ai, 1.0).max(0.0);
         cfg.rtt_init_ns = cfg.rtt_init_ns.max(1);
         cfg.base_delay_scale = finite_or(cfg.base_delay_scale, 0.0).max(0.0);
+        cfg.rtt_fair_exp = finite_or(cfg.rtt_fair_exp, 1.0).max(0.0);
         let (fs_alpha, fs_beta) = flow_scaling_coefficients(&cfg);
         let mtu = f64::from(mtu.max(1));
         Swift {
@@ -404,7 +410,10 @@ impl Swift {
         };
         let fair = match self.min_delay_ns {
             Some(m) if self.cfg.rtt_fair_max > 1.0 && m > 0 && self.has_rtt => {
-                (self.srtt_ns / m as f64).clamp(1.0, self.cfg.rtt_fair_max)
+                let stretch = self.srtt_ns / m as f64;
+                stretch
+                    .powf(self.cfg.rtt_fair_exp)
+                    .clamp(1.0, self.cfg.rtt_fair_max)
             }
             _ => 1.0,
         };
@@ -1135,6 +1144,67 @@ mod tests {
     /// Hop telemetry: a flow whose delay comes from two standing queues of 12 µs each (and a
     /// 10 µs base) is cut by a summed signal where a flow crossing one of them is not, and
     /// with telemetry both see the one bottleneck hop's 12 µs and keep the same window.
+    #[test]
+    fn rate_fair_increase_with_exponent_two_grows_rates_alike() {
+        // Two connections with the same 10 µs base delay, one with a 20 µs round trip and
+        // one with 40 µs (queues, all below the target). Growth per round trip is the factor
+        // on `ai`; per unit of time it is that over the round trip, and a rate grows by it
+        // over the round trip once more.
+        let cfg = SwiftConfig {
+            base_target_ns: 100_000,
+            fs_range_ns: 0,
+            init_cwnd: 50.0,
+            rtt_fair_max: 64.0,
+            ..SwiftConfig::default()
+        };
+        let growth = |rtt_us: u64, exp: f64| {
+            let mut c = Swift::new(
+                SwiftConfig {
+                    rtt_fair_exp: exp,
+                    ..cfg
+                },
+                MTU,
+            );
+            let before = c.cwnd_packets();
+            // A tenth of the window acknowledged: a tenth of a round trip's growth.
+            for t in 0..5 {
+                let mut s = AckSample::new(us(t), MTU);
+                s.rtt_ns = Some(rtt_us * 1000);
+                s.fabric_delay_ns = Some(10_000);
+                c.on_ack_with(us(t), &s);
+            }
+            (c.cwnd_packets() - before) * 10.0
+        };
+        let near = |a: f64, b: f64| (a - b).abs() <= 0.05 * a.abs().max(b.abs());
+        // Exponent 1: (rtt / base) per round trip, the same window growth per unit of time.
+        let (w20, w40) = (growth(20, 1.0), growth(40, 1.0));
+        assert!(near(w20, 2.0) && near(w40, 4.0), "{w20} {w40}");
+        assert!(near(w20 / 20.0, w40 / 40.0));
+        // Exponent 2: (rtt / base)² per round trip, the same rate growth per unit of time.
+        let (r20, r40) = (growth(20, 2.0), growth(40, 2.0));
+        assert!(near(r20, 4.0) && near(r40, 16.0), "{r20} {r40}");
+        assert!(near(r20 / 400.0, r40 / 1600.0));
+        // Capped by `rtt_fair_max`.
+        let capped = Swift::new(
+            SwiftConfig {
+                rtt_fair_exp: 2.0,
+                rtt_fair_max: 8.0,
+                ..cfg
+            },
+            MTU,
+        );
+        let mut c = capped;
+        let before = c.cwnd_packets();
+        for t in 0..5 {
+            let mut s = AckSample::new(us(t), MTU);
+            s.rtt_ns = Some(40_000);
+            s.fabric_delay_ns = Some(10_000);
+            c.on_ack_with(us(t), &s);
+        }
+        let g = (c.cwnd_packets() - before) * 10.0;
+        assert!(near(g, 8.0), "{g}");
+    }
+
     #[test]
     fn hop_telemetry_does_not_cut_a_flow_crossing_two_queues_harder() {
         let cfg = SwiftConfig {

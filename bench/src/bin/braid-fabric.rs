@@ -188,6 +188,25 @@ struct Cli {
     /// the target's headroom doubles the window per round trip instead of adding one packet
     #[arg(long)]
     swift_fast_start: bool,
+    /// Override Swift's multiplicative decrease gain on the relative excess delay.
+    #[arg(long)]
+    swift_beta: Option<f64>,
+    /// Override the exponent of Swift's rate-fair increase (1: equal windows, 2: equal rates).
+    #[arg(long)]
+    swift_rtt_fair_exp: Option<f64>,
+    /// Override the path weights' ECN penalty (`PathConfig::k_ecn`, default 50; 0 ignores
+    /// ECN marks in the spraying weights).
+    #[arg(long)]
+    path_k_ecn: Option<u32>,
+    /// Override the path weights' ECN tolerance, percent of the packets
+    /// (`PathConfig::ecn_tolerance`; the harness's default is 10, the engine's 0): marks
+    /// this far above the connection's median are ignored.
+    #[arg(long)]
+    path_ecn_tolerance_pct: Option<u32>,
+    /// Override the path weights' balance gain, thousandths (`PathConfig::balance_gain`,
+    /// default 50, i.e. 0.05 per delay sample).
+    #[arg(long)]
+    path_balance_gain_milli: Option<u32>,
     /// Two regions of its own per host instead of one backing for all (the harness's old
     /// layout, for speed comparisons; the packets are the same).
     #[arg(long)]
@@ -436,6 +455,12 @@ impl Cli {
                     }
                     s.hop_standing |= self.swift_hop_standing;
                     s.fast_start |= self.swift_fast_start;
+                    if let Some(e) = self.swift_rtt_fair_exp {
+                        s.rtt_fair_exp = e;
+                    }
+                    if let Some(b) = self.swift_beta {
+                        s.beta = b;
+                    }
                 }
                 Ok(mode)
             })
@@ -479,6 +504,11 @@ fn main() -> ExitCode {
         burst: cli.burst,
         hop_telemetry: cli.hop_telemetry,
         region_per_host: cli.region_per_host,
+        path_k_ecn: cli.path_k_ecn,
+        path_ecn_tolerance_pct: cli
+            .path_ecn_tolerance_pct
+            .or(EngineKnobs::default().path_ecn_tolerance_pct),
+        path_balance_gain_milli: cli.path_balance_gain_milli,
         ..EngineKnobs::default()
     };
     println!("fabric: {}", cli.describe(&ls, topo.as_ref()));
@@ -661,7 +691,8 @@ fn write_results(
         "**Engine**: {}-byte datagrams, retransmit timeout floor {} µs, seed {}. Modes: \
          **ecmp** (a) one path per connection, Swift; **spray** (b) {} paths, fixed window of {} \
          packets, no congestion control; **spray-cc** (c) {} paths, Swift (`fabric_swift()`: \
-         target {} µs above the minimum delay) with per-path weights and PLB re-pathing.\n",
+         target {} µs above the minimum delay) with per-path weights (ECN marks up to {} \
+         points above the connection's median ignored) and PLB re-pathing.\n",
         cli.max_datagram,
         cli.rto_min_us,
         cli.seed,
@@ -670,6 +701,9 @@ fn write_results(
         cli.paths,
         cli.swift_target_us
             .unwrap_or(fabric::fabric_swift().base_target_ns / 1000),
+        cli.path_ecn_tolerance_pct
+            .or(EngineKnobs::default().path_ecn_tolerance_pct)
+            .unwrap_or(0),
     );
     let _ = writeln!(
         md,

@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use braid_cc::paths::PathConfig;
 use braid_cc::{ControllerFactory, SwiftConfig};
 
 /// Most paths a connection sprays over (path index is one byte on the wire).
@@ -72,6 +73,9 @@ pub struct EndpointConfig {
     /// Congestion controller factory. The default is Swift (delay-based, `braid_cc::Swift`)
     /// with `SwiftConfig::software_host()` settings.
     pub cc: Arc<dyn ControllerFactory>,
+    /// Tuning of each QP's per-path health, weights and re-pathing. Default
+    /// [`PathConfig::default`].
+    pub path: PathConfig,
 }
 
 impl Default for EndpointConfig {
@@ -92,6 +96,7 @@ impl Default for EndpointConfig {
             max_recv_wr: 4096,
             burst: 1,
             cc: Arc::new(SwiftConfig::software_host()),
+            path: PathConfig::default(),
         }
     }
 }

@@ -19,7 +19,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use braid_cc::paths::PathSet;
+use braid_cc::paths::{PathConfig, PathSet};
 use braid_cc::{AckSample, Controller, Pacer};
 use braid_time::{Ecn, Timestamp};
 use rand_core::RngCore;
@@ -180,7 +180,7 @@ impl Qp {
             cc,
             seal: QpSeal::new(opts.seal_secret),
             counters: Counters::new(cfg.paths),
-            route: Route::new(cfg.paths, opts.burst.unwrap_or(cfg.burst)),
+            route: Route::new(cfg.paths, opts.burst.unwrap_or(cfg.burst), cfg.path),
             rec: Recovery::new(psn),
             req: Requester::new(),
             rsp: Responder::new(opts.unordered),

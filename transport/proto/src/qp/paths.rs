@@ -88,9 +88,9 @@ impl PortSet {
 }
 
 impl Route {
-    pub(crate) fn new(paths: u16, burst: u16) -> Route {
+    pub(crate) fn new(paths: u16, burst: u16, path_cfg: PathConfig) -> Route {
         Route {
-            paths: PathSet::new(paths),
+            paths: PathSet::with_config(paths, path_cfg),
             port_map: (0..paths).collect(),
             ports_used: PortSet::first(paths),
             pacer: Pacer::new(),

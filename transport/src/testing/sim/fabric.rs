@@ -92,6 +92,7 @@ use std::sync::Arc;
 
 use braid_datapath::fabric::{Fabric, LeafSpine, NodeKind, PortConfig, PortId};
 use braid_datapath::net::{HostId, Network};
+use braid_proto::cc::paths::PathConfig;
 use braid_proto::cc::{ControllerFactory, DcqcnConfig, FixedWindowConfig, SwiftConfig};
 use braid_proto::{
     Access, Completion, CqId, Endpoint, EndpointConfig, MrKeys, PdId, RecvWr, Region, RemoteAddr,
@@ -371,6 +372,22 @@ pub struct EngineKnobs {
     /// backing shared by all: the harness's layout before the shared one, for speed
     /// comparisons (the packets are the same either way). Default off.
     pub region_per_host: bool,
+    /// Override the path weights' ECN penalty ([`PathConfig::k_ecn`], whole units): `None`
+    /// keeps the engine's default (50).
+    pub path_k_ecn: Option<u32>,
+    /// Override the path weights' ECN tolerance ([`PathConfig::ecn_tolerance`], percent of
+    /// the packets): `None` keeps the engine's default (0). Default 10 here: on a fabric
+    /// whose links run full (a permutation's full leaves), every uplink's queue crosses the
+    /// marking threshold now and then, and a path's ECN fraction, an average over the few
+    /// packets it carries when a connection sprays over hundreds of paths, is mostly noise
+    /// around the median; penalized 50-fold from the first point above the median (and barred
+    /// from gaining share by the balance term), that noise moves the shares off their even
+    /// split and the uplinks' queues empty in turn (bench/results/fabric-tail-2026-12-05.md).
+    /// A link marked far more than the rest still loses its traffic.
+    pub path_ecn_tolerance_pct: Option<u32>,
+    /// Override the path weights' balance gain ([`PathConfig::balance_gain`], thousandths):
+    /// `None` keeps the engine's default (0.05).
+    pub path_balance_gain_milli: Option<u32>,
 }
 
 impl Default for EngineKnobs {
@@ -384,6 +401,9 @@ impl Default for EngineKnobs {
             burst: 1,
             hop_telemetry: false,
             region_per_host: false,
+            path_k_ecn: None,
+            path_ecn_tolerance_pct: Some(10),
+            path_balance_gain_milli: None,
         }
     }
 }
@@ -546,6 +566,25 @@ impl Scenario {
             retry_limit: self.engine.retry_limit,
             burst: self.engine.burst,
             cc: self.mode.cc.factory(),
+            path: PathConfig {
+                k_ecn: self
+                    .engine
+                    .path_k_ecn
+                    .map_or(PathConfig::default().k_ecn, f64::from),
+                ecn_tolerance: self
+                    .engine
+                    .path_ecn_tolerance_pct
+                    .map_or(PathConfig::default().ecn_tolerance, |p| {
+                        f64::from(p) / 100.0
+                    }),
+                balance_gain: self
+                    .engine
+                    .path_balance_gain_milli
+                    .map_or(PathConfig::default().balance_gain, |g| {
+                        f64::from(g) / 1000.0
+                    }),
+                ..PathConfig::default()
+            },
             ..EndpointConfig::default()
         }
     }
