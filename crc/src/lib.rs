@@ -1,10 +1,12 @@
 //! CRC32C (Castagnoli) of a datagram.
 //!
-//! Datagrams of `FOLD_MIN` bytes and more go to the `crc-fast` crate, which folds the bytes
-//! with carry-less multiplies (VPCLMULQDQ over 512-bit registers where the CPU has it,
-//! PCLMULQDQ otherwise), several times the `crc32` instruction's own throughput at these
-//! lengths (bench/results/crc-2026-12-03.md). Below that its set-up costs more than it
-//! saves, and the bytes run through the `crc32` instruction here:
+//! Datagrams of `FOLD_MIN` bytes and more are folded with carry-less multiplies, several
+//! times the `crc32` instruction's own throughput at these lengths
+//! (bench/results/crc-2026-12-03.md): by our own 512-bit fold where the CPU has AVX-512 with
+//! VPCLMULQDQ (the one [`copy_append`] runs, without its stores; at datagram lengths it
+//! costs about 0.6 of the crate's call, bench/results/engine-cost-2026-12-05.md), else by
+//! the `crc-fast` crate (PCLMULQDQ). Below that the set-up costs more than it saves, and
+//! the bytes run through the `crc32` instruction here:
 //!
 //! - under 192 bytes as one chain of 8-byte steps;
 //! - from 192 bytes as three interleaved chains. The instruction has a latency of 3 cycles
@@ -75,6 +77,12 @@ pub fn crc32c(b: &[u8]) -> u32 {
 
 /// The CRC32C of the bytes `crc` was the CRC of, followed by `b`.
 pub fn crc32c_append(crc: u32, b: &[u8]) -> u32 {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if b.len() >= FOLD_MIN && fold_cpu() {
+        // SAFETY: `b` is readable for its length, at least 64; the CPU has the features
+        // (checked above).
+        return unsafe { fold_only(crc, b.as_ptr(), b.len()) };
+    }
     #[cfg(target_arch = "x86_64")]
     if b.len() < FOLD_MIN && std::arch::is_x86_feature_detected!("sse4.2") {
         if b.len() < THREE_WAY_MIN {
@@ -282,23 +290,61 @@ fn fold_cpu() -> bool {
 #[cfg(all(target_arch = "x86_64", not(miri)))]
 #[target_feature(enable = "avx512f,vpclmulqdq,pclmulqdq,sse4.2")]
 unsafe fn copy_fold(crc: u32, dst: *mut u8, src: *const u8, len: usize) -> u32 {
+    debug_assert!(len >= 64 && len.is_multiple_of(8));
+    // SAFETY: the caller's contract, which is `fold`'s with `COPY`.
+    unsafe { fold::<true>(crc, dst, src, len) }
+}
+
+/// [`crc32c_append`] of the `len >= 64` bytes at `src` by the same folding as
+/// [`copy_fold`], without the copy: the receiver's check of a whole datagram. At 1408 bytes
+/// it costs about half of `crc-fast`'s call on this CPU, whose set-up and final reduction
+/// are a large share at datagram lengths (bench/results/engine-cost-2026-12-05.md).
+///
+/// # Safety
+/// `src` readable for `len` bytes; the CPU has AVX-512F, VPCLMULQDQ, PCLMULQDQ and SSE4.2.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[target_feature(enable = "avx512f,vpclmulqdq,pclmulqdq,sse4.2")]
+unsafe fn fold_only(crc: u32, src: *const u8, len: usize) -> u32 {
+    debug_assert!(len >= 64);
+    // SAFETY: the caller's contract; without `COPY`, `dst` is never used.
+    unsafe { fold::<false>(crc, core::ptr::null_mut(), src, len) }
+}
+
+/// The folding of [`copy_fold`] (`COPY`: each loaded value is stored at `dst` too, and
+/// `len` is a multiple of 8) and [`fold_only`] (any `len >= 64`; the bytes after the last
+/// whole word go through the `crc32` instruction one at a time).
+///
+/// # Safety
+/// As [`copy_fold`] when `COPY`, as [`fold_only`] otherwise.
+#[cfg(all(target_arch = "x86_64", not(miri)))]
+#[target_feature(enable = "avx512f,vpclmulqdq,pclmulqdq,sse4.2")]
+#[inline]
+unsafe fn fold<const COPY: bool>(crc: u32, dst: *mut u8, src: *const u8, len: usize) -> u32 {
     use core::arch::asm;
     use std::arch::x86_64::*;
-    debug_assert!(len >= 64 && len.is_multiple_of(8));
     let block = |i: usize| -> __m512i {
         let v: __m512i;
-        // SAFETY: `i * 64 + 64 <= len`, so the 64 bytes at `src + i*64` are readable and
-        // at `dst + i*64` writable (the caller's contract, `i < blocks`); the source is
-        // read by one vector load, as braid-proto's region copies read it.
+        // SAFETY: `i * 64 + 64 <= len`, so the 64 bytes at `src + i*64` are readable and,
+        // when `COPY`, at `dst + i*64` writable (the caller's contract, `i < blocks`); the
+        // source is read by one vector load, as braid-proto's region copies read it.
         unsafe {
-            asm!(
-                "vmovdqu64 {v}, zmmword ptr [{s}]",
-                "vmovdqu64 zmmword ptr [{d}], {v}",
-                s = in(reg) src.add(i * 64),
-                d = in(reg) dst.add(i * 64),
-                v = out(zmm_reg) v,
-                options(nostack, preserves_flags),
-            );
+            if COPY {
+                asm!(
+                    "vmovdqu64 {v}, zmmword ptr [{s}]",
+                    "vmovdqu64 zmmword ptr [{d}], {v}",
+                    s = in(reg) src.add(i * 64),
+                    d = in(reg) dst.add(i * 64),
+                    v = out(zmm_reg) v,
+                    options(nostack, preserves_flags),
+                );
+            } else {
+                asm!(
+                    "vmovdqu64 {v}, zmmword ptr [{s}]",
+                    s = in(reg) src.add(i * 64),
+                    v = out(zmm_reg) v,
+                    options(nostack, preserves_flags, readonly),
+                );
+            }
         }
         v
     };
@@ -366,24 +412,39 @@ unsafe fn copy_fold(crc: u32, dst: *mut u8, src: *const u8, len: usize) -> u32 {
     let mut c = _mm_crc32_u64(0, _mm_cvtsi128_si64(r) as u64);
     c = _mm_crc32_u64(c, _mm_extract_epi64::<1>(r) as u64);
     let mut at = blocks * 64;
-    while at < len {
+    while at + 8 <= len {
         let w: u64;
-        // SAFETY: `at + 8 <= len` (`len` is a multiple of 8): readable at `src + at`,
-        // writable at `dst + at`; one 8-byte load, as braid-proto's region copies do.
+        // SAFETY: `at + 8 <= len`: readable at `src + at` and, when `COPY`, writable at
+        // `dst + at`; one 8-byte load, as braid-proto's region copies do.
         unsafe {
-            asm!(
-                "mov {w}, qword ptr [{s}]",
-                "mov qword ptr [{d}], {w}",
-                s = in(reg) src.add(at),
-                d = in(reg) dst.add(at),
-                w = out(reg) w,
-                options(nostack, preserves_flags),
-            );
+            if COPY {
+                asm!(
+                    "mov {w}, qword ptr [{s}]",
+                    "mov qword ptr [{d}], {w}",
+                    s = in(reg) src.add(at),
+                    d = in(reg) dst.add(at),
+                    w = out(reg) w,
+                    options(nostack, preserves_flags),
+                );
+            } else {
+                asm!(
+                    "mov {w}, qword ptr [{s}]",
+                    s = in(reg) src.add(at),
+                    w = out(reg) w,
+                    options(nostack, preserves_flags, readonly),
+                );
+            }
         }
         c = _mm_crc32_u64(c, w);
         at += 8;
     }
-    !(c as u32)
+    let mut c = c as u32;
+    while at < len {
+        // SAFETY: `at < len`: readable (only without `COPY`, whose `len` is a multiple of 8).
+        c = _mm_crc32_u8(c, unsafe { *src.add(at) });
+        at += 1;
+    }
+    !c
 }
 
 #[cfg(test)]
@@ -453,6 +514,26 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn the_fold_without_copy_agrees_with_the_crate_at_every_length_it_takes() {
+        #[cfg(all(target_arch = "x86_64", not(miri)))]
+        if fold_cpu() {
+            let data: Vec<u8> = (0..10_000u32)
+                .map(|i| (i.wrapping_mul(2_246_822_519) >> 9) as u8)
+                .collect();
+            for len in (64..2100).chain([4095, 4096, 9000, 9001]) {
+                for (start, init) in [(0usize, 0u32), (5, 0xdead_beef)] {
+                    let b = &data[start..start + len];
+                    // SAFETY: `b` is readable for `len >= 64` bytes; the CPU folds.
+                    let got = unsafe { fold_only(init, b.as_ptr(), len) };
+                    assert_eq!(got, crc32c::crc32c_append(init, b), "length {len}");
+                }
+            }
+            return;
+        }
+        eprintln!("this CPU lacks AVX-512 VPCLMULQDQ: the fold is not run here");
     }
 
     #[test]
