@@ -62,7 +62,7 @@ use crate::wire::{self, Op};
 
 pub use crate::qp::QpStats;
 use crate::qp::*;
-use crate::shared::{Mr, Shared};
+use crate::shared::{Mr, RemoteMr, Shared};
 use crate::stall::HostStall;
 
 /// ECN codepoint for ECN-capable transport, codepoint 0.
@@ -369,6 +369,14 @@ impl Endpoint {
         }
         let users = self.pds.get_mut(&pd.0).ok_or(ResourceError::UnknownPd)?;
         *users += 1;
+        self.sh.rkeys.insert(
+            rkey,
+            RemoteMr {
+                region: Arc::clone(&region),
+                pd: pd.0,
+                access,
+            },
+        );
         self.sh.mrs.insert(
             lkey,
             Mr {
@@ -378,7 +386,6 @@ impl Endpoint {
                 rkey,
             },
         );
-        self.sh.rkeys.insert(rkey, lkey);
         Ok(())
     }
 

@@ -24,12 +24,20 @@ pub(crate) struct Mr {
     pub(crate) rkey: u32,
 }
 
+/// A registered memory region as peers reach it, by its remote key.
+pub(crate) struct RemoteMr {
+    pub(crate) region: Arc<Region>,
+    pub(crate) pd: u32,
+    pub(crate) access: Access,
+}
+
 /// Everything outside the QPs, borrowed by QP methods alongside the QP itself.
 pub(crate) struct Shared {
     pub(crate) cfg: EndpointConfig,
     pub(crate) rng: ChaCha8Rng,
     pub(crate) mrs: KeyMap<Mr>,
-    pub(crate) rkeys: KeyMap<u32>,
+    /// The same regions by remote key, for peers' accesses: one lookup per packet.
+    pub(crate) rkeys: KeyMap<RemoteMr>,
     pub(crate) completions: VecDeque<(CqId, Completion)>,
     pub(crate) stats: EndpointStats,
     pub(crate) paths: Vec<PathStats>,
@@ -78,11 +86,7 @@ impl Shared {
         offset: u64,
         len: u64,
     ) -> Result<&Arc<Region>, Syndrome> {
-        let mr = self
-            .rkeys
-            .get(&rkey)
-            .and_then(|l| self.mrs.get(l))
-            .ok_or(Syndrome::RemoteAccess)?;
+        let mr = self.rkeys.get(&rkey).ok_or(Syndrome::RemoteAccess)?;
         if mr.pd != pd || !mr.access.contains(need) {
             return Err(Syndrome::RemoteAccess);
         }
