@@ -435,6 +435,7 @@ impl Topology {
             group_ports,
             ports,
             pkts: Vec::new(),
+            hops: Vec::new(),
             free_pkts: Vec::new(),
             heads: EventQueue::new(),
             in_flight: 0,
@@ -657,6 +658,9 @@ pub struct Series {
     /// Bucket width, ns.
     pub interval_ns: u64,
     ports: Vec<Vec<Bucket>>,
+    /// The last bucket looked up and where it starts: hops come in time order, so most fall
+    /// in it, and skip the division (two per hop cost more than the rest of the recording).
+    last: (usize, u64),
 }
 
 /// One bucket of one port's time series.
@@ -685,7 +689,12 @@ impl Series {
     }
 
     fn bucket(&mut self, port: u32, at_ns: u64) -> &mut Bucket {
-        let b = (at_ns / self.interval_ns.max(1)) as usize;
+        let (mut b, start) = self.last;
+        if at_ns < start || at_ns - start >= self.interval_ns {
+            let interval = self.interval_ns.max(1);
+            b = (at_ns / interval) as usize;
+            self.last = (b, b as u64 * interval);
+        }
         let v = &mut self.ports[port as usize];
         if v.len() <= b {
             v.resize(b + 1, Bucket::default());
@@ -714,6 +723,11 @@ pub struct Fabric {
     ports: Vec<Port>,
     /// Packets in the fabric, by slot; `free_pkts` lists the empty slots.
     pkts: Vec<Pkt>,
+    /// What each hop reads of the packet in the same slot, apart from its bytes: a
+    /// switch's routing, queueing and marking touch only these few bytes per packet, which
+    /// stay in cache while the payloads stream through it (the simulator's largest cost
+    /// was the miss on each hop's packet).
+    hops: Vec<PktHop>,
     free_pkts: Vec<u32>,
     /// One entry per non-empty port lane (`port * 2 + prio`): the arrival time of its first
     /// packet, with that packet's sequence number. Lanes are FIFO, so merging their heads by
@@ -821,6 +835,7 @@ impl Fabric {
         self.series = Some(Series {
             interval_ns: interval_ns.max(1),
             ports: vec![Vec::new(); self.ports.len()],
+            last: (0, 0),
         });
     }
 
@@ -849,14 +864,14 @@ impl Fabric {
         }
         self.stats.hops += 1;
         port.backlog.drain(at);
-        let pkt = &mut self.pkts[slot as usize];
-        let wire = pkt.bytes.len() + self.overhead as usize;
+        let hop = &mut self.hops[slot as usize];
+        let wire = hop.len as usize + self.overhead as usize;
         let full =
             port.cfg.bandwidth_bps == 0 || port.backlog.queued() + wire > port.cfg.queue_bytes;
         if full {
             if !port.cfg.trim
                 || port.cfg.bandwidth_bps == 0
-                || pkt.bytes.len() <= TRIM_PAYLOAD_BYTES
+                || hop.len as usize <= TRIM_PAYLOAD_BYTES
             {
                 port.stats.drops += 1;
                 self.stats.drops += 1;
@@ -864,7 +879,8 @@ impl Fabric {
                 return false;
             }
             // Trim: the stub skips the queue in the priority lane.
-            pkt.bytes.truncate(TRIM_PAYLOAD_BYTES);
+            self.pkts[slot as usize].bytes.truncate(TRIM_PAYLOAD_BYTES);
+            hop.len = TRIM_PAYLOAD_BYTES as u32;
             let wire = (TRIM_PAYLOAD_BYTES + self.overhead as usize) as u64;
             let done = port.transmit(at, wire, true);
             port.stats.trimmed += 1;
@@ -879,11 +895,11 @@ impl Fabric {
             return true;
         }
         let ahead = port.backlog.queued();
-        if matches!(pkt.ecn, Ecn::Ect0 | Ecn::Ect1)
+        if matches!(hop.ecn, Ecn::Ect0 | Ecn::Ect1)
             && (port.cfg.ecn_threshold_bytes.is_some_and(|k| ahead > k)
                 || port.cfg.ce_mark > 0.0 && unit(splitmix64(&mut port.rng)) < port.cfg.ce_mark)
         {
-            pkt.ecn = Ecn::Ce;
+            hop.ecn = Ecn::Ce;
             port.stats.ecn_marks += 1;
             self.stats.ecn_marks += 1;
         }
@@ -892,7 +908,7 @@ impl Fabric {
         {
             // ps per byte x bytes: the drain time of the queue ahead, in ps.
             stamp(
-                &mut pkt.bytes,
+                &mut self.pkts[slot as usize].bytes,
                 (ahead as u64).saturating_mul(port.ps_per_byte) / 1000,
             );
         }
@@ -993,20 +1009,22 @@ impl Network for Fabric {
             return false;
         };
         let src = path_source(self.host_addrs[from.0 as usize], path);
-        let pkt = Pkt {
-            src,
-            dst_host,
+        let hop = PktHop {
             flow_hash: hash_5tuple(src, dest),
+            dst_host,
+            len: bytes.len() as u32,
             ecn,
-            bytes,
         };
+        let pkt = Pkt { src, bytes };
         let slot = match self.free_pkts.pop() {
             Some(s) => {
                 self.pkts[s as usize] = pkt;
+                self.hops[s as usize] = hop;
                 s
             }
             None => {
                 self.pkts.push(pkt);
+                self.hops.push(hop);
                 (self.pkts.len() - 1) as u32
             }
         };
@@ -1069,14 +1087,15 @@ impl Network for Fabric {
                     meta: RecvMeta {
                         src: pkt.src,
                         len: pkt.bytes.len(),
-                        ecn: pkt.ecn,
+                        ecn: self.hops[ev.pkt as usize].ecn,
                         queued_ns: 0,
                     },
                     bytes: pkt.bytes,
                 });
             }
             let sw = self.switch_index[node] as usize;
-            let dst = self.pkts[ev.pkt as usize].dst_host as usize;
+            let hop = self.hops[ev.pkt as usize];
+            let dst = hop.dst_host as usize;
             let group = self.routes[sw * self.n_hosts + dst];
             if group == NO_ROUTE {
                 self.stats.no_route += 1;
@@ -1087,7 +1106,7 @@ impl Network for Fabric {
             let choice = if len == 1 {
                 0
             } else {
-                let h = mix64(self.pkts[ev.pkt as usize].flow_hash ^ self.node_seeds[node]);
+                let h = mix64(hop.flow_hash ^ self.node_seeds[node]);
                 ((u128::from(h) * u128::from(len)) >> 64) as u32
             };
             let port = self.group_ports[(start + choice) as usize];
@@ -1178,9 +1197,6 @@ impl Port {
 #[derive(Debug)]
 struct Pkt {
     src: SocketAddr,
-    dst_host: u32,
-    flow_hash: u64,
-    ecn: Ecn,
     bytes: Vec<u8>,
 }
 
@@ -1188,12 +1204,19 @@ impl Default for Pkt {
     fn default() -> Self {
         Pkt {
             src: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
-            dst_host: 0,
-            flow_hash: 0,
-            ecn: Ecn::NotEct,
             bytes: Vec::new(),
         }
     }
+}
+
+/// The part of a packet in the fabric that each hop reads ([`Fabric::hops`]).
+#[derive(Debug, Clone, Copy)]
+struct PktHop {
+    flow_hash: u64,
+    dst_host: u32,
+    /// Bytes of the datagram (less once trimmed).
+    len: u32,
+    ecn: Ecn,
 }
 
 /// A packet on a link, arriving at the next node at `at`.
