@@ -624,6 +624,12 @@ impl Qp {
         let mut next: Option<u64> = None;
         for i in 0..self.rec.sent.len() {
             let p = &mut self.rec.sent[i];
+            if p.first_ts.as_nanos() > rack {
+                // First sent after the RACK time, and so was every later packet (first sends
+                // go out in sequence order, on a clock that does not go back), and a copy is
+                // never older than its first: the in-flight tail needs no visit.
+                break;
+            }
             let sent = p.send_ts.as_nanos();
             if p.acked || p.lost || sent > rack {
                 continue;
