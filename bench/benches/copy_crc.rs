@@ -5,8 +5,8 @@
 //! - `memcpy`: `copy_from_slice`, the memory-speed reference.
 //! - `crc32c`: the `crc32c` crate over the bytes (its SSE4.2 path on x86-64, picked at run
 //!   time; `hw_crc` below says whether this CPU has it).
-//! - `braid_crc`: what the engine uses, `braid_crc::crc32c` (at these lengths `crc-fast`'s
-//!   carry-less folding, VPCLMULQDQ where the CPU has it).
+//! - `braid_crc`: what the engine uses, `braid_crc::crc32c` (at these lengths carry-less
+//!   folding: its own 512-bit VPCLMULQDQ fold where the CPU has AVX-512, else `crc-fast`'s).
 //! - `copy_then_crc`: what the engine does today, two passes (copy, then CRC of the copy).
 //! - `copy_crc_chunked`: one pass in 256-byte steps, each copied and then checksummed while
 //!   it is still in L1 (the fused form safe code can write).
