@@ -63,6 +63,7 @@ use braid_proto::{
     PostError, RecvWr, Region, ResourceError, RttSummary, SendWr, Timestamp,
 };
 use braid_sync::{Consumer, Doorbell, Event, Mpsc, Pool, Producer, Ring};
+use smallvec::SmallVec;
 
 use super::cq_fd;
 use super::{OpenError, Progress};
@@ -1007,7 +1008,9 @@ impl Inner {
     }
 
     fn send(&self, batch: &TxBatch) {
-        let txs: Vec<braid_datapath::Transmit<'_>> = batch
+        // On the stack: a transmit batch allocates nothing (`metas` holds at most
+        // `BATCH + run_max` datagrams, and `run_max <= GSO_RUN_MAX`).
+        let txs: SmallVec<[braid_datapath::Transmit<'_>; BATCH + GSO_RUN_MAX]> = batch
             .metas
             .iter()
             .zip(&batch.bufs)
