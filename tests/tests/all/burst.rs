@@ -143,6 +143,110 @@ fn new_packets_leave_in_bursts_on_one_path() {
     }
 }
 
+/// Two QPs of one endpoint with bursts of 8, each with a 200 KB WRITE to its own QP at the
+/// peer: a QP in the middle of a burst keeps its turn, so each burst leaves whole (8 datagrams
+/// of one QP on one path, back to back: one GSO message) instead of the two QPs' datagrams
+/// alternating, which would leave the datapath runs of one.
+#[test]
+fn two_qps_send_their_bursts_whole_not_interleaved() {
+    const LEN: usize = 200_000;
+    const BURST: usize = 8;
+    let (mut a, apd, acq) = node(A, 7, BURST as u16);
+    let (mut b, bpd, bcq) = node(B, 8, 1);
+    let data: Vec<u8> = (0..LEN).map(|i| (i * 13 % 251) as u8).collect();
+    let mut dsts = Vec::new();
+    for k in 0..2u64 {
+        let qa = a
+            .create_qp_with(apd, acq, acq, QpOptions::default())
+            .expect("qp a");
+        let qb = b
+            .create_qp_with(bpd, bcq, bcq, QpOptions::default())
+            .expect("qp b");
+        a.connect(qa.qpn, qb).expect("connect a");
+        b.connect(qb.qpn, qa).expect("connect b");
+        let src = Region::new(LEN);
+        src.write(0, &data).expect("in bounds");
+        let dst = Region::new(LEN);
+        let sk = a.register(apd, src, Access::NONE).expect("register src");
+        let dk = b
+            .register(bpd, dst.clone(), Access::REMOTE_WRITE)
+            .expect("register dst");
+        dsts.push(dst);
+        let wr = SendWr {
+            wr_id: k,
+            op: SendOp::Write(RemoteAddr {
+                rkey: dk.rkey,
+                offset: 0,
+            }),
+            sges: vec![Sge {
+                lkey: sk.lkey,
+                offset: 0,
+                len: LEN as u32,
+            }],
+            signaled: true,
+        };
+        a.post_send(qa.qpn, wr).expect("post");
+    }
+    let mut now = Timestamp::ZERO;
+    let mut buf = vec![0u8; 65_536];
+    // (source QP, path) of every datagram A sent, in order.
+    let mut sent = Vec::new();
+    let mut done = 0;
+    for _ in 0..100_000 {
+        let mut quiet = true;
+        while let Some(t) = a.poll_transmit(now, &mut buf) {
+            quiet = false;
+            let pkt = braid::proto::wire::Packet::parse(&buf[..t.len]).expect("a datagram");
+            sent.push((pkt.header.src_qpn, t.path));
+            b.handle_datagram(now, addr(A), 0, &buf[..t.len]);
+        }
+        while let Some(t) = b.poll_transmit(now, &mut buf) {
+            quiet = false;
+            a.handle_datagram(now, addr(B), 0, &buf[..t.len]);
+        }
+        while let Some((_, wc)) = a.poll_completion() {
+            assert_eq!(wc.status, WcStatus::Success);
+            done += 1;
+        }
+        if done == 2 {
+            break;
+        }
+        if quiet {
+            now = now.add_nanos(5_000);
+            a.handle_timeout(now);
+            b.handle_timeout(now);
+        }
+    }
+    assert_eq!(done, 2, "both WRITEs complete");
+    for dst in &dsts {
+        assert_eq!(dst.to_vec(0, LEN).expect("whole region"), data);
+    }
+    // Cut the sequence where the source QP changes: every run is whole bursts of one QP on
+    // one path each (only a QP's last burst may be shorter).
+    let mut runs: Vec<&[(u32, u16)]> = Vec::new();
+    let mut start = 0;
+    for i in 1..=sent.len() {
+        if i == sent.len() || sent[i].0 != sent[start].0 {
+            runs.push(&sent[start..i]);
+            start = i;
+        }
+    }
+    let qps: std::collections::BTreeSet<u32> = sent.iter().map(|s| s.0).collect();
+    assert_eq!(qps.len(), 2, "both QPs sent");
+    assert!(runs.len() > 4, "the QPs took turns: {} runs", runs.len());
+    let mut short = 0;
+    for run in &runs {
+        for burst in run.chunks(BURST) {
+            assert!(
+                burst.iter().all(|&(_, p)| p == burst[0].1),
+                "a burst spans paths: {burst:?}"
+            );
+        }
+        short += usize::from(run.len() % BURST != 0);
+    }
+    assert!(short <= 2, "{short} runs end inside a burst");
+}
+
 /// A 3 MB WRITE between two devices on loopback with bursts of `burst` over `kind`, GSO and
 /// GRO on (the datapaths' default): every byte lands.
 fn device_write_with_bursts(kind: DatapathKind, burst: u16) {

@@ -860,19 +860,22 @@ impl Endpoint {
     }
 
     /// The next datagram to send, written at the start of `buf` (which must hold
-    /// `config().max_datagram` bytes). QPs with work take turns, one datagram each; only QPs
-    /// that had an event since they last sent are asked ([`crate::ready`]), so idle QPs cost
-    /// nothing here.
+    /// `config().max_datagram` bytes). QPs with work take turns, one datagram each, except
+    /// that a QP in the middle of a burst ([`EndpointConfig::burst`]) keeps its turn until the
+    /// burst is out: its datagrams then leave back to back, so the datapath can send them as
+    /// one GSO message (taking turns, two QPs' bursts would interleave datagram by datagram
+    /// and every message would hold one). Only QPs that had an event since they last sent are
+    /// asked ([`crate::ready`]), so idle QPs cost nothing here.
     pub fn poll_transmit(&mut self, now: Timestamp, buf: &mut [u8]) -> Option<Transmit> {
         while let Some(i) = self.qps.ready.take_next() {
             self.tx_visits += 1;
-            let t = self
-                .qps
-                .at_mut_quiet(i)
-                .poll_transmit(now, buf, &mut self.sh);
+            let mut qp = self.qps.at_mut_quiet(i);
+            let t = qp.poll_transmit(now, buf, &mut self.sh);
+            let keeps_turn = qp.mid_burst();
+            drop(qp);
             if let Some(t) = t {
-                // It may have more, after the others' turns.
-                self.qps.ready.sent(i);
+                // It may have more, after the others' turns (or at once, mid-burst).
+                self.qps.ready.sent(i, keeps_turn);
                 self.sh.stats.tx_datagrams += 1;
                 return Some(t);
             }

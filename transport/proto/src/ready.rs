@@ -8,7 +8,8 @@
 //! the pacer's time is a deadline, so its timer marks it again).
 //!
 //! The order is the table's, from a rotating cursor: the first marked QP at or after the
-//! cursor is asked first, and the cursor moves past the QP that sent. That is exactly the
+//! cursor is asked first, and the cursor moves past the QP that sent (or stays on it while it
+//! is in the middle of a burst). That is exactly the
 //! order in which asking every QP from the cursor would find a sender (an unmarked QP has
 //! nothing to send), so the set changes the cost of `poll_transmit`, never its choices. The
 //! search reads one 64-bit word per 64 QPs, so a call costs the QPs that had an event since
@@ -83,10 +84,17 @@ impl ReadySet {
         Some(i)
     }
 
-    /// Slot `i` sent: it stays marked (it may have more) and the next search starts after it.
-    pub(crate) fn sent(&mut self, i: usize) {
+    /// Slot `i` sent: it stays marked (it may have more) and the next search starts after it,
+    /// or at it if it `keeps_turn` (in the middle of a burst, see `Endpoint::poll_transmit`).
+    pub(crate) fn sent(&mut self, i: usize, keeps_turn: bool) {
         self.mark(i);
-        self.cursor = if i + 1 < self.slots { i + 1 } else { 0 };
+        self.cursor = if keeps_turn {
+            i
+        } else if i + 1 < self.slots {
+            i + 1
+        } else {
+            0
+        };
     }
 
     fn is_marked(&self, i: usize) -> bool {
@@ -129,8 +137,21 @@ mod tests {
         // Slot 1 sent: the search starts after it and wraps.
         r.mark(0);
         r.mark(3);
-        r.sent(1);
+        r.sent(1, false);
         assert_eq!(drain(&mut r), [3, 0, 1]);
+    }
+
+    #[test]
+    fn a_slot_that_keeps_its_turn_is_asked_again_first() {
+        let mut r = ReadySet::default();
+        for _ in 0..3 {
+            r.add_slot();
+        }
+        assert_eq!(r.take_next(), Some(0));
+        r.sent(0, true);
+        assert_eq!(r.take_next(), Some(0), "mid-burst: the same slot again");
+        r.sent(0, false);
+        assert_eq!(drain(&mut r), [1, 2, 0]);
     }
 
     #[test]
@@ -156,7 +177,7 @@ mod tests {
         for i in [3, 64, 130, 199] {
             r.mark(i);
         }
-        r.sent(100); // marks 100, cursor 101
+        r.sent(100, false); // marks 100, cursor 101
         assert_eq!(drain(&mut r), [130, 199, 3, 64, 100]);
     }
 
@@ -192,7 +213,7 @@ mod tests {
             assert_eq!(new, old);
             if let Some(j) = old {
                 cursor = (j + 1) % n;
-                r.sent(j);
+                r.sent(j, false);
             }
         }
     }

@@ -137,6 +137,11 @@ impl Qp {
         self.route.paths.pick_spread(sh.rng.next_u32()) as u8
     }
 
+    /// Whether the current burst of new packets has more to send on its path.
+    pub(crate) fn mid_burst(&self) -> bool {
+        self.route.burst_left > 0
+    }
+
     /// A path for a new data packet: drawn as [`next_path`](Self::next_path) does once per
     /// burst of `route.burst` consecutive new packets, which all leave on it, so the datapath
     /// can coalesce them (UDP GSO). With a burst of 1 this is `next_path`, draw for draw.
