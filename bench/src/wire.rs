@@ -69,6 +69,14 @@ pub struct Hello {
     pub burst: u16,
     /// The client's QP.
     pub qp: WireQp,
+    /// The client device's engine shards; the server opens its device with as many
+    /// (absent: the server's own default).
+    #[serde(default)]
+    pub shards: Option<u16>,
+    /// The client's further QPs of a multi-QP bandwidth test (`--qps`): the server answers
+    /// each with a QP and a region of `region_len` bytes of its own.
+    #[serde(default)]
+    pub more_qps: Vec<WireQp>,
 }
 
 fn one() -> u16 {
@@ -88,6 +96,18 @@ pub struct Welcome {
     pub datapath: String,
     /// Why the server refused, if it did.
     pub error: Option<String>,
+    /// The server's QP and region for each of the client's `more_qps`, in order.
+    #[serde(default)]
+    pub more: Vec<WireRemote>,
+}
+
+/// A server QP and the remote key of the region that goes with it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct WireRemote {
+    /// The server's QP.
+    pub qp: WireQp,
+    /// Remote key of its region (`Welcome::region_len` bytes).
+    pub rkey: u32,
 }
 
 /// The client is finished.

@@ -27,7 +27,7 @@ use braid_bench::report::{self, BwResult, ClientReport, LatResult, PathRow, QpTe
 use braid_bench::run::{
     self, BwOp, BwSpec, Check, Conn, Limit, NoCheck, RecvSide, Verifier, perftest_engine,
 };
-use braid_bench::wire::{self, Bye, Done, Hello, Welcome, WireQp};
+use braid_bench::wire::{self, Bye, Done, Hello, Welcome, WireQp, WireRemote};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use serde::Serialize;
 
@@ -105,6 +105,11 @@ struct Engine {
     /// server uses its client's setting.
     #[arg(long, default_value_t = 1)]
     burst: u16,
+    /// Engine shards of the device, each with its own lock, sockets and progress thread
+    /// (default: BRAID_SHARDS, else 1); QPs are spread over them round robin. A server uses
+    /// its client's setting.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=64))]
+    shards: Option<u16>,
 }
 
 impl Engine {
@@ -289,6 +294,11 @@ struct ClientArgs {
     /// pattern needs its own slot).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..), conflicts_with = "verify")]
     slots: Option<u64>,
+    /// QPs of a WRITE or READ bandwidth test, as perftest's -q: each with its own completion
+    /// queue, regions and posting thread, on the device's shards round robin (give it as
+    /// many with --shards for one core each); the bandwidth is their sum.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64), conflicts_with = "verify")]
+    qps: u16,
     /// Sweep over powers of 2 instead of powers of 4.
     #[arg(long)]
     pow2: bool,
@@ -389,6 +399,9 @@ fn open_device(engine: &Engine, local: SocketAddr) -> Result<Device, String> {
     }
     cfg.engine.cc = engine.controller();
     cfg.engine.burst = engine.burst;
+    if let Some(n) = engine.shards {
+        cfg = cfg.shards(usize::from(n));
+    }
     perftest_engine(&mut cfg.engine);
     Device::open(cfg).map_err(|e| format!("opening a Braid device on {local}: {e}"))
 }
@@ -683,12 +696,22 @@ fn serve_one(a: &ServerArgs, stream: TcpStream) -> Result<String, String> {
         );
         Err(why)
     };
-    if hello.region_len == 0 || hello.region_len > a.max_region {
+    let qps = 1 + hello.more_qps.len() as u64;
+    if hello.region_len == 0 || hello.region_len.saturating_mul(qps) > a.max_region {
         return refuse(
             &mut writer,
             format!(
-                "region of {} bytes refused (limit {})",
+                "{qps} region(s) of {} bytes refused (limit {} in all)",
                 hello.region_len, a.max_region
+            ),
+        );
+    }
+    if qps > 1 && !matches!(hello.test.as_str(), "write_bw" | "read_bw") {
+        return refuse(
+            &mut writer,
+            format!(
+                "{} runs on one QP (more than one: write_bw, read_bw)",
+                hello.test
             ),
         );
     }
@@ -706,6 +729,7 @@ fn serve_one(a: &ServerArgs, stream: TcpStream) -> Result<String, String> {
         fixed_packets: 256,
         swift_headroom_us: None,
         burst: hello.burst,
+        shards: hello.shards,
     };
     if a.engine_dp.encrypt && !engine.encrypt {
         return refuse(
@@ -741,12 +765,33 @@ fn serve_one(a: &ServerArgs, stream: TcpStream) -> Result<String, String> {
         0
     };
     qp.connect(hello.qp.into()).map_err(|e| e.to_string())?;
+    // The further QPs of a multi-QP bandwidth test: passive targets, each with a region of
+    // its own, on the same completion queue (one-sided operations complete nothing here).
+    let mut more = Vec::with_capacity(hello.more_qps.len());
+    for peer in &hello.more_qps {
+        let q = make_qp(&pd, &cq, engine.encrypt).map_err(|e| e.to_string())?;
+        let m = pd
+            .alloc_mr(hello.region_len as usize, Access::ALL)
+            .map_err(|e| e.to_string())?;
+        if hello.test == "read_bw" {
+            fill_read_pattern(&m, hello.size);
+        }
+        q.connect((*peer).into()).map_err(|e| e.to_string())?;
+        more.push((q, m));
+    }
     let welcome = Welcome {
         qp: Some(WireQp::from(qp.info())),
         rkey: mr.rkey(),
         region_len: mr.len() as u64,
         datapath: dev.datapath_kind().to_string(),
         error: None,
+        more: more
+            .iter()
+            .map(|(q, m)| WireRemote {
+                qp: WireQp::from(q.info()),
+                rkey: m.rkey(),
+            })
+            .collect(),
     };
     wire::send_line(&mut writer, &welcome)?;
     let stop = AtomicBool::new(false);
@@ -804,6 +849,40 @@ fn serve_one(a: &ServerArgs, stream: TcpStream) -> Result<String, String> {
     ) + &report::datapath_counters(&dev.datapath_counters())
         .map(|c| format!("; datapath: {c}"))
         .unwrap_or_default())
+}
+
+/// `spec` on `first` and every one of `more` at once, a thread each (the QPs of `--qps`):
+/// the messages of all over the longest run's time (the window is each QP's).
+fn run_bw_together(first: &Conn<'_>, more: &[Conn<'_>], spec: &BwSpec) -> Result<BwResult, String> {
+    let runs: Vec<Result<BwResult, String>> = std::thread::scope(|s| {
+        let others: Vec<_> = more
+            .iter()
+            .map(|c| {
+                let quiet = BwSpec {
+                    progress: false,
+                    ..*spec
+                };
+                s.spawn(move || run::run_bw(c, &quiet, &mut NoCheck))
+            })
+            .collect();
+        let mut all = vec![run::run_bw(first, spec, &mut NoCheck)];
+        all.extend(others.into_iter().map(|h| {
+            h.join()
+                .unwrap_or_else(|_| Err("a posting thread panicked".into()))
+        }));
+        all
+    });
+    let runs = runs.into_iter().collect::<Result<Vec<_>, String>>()?;
+    let op = runs[0].op.clone();
+    let iterations = runs.iter().map(|r| r.iterations).sum();
+    let seconds = runs.iter().map(|r| r.seconds).fold(0.0, f64::max);
+    Ok(BwResult::new(
+        &op,
+        u64::from(spec.size),
+        iterations,
+        seconds,
+        runs[0].window,
+    ))
 }
 
 /// Fills slot k (of `size` bytes) of the server's region with the pattern READ_SALT ^ k.
@@ -923,6 +1002,13 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
         Test::WriteLat | Test::SendLat => 8,
     });
     let size32 = to_u32(size)?;
+    if a.qps > 1 && !matches!(test, Test::WriteBw | Test::ReadBw) {
+        return Err(format!(
+            "--qps {}: {} runs on one QP (more than one: write_bw, read_bw)",
+            a.qps,
+            test.name()
+        ));
+    }
     let sizes = if test == Test::Sweep {
         sweep_sizes(size, a.pow2)
     } else {
@@ -970,6 +1056,19 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
             Access::LOCAL_WRITE | Access::REMOTE_READ,
         )
         .map_err(err)?;
+    // The further QPs of `--qps`, each with a completion queue and a region of its own.
+    let mut more = Vec::with_capacity(usize::from(a.qps - 1));
+    for _ in 1..a.qps {
+        let q_cq = dev.create_cq();
+        let q = make_qp(&pd, &q_cq, a.engine.encrypt).map_err(err)?;
+        let m = pd
+            .alloc_mr(
+                local_len.max(8) as usize,
+                Access::LOCAL_WRITE | Access::REMOTE_READ,
+            )
+            .map_err(err)?;
+        more.push((q, q_cq, m));
+    }
     let hello = Hello {
         test: test.name().to_string(),
         size,
@@ -978,6 +1077,8 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
         max_datagram: a.engine.max_datagram,
         burst: a.engine.burst,
         qp: qp.info().into(),
+        shards: u16::try_from(dev.shards()).ok(),
+        more_qps: more.iter().map(|(q, _, _)| q.info().into()).collect(),
     };
     wire::send_line(&mut writer, &hello)?;
     let welcome: Welcome = wire::recv_line(&mut reader)?;
@@ -986,6 +1087,16 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
     }
     let peer_qp = welcome.qp.ok_or("server sent no QP")?;
     qp.connect(peer_qp.into()).map_err(err)?;
+    if welcome.more.len() != more.len() {
+        return Err(format!(
+            "server answered {} of the {} further QPs (an older server?)",
+            welcome.more.len(),
+            more.len()
+        ));
+    }
+    for ((q, _, _), r) in more.iter().zip(&welcome.more) {
+        q.connect(r.qp.into()).map_err(err)?;
+    }
     let conn = Conn {
         qp: &qp,
         cq: &cq,
@@ -993,6 +1104,17 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
         rkey: welcome.rkey,
         remote_len: welcome.region_len,
     };
+    let more_conns: Vec<Conn<'_>> = more
+        .iter()
+        .zip(&welcome.more)
+        .map(|((q, c, m), r)| Conn {
+            qp: q,
+            cq: c,
+            local: m,
+            rkey: r.rkey,
+            remote_len: welcome.region_len,
+        })
+        .collect();
     if !a.json {
         println!(
             "braid-perf client: {} -> {} (server device {}), backend {}, datapath {}, {} paths, {} B datagrams ({} B payload per packet){}",
@@ -1120,6 +1242,8 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
                     r.verified_bytes =
                         read_back(&conn, &scratch, r.window.min(r.iterations as usize), s)?;
                     r
+                } else if !more_conns.is_empty() {
+                    run_bw_together(&conn, &more_conns, &spec)?
                 } else {
                     run::run_bw(&conn, &spec, &mut NoCheck)?
                 };
