@@ -33,13 +33,18 @@ fn node(at: &str, seed: u64, burst: u16) -> (Endpoint, PdId, CqId) {
     (ep, pd, cq)
 }
 
-/// Runs one 200 KB WRITE from A (QP options `opts`, endpoint burst `ep_burst`) to B on a
-/// perfect in-memory wire and returns the path of every datagram A sent, in order, after
-/// checking the bytes landed.
-fn write_paths(ep_burst: u16, opts: QpOptions) -> Vec<u16> {
-    const LEN: usize = 200_000;
-    let (mut a, apd, acq) = node(A, 7, ep_burst);
-    let (mut b, bpd, bcq) = node(B, 8, 1);
+/// Bytes of each test WRITE.
+const LEN: usize = 200_000;
+
+/// Connects a new QP of A (options `opts`) to a new QP of B and posts one signaled WRITE of
+/// `data` (`LEN` bytes) from a region of A to a region of B; returns B's region.
+fn post_write(
+    (a, apd, acq): (&mut Endpoint, PdId, CqId),
+    (b, bpd, bcq): (&mut Endpoint, PdId, CqId),
+    opts: QpOptions,
+    data: &[u8],
+    wr_id: u64,
+) -> std::sync::Arc<Region> {
     let qa = a.create_qp_with(apd, acq, acq, opts).expect("qp a");
     let qb = b
         .create_qp_with(bpd, bcq, bcq, QpOptions::default())
@@ -47,48 +52,52 @@ fn write_paths(ep_burst: u16, opts: QpOptions) -> Vec<u16> {
     a.connect(qa.qpn, qb).expect("connect a");
     b.connect(qb.qpn, qa).expect("connect b");
     let src = Region::new(LEN);
-    let data: Vec<u8> = (0..LEN).map(|i| (i * 7 % 251) as u8).collect();
-    src.write(0, &data).expect("in bounds");
+    src.write(0, data).expect("in bounds");
     let dst = Region::new(LEN);
     let sk = a.register(apd, src, Access::NONE).expect("register src");
     let dk = b
         .register(bpd, dst.clone(), Access::REMOTE_WRITE)
         .expect("register dst");
-    a.post_send(
-        qa.qpn,
-        SendWr {
-            wr_id: 1,
-            op: SendOp::Write(RemoteAddr {
-                rkey: dk.rkey,
-                offset: 0,
-            }),
-            sges: vec![Sge {
-                lkey: sk.lkey,
-                offset: 0,
-                len: LEN as u32,
-            }],
-            signaled: true,
-        },
-    )
-    .expect("post");
+    let wr = SendWr {
+        wr_id,
+        op: SendOp::Write(RemoteAddr {
+            rkey: dk.rkey,
+            offset: 0,
+        }),
+        sges: vec![Sge {
+            lkey: sk.lkey,
+            offset: 0,
+            len: LEN as u32,
+        }],
+        signaled: true,
+    };
+    a.post_send(qa.qpn, wr).expect("post");
+    dst
+}
+
+/// Moves datagrams between A and B on a perfect in-memory wire until A has `want`
+/// successful completions; `sent` sees every datagram A sent (its bytes and path), in order.
+fn run_until(a: &mut Endpoint, b: &mut Endpoint, want: usize, mut sent: impl FnMut(&[u8], u16)) {
     let mut now = Timestamp::ZERO;
     let mut buf = vec![0u8; 65_536];
-    let mut paths = Vec::new();
+    let mut done = 0;
     for _ in 0..100_000 {
         let mut quiet = true;
         while let Some(t) = a.poll_transmit(now, &mut buf) {
             quiet = false;
-            paths.push(t.path);
+            sent(&buf[..t.len], t.path);
             b.handle_datagram(now, addr(A), 0, &buf[..t.len]);
         }
         while let Some(t) = b.poll_transmit(now, &mut buf) {
             quiet = false;
             a.handle_datagram(now, addr(B), 0, &buf[..t.len]);
         }
-        if let Some((_, wc)) = a.poll_completion() {
+        while let Some((_, wc)) = a.poll_completion() {
             assert_eq!(wc.status, WcStatus::Success);
-            assert_eq!(dst.to_vec(0, LEN).expect("whole region"), data);
-            return paths;
+            done += 1;
+        }
+        if done == want {
+            return;
         }
         if quiet {
             now = now.add_nanos(5_000);
@@ -96,7 +105,21 @@ fn write_paths(ep_burst: u16, opts: QpOptions) -> Vec<u16> {
             b.handle_timeout(now);
         }
     }
-    panic!("the WRITE never completed");
+    panic!("{done} of {want} WRITEs completed");
+}
+
+/// Runs one 200 KB WRITE from A (QP options `opts`, endpoint burst `ep_burst`) to B on a
+/// perfect in-memory wire and returns the path of every datagram A sent, in order, after
+/// checking the bytes landed.
+fn write_paths(ep_burst: u16, opts: QpOptions) -> Vec<u16> {
+    let (mut a, apd, acq) = node(A, 7, ep_burst);
+    let (mut b, bpd, bcq) = node(B, 8, 1);
+    let data: Vec<u8> = (0..LEN).map(|i| (i * 7 % 251) as u8).collect();
+    let dst = post_write((&mut a, apd, acq), (&mut b, bpd, bcq), opts, &data, 1);
+    let mut paths = Vec::new();
+    run_until(&mut a, &mut b, 1, |_, p| paths.push(p));
+    assert_eq!(dst.to_vec(0, LEN).expect("whole region"), data);
+    paths
 }
 
 #[test]
@@ -149,75 +172,22 @@ fn new_packets_leave_in_bursts_on_one_path() {
 /// alternating, which would leave the datapath runs of one.
 #[test]
 fn two_qps_send_their_bursts_whole_not_interleaved() {
-    const LEN: usize = 200_000;
     const BURST: usize = 8;
     let (mut a, apd, acq) = node(A, 7, BURST as u16);
     let (mut b, bpd, bcq) = node(B, 8, 1);
     let data: Vec<u8> = (0..LEN).map(|i| (i * 13 % 251) as u8).collect();
-    let mut dsts = Vec::new();
-    for k in 0..2u64 {
-        let qa = a
-            .create_qp_with(apd, acq, acq, QpOptions::default())
-            .expect("qp a");
-        let qb = b
-            .create_qp_with(bpd, bcq, bcq, QpOptions::default())
-            .expect("qp b");
-        a.connect(qa.qpn, qb).expect("connect a");
-        b.connect(qb.qpn, qa).expect("connect b");
-        let src = Region::new(LEN);
-        src.write(0, &data).expect("in bounds");
-        let dst = Region::new(LEN);
-        let sk = a.register(apd, src, Access::NONE).expect("register src");
-        let dk = b
-            .register(bpd, dst.clone(), Access::REMOTE_WRITE)
-            .expect("register dst");
-        dsts.push(dst);
-        let wr = SendWr {
-            wr_id: k,
-            op: SendOp::Write(RemoteAddr {
-                rkey: dk.rkey,
-                offset: 0,
-            }),
-            sges: vec![Sge {
-                lkey: sk.lkey,
-                offset: 0,
-                len: LEN as u32,
-            }],
-            signaled: true,
-        };
-        a.post_send(qa.qpn, wr).expect("post");
-    }
-    let mut now = Timestamp::ZERO;
-    let mut buf = vec![0u8; 65_536];
+    let dsts: Vec<_> = (0..2)
+        .map(|k| {
+            let (a, b) = ((&mut a, apd, acq), (&mut b, bpd, bcq));
+            post_write(a, b, QpOptions::default(), &data, k)
+        })
+        .collect();
     // (source QP, path) of every datagram A sent, in order.
     let mut sent = Vec::new();
-    let mut done = 0;
-    for _ in 0..100_000 {
-        let mut quiet = true;
-        while let Some(t) = a.poll_transmit(now, &mut buf) {
-            quiet = false;
-            let pkt = braid::proto::wire::Packet::parse(&buf[..t.len]).expect("a datagram");
-            sent.push((pkt.header.src_qpn, t.path));
-            b.handle_datagram(now, addr(A), 0, &buf[..t.len]);
-        }
-        while let Some(t) = b.poll_transmit(now, &mut buf) {
-            quiet = false;
-            a.handle_datagram(now, addr(B), 0, &buf[..t.len]);
-        }
-        while let Some((_, wc)) = a.poll_completion() {
-            assert_eq!(wc.status, WcStatus::Success);
-            done += 1;
-        }
-        if done == 2 {
-            break;
-        }
-        if quiet {
-            now = now.add_nanos(5_000);
-            a.handle_timeout(now);
-            b.handle_timeout(now);
-        }
-    }
-    assert_eq!(done, 2, "both WRITEs complete");
+    run_until(&mut a, &mut b, 2, |bytes, path| {
+        let pkt = braid::proto::wire::Packet::parse(bytes).expect("a datagram");
+        sent.push((pkt.header.src_qpn, path));
+    });
     for dst in &dsts {
         assert_eq!(dst.to_vec(0, LEN).expect("whole region"), data);
     }
