@@ -861,17 +861,21 @@ impl Endpoint {
 
     /// The next datagram to send, written at the start of `buf` (which must hold
     /// `config().max_datagram` bytes). QPs with work take turns, one datagram each, except
-    /// that a QP in the middle of a burst ([`EndpointConfig::burst`]) keeps its turn until the
-    /// burst is out: its datagrams then leave back to back, so the datapath can send them as
-    /// one GSO message (taking turns, two QPs' bursts would interleave datagram by datagram
-    /// and every message would hold one). Only QPs that had an event since they last sent are
+    /// that a QP that has just sent a new packet of an unfinished burst
+    /// ([`EndpointConfig::burst`]) keeps its turn: a burst's datagrams then leave back to
+    /// back, so the datapath can send them as one GSO message (taking turns, two QPs' bursts
+    /// would interleave datagram by datagram and every message would hold one). A turn kept
+    /// so lasts at most a burst. Only QPs that had an event since they last sent are
     /// asked ([`crate::ready`]), so idle QPs cost nothing here.
     pub fn poll_transmit(&mut self, now: Timestamp, buf: &mut [u8]) -> Option<Transmit> {
         while let Some(i) = self.qps.ready.take_next() {
             self.tx_visits += 1;
             let mut qp = self.qps.at_mut_quiet(i);
+            let left = qp.burst_left();
             let t = qp.poll_transmit(now, buf, &mut self.sh);
-            let keeps_turn = qp.mid_burst();
+            // Only a new packet of an unfinished burst keeps the turn (an ACK or a
+            // retransmission in between does not).
+            let keeps_turn = qp.burst_left() > 0 && qp.burst_left() != left;
             drop(qp);
             if let Some(t) = t {
                 // It may have more, after the others' turns (or at once, mid-burst).

@@ -137,9 +137,9 @@ impl Qp {
         self.route.paths.pick_spread(sh.rng.next_u32()) as u8
     }
 
-    /// Whether the current burst of new packets has more to send on its path.
-    pub(crate) fn mid_burst(&self) -> bool {
-        self.route.burst_left > 0
+    /// New packets the current burst has yet to send on its path.
+    pub(crate) fn burst_left(&self) -> u16 {
+        self.route.burst_left
     }
 
     /// A path for a new data packet: drawn as [`next_path`](Self::next_path) does once per
