@@ -38,8 +38,9 @@ struct Cli {
     /// Bytes per host.
     #[arg(long, default_value_t = 32 << 20)]
     bytes: u64,
-    /// In-band hop telemetry (switches stamp, Swift reacts to the bottleneck hop).
-    #[arg(long)]
+    /// In-band hop telemetry (switches stamp, Swift reacts to the bottleneck hop): `true`
+    /// (the harness's default) or `false`.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     hop_telemetry: bool,
     /// Override Swift's multiplicative decrease gain.
     #[arg(long)]

@@ -111,6 +111,17 @@ pub struct SwiftConfig {
     /// Exponent of the rate-fair increase: the factor on `ai` is
     /// `(srtt / min_delay)^rtt_fair_exp`, within `1..=rtt_fair_max` (see there). Default 1.
     pub rtt_fair_exp: f64,
+    /// Measure the rate-fair increase's stretch against the delay the controller acts on
+    /// rather than the minimum: the factor becomes `(srtt / delay)^rtt_fair_exp`, `delay`
+    /// being the latest sample compared with the target (with `hop_telemetry`, the minimum
+    /// plus the bottleneck hop's queue), never below the minimum. What makes rates unequal
+    /// at a shared bottleneck is the round trip a flow has *beyond* that bottleneck's queue
+    /// (other queues it crosses, both ways); the queue of the bottleneck itself is the same
+    /// for every flow there, and counting it only makes every flow more aggressive the deeper
+    /// the queue is (a 32-sender incast, whose round trips are all stretched alike by the
+    /// receiver's queue, then grows at the factor's cap and overshoots). Without telemetry
+    /// the delay is the round trip's own queueing, so the factor stays near 1. Default off.
+    pub rtt_fair_hop_ref: bool,
     /// With `hop_telemetry`, react to the *standing* queue of the bottleneck hop: the
     /// lowest hop telemetry of the last one to two smoothed round trips rather than the
     /// latest sample (a queue that drained within a round trip is a burst, not congestion;
@@ -154,6 +165,7 @@ impl Default for SwiftConfig {
             hop_telemetry: false,
             rtt_fair_max: 0.0,
             rtt_fair_exp: 1.0,
+            rtt_fair_hop_ref: false,
             hop_standing: false,
             fast_start: false,
         }
@@ -410,7 +422,12 @@ impl Swift {
         };
         let fair = match self.min_delay_ns {
             Some(m) if self.cfg.rtt_fair_max > 1.0 && m > 0 && self.has_rtt => {
-                let stretch = self.srtt_ns / m as f64;
+                let reference = if self.cfg.rtt_fair_hop_ref {
+                    self.last_delay_ns.unwrap_or(m).max(m)
+                } else {
+                    m
+                };
+                let stretch = self.srtt_ns / reference as f64;
                 stretch
                     .powf(self.cfg.rtt_fair_exp)
                     .clamp(1.0, self.cfg.rtt_fair_max)
@@ -1203,6 +1220,56 @@ mod tests {
         }
         let g = (c.cwnd_packets() - before) * 10.0;
         assert!(near(g, 8.0), "{g}");
+    }
+
+    /// With `rtt_fair_hop_ref`, a round trip stretched only by the bottleneck hop's own queue
+    /// (an incast: 10 µs base, 30 µs of queue at the receiver, a 40 µs round trip) grows at
+    /// plain Swift's pace, while one stretched by queues beyond that hop (the same 40 µs with
+    /// a 10 µs hop queue) still grows faster, by `(40 / 20)²`; without it both grow 16-fold.
+    #[test]
+    fn rate_fair_increase_against_the_hop_delay_ignores_the_bottleneck_queue() {
+        let cfg = SwiftConfig {
+            base_target_ns: 100_000,
+            fs_range_ns: 0,
+            init_cwnd: 50.0,
+            rtt_fair_max: 64.0,
+            rtt_fair_exp: 2.0,
+            hop_telemetry: true,
+            ..SwiftConfig::default()
+        };
+        let growth = |hop_ref: bool, hop_queue_us: u64| {
+            let mut c = Swift::new(
+                SwiftConfig {
+                    rtt_fair_hop_ref: hop_ref,
+                    ..cfg
+                },
+                MTU,
+            );
+            // The base delay first (an unqueued path), then a tenth of a window queued.
+            let mut s = AckSample::new(us(0), MTU);
+            s.rtt_ns = Some(40_000);
+            s.fabric_delay_ns = Some(10_000);
+            s.hop_queue_ns = Some(0);
+            c.on_ack_with(us(0), &s);
+            let before = c.cwnd_packets();
+            for t in 1..=5 {
+                let mut s = AckSample::new(us(t), MTU);
+                s.rtt_ns = Some(40_000);
+                s.fabric_delay_ns = Some(40_000);
+                s.hop_queue_ns = Some(hop_queue_us * 1000);
+                c.on_ack_with(us(t), &s);
+            }
+            (c.cwnd_packets() - before) * 10.0
+        };
+        let near = |a: f64, b: f64| (a - b).abs() <= 0.05 * a.abs().max(b.abs());
+        // Against the minimum (10 µs) both grow by (40 / 10)² per round trip.
+        let (a, b) = (growth(false, 30), growth(false, 10));
+        assert!(near(a, 16.0) && near(b, 16.0), "{a} {b}");
+        // Against the hop delay: the incast's reference is its whole round trip (10 + 30 µs),
+        // a factor of 1; the other's is 10 + 10 µs, a factor of (40 / 20)².
+        let (incast, beyond) = (growth(true, 30), growth(true, 10));
+        assert!(near(incast, 1.0), "{incast}");
+        assert!(near(beyond, 4.0), "{beyond}");
     }
 
     #[test]

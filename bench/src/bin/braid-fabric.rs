@@ -173,8 +173,9 @@ struct Cli {
     swift_ai_ref_us: Option<u64>,
     /// In-band hop telemetry: the switches stamp the largest queueing delay of one hop into
     /// each data packet, the ACK echoes it, and Swift reacts to that hop's queue instead of
-    /// the round trip's sum of queues (`true` or `false`).
-    #[arg(long, default_value_t = false, action = clap::ArgAction::Set)]
+    /// the round trip's sum of queues (`true` or `false`; on by default, and the default
+    /// Swift of the modes is tuned with it).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     hop_telemetry: bool,
     /// Override Swift's rate-fair increase: the largest factor on the additive increase from
     /// the smoothed round trip over the minimum delay (0: off).
@@ -203,8 +204,8 @@ struct Cli {
     /// this far above the connection's median are ignored.
     #[arg(long)]
     path_ecn_tolerance_pct: Option<u32>,
-    /// Override the path weights' balance gain, thousandths (`PathConfig::balance_gain`,
-    /// default 50, i.e. 0.05 per delay sample).
+    /// Override the path weights' balance gain, thousandths (`PathConfig::balance_gain`; the
+    /// engine's default is 50, i.e. 0.05 per delay sample, the harness's 500).
     #[arg(long)]
     path_balance_gain_milli: Option<u32>,
     /// Two regions of its own per host instead of one backing for all (the harness's old
@@ -508,7 +509,9 @@ fn main() -> ExitCode {
         path_ecn_tolerance_pct: cli
             .path_ecn_tolerance_pct
             .or(EngineKnobs::default().path_ecn_tolerance_pct),
-        path_balance_gain_milli: cli.path_balance_gain_milli,
+        path_balance_gain_milli: cli
+            .path_balance_gain_milli
+            .or(EngineKnobs::default().path_balance_gain_milli),
         ..EngineKnobs::default()
     };
     println!("fabric: {}", cli.describe(&ls, topo.as_ref()));

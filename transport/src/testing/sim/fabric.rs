@@ -125,8 +125,14 @@ const RECV_TAG: u64 = 1 << 63;
 /// | `base_delay_scale` | 0.25 | 0 | distance scaling: the target's headroom grows by a quarter of the measured base delay (2.5 µs on this fabric, 100 µs over 400 µs of long links) |
 /// | `ai_ref_delay_ns` | 20 µs | 0 | distance scaling: above a 20 µs base delay (longer than this fabric's round trip) the additive increase is one packet per 20 µs, not per round trip |
 ///
-/// The control law (additive increase of one packet per round trip, `beta` 0.8, `max_mdf`
-/// 0.5, pacing below one packet) is Swift's default.
+/// | `hop_telemetry` | on | off | the harness's switches stamp the largest hop queue ([`EngineKnobs::hop_telemetry`], on by default): a flow between two full leaves crosses four full queues in its round trip where a flow with one full end crosses two, and a summed delay cuts it for that alone (bench/results/fabric-tail-2026-12-05.md section 2) |
+/// | `rtt_fair_max`, `rtt_fair_exp` | 16, 2 | off, 1 | the increase grows rates, not windows, alike: a longer round trip no longer means a lower rate at the same bottleneck |
+/// | `rtt_fair_hop_ref` | on | off | the stretch is the round trip over the delay Swift acts on (base + bottleneck hop queue), not over the base: an incast, whose round trips are all stretched by the one queue, is not made 16 times as aggressive (bench/results/fabric-tail-2026-12-05-s2.md) |
+/// | `beta` | 0.4 | 0.8 | a gentler decrease, with the faster increase above |
+///
+/// The rest of the control law (`max_mdf` 0.5, pacing below one packet) is Swift's default.
+/// Without telemetry in the samples (`EngineKnobs::hop_telemetry` off) Swift falls back to
+/// the measured delay and the rate-fair factor stays near 1.
 pub fn fabric_swift() -> SwiftConfig {
     SwiftConfig {
         base_target_ns: 15_000,
@@ -136,6 +142,11 @@ pub fn fabric_swift() -> SwiftConfig {
         rto_reset_threshold: 3,
         base_delay_scale: 0.25,
         ai_ref_delay_ns: 20_000,
+        hop_telemetry: true,
+        rtt_fair_max: 16.0,
+        rtt_fair_exp: 2.0,
+        rtt_fair_hop_ref: true,
+        beta: 0.4,
         ..SwiftConfig::default()
     }
 }
@@ -366,7 +377,10 @@ pub struct EngineKnobs {
     /// Whether the switches stamp in-band hop telemetry into Braid's REQUEST packets
     /// ([`braid_proto::wire::stamp_hop_queue`]: the largest queueing delay of one hop on the
     /// way), which receivers echo in their ACKs; Swift uses it with
-    /// [`SwiftConfig::hop_telemetry`]. Default off.
+    /// [`SwiftConfig::hop_telemetry`]. Default on (since bench/results/fabric-tail-2026-12-05-s2.md;
+    /// [`fabric_swift`] is tuned with it): fabrics built for AI training commonly carry
+    /// in-band telemetry, and without it a summed delay cuts the flows that cross two full
+    /// leaves harder than the rest.
     pub hop_telemetry: bool,
     /// Give every host two regions of its own (a source and a destination) instead of one
     /// backing shared by all: the harness's layout before the shared one, for speed
@@ -386,7 +400,10 @@ pub struct EngineKnobs {
     /// A link marked far more than the rest still loses its traffic.
     pub path_ecn_tolerance_pct: Option<u32>,
     /// Override the path weights' balance gain ([`PathConfig::balance_gain`], thousandths):
-    /// `None` keeps the engine's default (0.05).
+    /// `None` keeps the engine's default (0.05). Default 500 here: a saturated leaf's
+    /// uplinks need their shares evened within a few round trips, and with the hop-telemetry
+    /// Swift of [`fabric_swift`] the faster balance no longer costs the incast
+    /// (bench/results/fabric-tail-2026-12-05-s2.md).
     pub path_balance_gain_milli: Option<u32>,
 }
 
@@ -399,11 +416,11 @@ impl Default for EngineKnobs {
             retry_limit: 15,
             rx_batch_ns: 0,
             burst: 1,
-            hop_telemetry: false,
+            hop_telemetry: true,
             region_per_host: false,
             path_k_ecn: None,
             path_ecn_tolerance_pct: Some(10),
-            path_balance_gain_milli: None,
+            path_balance_gain_milli: Some(500),
         }
     }
 }
