@@ -745,10 +745,13 @@ pub struct Fabric {
     hop_stamp: Option<HopStamp>,
 }
 
-/// In-band hop telemetry: a switch calls it with each datagram it queues and the time the
-/// bytes queued ahead of it take to drain (ns), and the function may rewrite the datagram
-/// (Braid's is `braid_proto::wire::stamp_hop_queue`: the largest such delay on the way).
-/// The fabric knows no protocol, so the harness that runs one gives it.
+/// In-band hop telemetry: the function may rewrite a datagram with the time the bytes queued
+/// ahead of it at a switch took to drain (ns). It must keep the largest value it is given
+/// (Braid's `braid_proto::wire::stamp_hop_queue` does: the largest such delay on the way), so
+/// the fabric calls it once per datagram, with the largest delay any switch on the way saw,
+/// as the datagram reaches its host (or before a switch trims it): a hop then touches only
+/// the packet's record, not its bytes. The fabric knows no protocol, so the harness that runs
+/// one gives it.
 pub type HopStamp = fn(&mut [u8], u64);
 
 impl Fabric {
@@ -878,8 +881,13 @@ impl Fabric {
                 self.free(slot);
                 return false;
             }
-            // Trim: the stub skips the queue in the priority lane.
-            self.pkts[slot as usize].bytes.truncate(TRIM_PAYLOAD_BYTES);
+            // Trim: the stub skips the queue in the priority lane. What the switches before
+            // this one stamped is written before the bytes go.
+            let bytes = &mut self.pkts[slot as usize].bytes;
+            if let (Some(stamp), Some(q)) = (self.hop_stamp, hop.queue_ns.take()) {
+                stamp(bytes, q);
+            }
+            bytes.truncate(TRIM_PAYLOAD_BYTES);
             hop.len = TRIM_PAYLOAD_BYTES as u32;
             let wire = (TRIM_PAYLOAD_BYTES + self.overhead as usize) as u64;
             let done = port.transmit(at, wire, true);
@@ -903,14 +911,12 @@ impl Fabric {
             port.stats.ecn_marks += 1;
             self.stats.ecn_marks += 1;
         }
-        if let Some(stamp) = self.hop_stamp
+        if self.hop_stamp.is_some()
             && matches!(self.kinds[port.from as usize], NodeKind::Switch { .. })
         {
             // ps per byte x bytes: the drain time of the queue ahead, in ps.
-            stamp(
-                &mut self.pkts[slot as usize].bytes,
-                (ahead as u64).saturating_mul(port.ps_per_byte) / 1000,
-            );
+            let q = (ahead as u64).saturating_mul(port.ps_per_byte) / 1000;
+            hop.queue_ns = Some(hop.queue_ns.map_or(q, |m| m.max(q)));
         }
         let done = port.transmit(at, wire as u64, false);
         port.backlog.push(done, wire);
@@ -1014,6 +1020,7 @@ impl Network for Fabric {
             dst_host,
             len: bytes.len() as u32,
             ecn,
+            queue_ns: None,
         };
         let pkt = Pkt { src, bytes };
         let slot = match self.free_pkts.pop() {
@@ -1077,7 +1084,11 @@ impl Network for Fabric {
             };
             let node = port.to as usize;
             if let NodeKind::Host(h) = self.kinds[node] {
-                let pkt = std::mem::take(&mut self.pkts[ev.pkt as usize]);
+                let mut pkt = std::mem::take(&mut self.pkts[ev.pkt as usize]);
+                let hop = self.hops[ev.pkt as usize];
+                if let (Some(stamp), Some(q)) = (self.hop_stamp, hop.queue_ns) {
+                    stamp(&mut pkt.bytes, q);
+                }
                 self.free_pkts.push(ev.pkt);
                 self.in_flight -= 1;
                 self.stats.delivered += 1;
@@ -1087,7 +1098,7 @@ impl Network for Fabric {
                     meta: RecvMeta {
                         src: pkt.src,
                         len: pkt.bytes.len(),
-                        ecn: self.hops[ev.pkt as usize].ecn,
+                        ecn: hop.ecn,
                         queued_ns: 0,
                     },
                     bytes: pkt.bytes,
@@ -1217,6 +1228,9 @@ struct PktHop {
     /// Bytes of the datagram (less once trimmed).
     len: u32,
     ecn: Ecn,
+    /// The largest queueing delay a switch on the way saw ahead of the packet, ns, not yet
+    /// stamped into its bytes ([`HopStamp`]).
+    queue_ns: Option<u64>,
 }
 
 /// A packet on a link, arriving at the next node at `at`.
@@ -1452,8 +1466,11 @@ mod tests {
             .sum();
         assert!(seen > 0);
         assert_eq!(stamped, seen * 80 / 1000);
+        // Three switches on the way, one stamp: the largest delay they saw (none: it was
+        // alone in each of their queues).
         let across = got.iter().find(|(_, d)| d.host == HostId(2)).unwrap();
-        assert_eq!(across.1.bytes[8], 3);
+        assert_eq!(across.1.bytes[8], 1);
+        assert_eq!(across.1.bytes[..8], [0; 8]);
         // Off: nothing is written.
         f.set_hop_stamp(None);
         f.send(
@@ -1464,6 +1481,41 @@ mod tests {
         let mut got = drain(&mut f);
         assert_eq!(got.len(), 1);
         assert!(got.pop().unwrap().1.bytes.iter().all(|&b| b == 0));
+    }
+
+    /// A datagram's stamp is the largest delay of its way, however early it was met: two
+    /// hosts of leaf 1 share its one uplink (a queue there), and nothing queues after it.
+    #[test]
+    fn the_stamp_is_the_largest_queue_on_the_way() {
+        let ls = LeafSpine {
+            hosts_per_leaf: 2,
+            leaves: 2,
+            spines: 1,
+            ..LeafSpine::default()
+        };
+        let mut f = ls.build(5);
+        f.set_hop_stamp(Some(record_stamp));
+        let payload = [0u8; 934];
+        for _ in 0..6 {
+            for (from, to) in [(2, 0), (3, 1)] {
+                f.send(
+                    Timestamp::ZERO,
+                    HostId(from),
+                    &tx(ls.host_addr(to), 0, Ecn::NotEct, &payload),
+                );
+            }
+        }
+        let got = drain(&mut f);
+        assert_eq!(got.len(), 12);
+        assert!(got.iter().all(|(_, d)| d.bytes[8] == 1));
+        let uplink = f.tier_ports(0, 1)[1];
+        assert_eq!(f.port_ends(uplink).0, f.port_ends(f.host_port(HostId(2))).1);
+        let seen = f.port_stats(uplink).queue_seen_sum;
+        let stamped: u64 = (got.iter())
+            .map(|(_, d)| u64::from_le_bytes(d.bytes[..8].try_into().unwrap()))
+            .sum();
+        assert!(seen > 0);
+        assert_eq!(stamped, seen * 80 / 1000);
     }
 
     #[test]
