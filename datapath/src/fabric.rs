@@ -435,7 +435,6 @@ impl Topology {
             group_ports,
             ports,
             pkts: Vec::new(),
-            hops: Vec::new(),
             free_pkts: Vec::new(),
             heads: EventQueue::new(),
             in_flight: 0,
@@ -721,13 +720,9 @@ pub struct Fabric {
     groups: Vec<(u32, u32)>,
     group_ports: Vec<u32>,
     ports: Vec<Port>,
-    /// Packets in the fabric, by slot; `free_pkts` lists the empty slots.
+    /// Packets in the fabric, by slot (one cache line each: what a hop reads of a packet
+    /// is one miss, its payload none); `free_pkts` lists the empty slots.
     pkts: Vec<Pkt>,
-    /// What each hop reads of the packet in the same slot, apart from its bytes: a
-    /// switch's routing, queueing and marking touch only these few bytes per packet, which
-    /// stay in cache while the payloads stream through it (the simulator's largest cost
-    /// was the miss on each hop's packet).
-    hops: Vec<PktHop>,
     free_pkts: Vec<u32>,
     /// One entry per non-empty port lane (`port * 2 + prio`): the arrival time of its first
     /// packet, with that packet's sequence number. Lanes are FIFO, so merging their heads by
@@ -867,14 +862,14 @@ impl Fabric {
         }
         self.stats.hops += 1;
         port.backlog.drain(at);
-        let hop = &mut self.hops[slot as usize];
-        let wire = hop.len as usize + self.overhead as usize;
+        let hop = &mut self.pkts[slot as usize];
+        let wire = hop.bytes.len() + self.overhead as usize;
         let full =
             port.cfg.bandwidth_bps == 0 || port.backlog.queued() + wire > port.cfg.queue_bytes;
         if full {
             if !port.cfg.trim
                 || port.cfg.bandwidth_bps == 0
-                || hop.len as usize <= TRIM_PAYLOAD_BYTES
+                || hop.bytes.len() <= TRIM_PAYLOAD_BYTES
             {
                 port.stats.drops += 1;
                 self.stats.drops += 1;
@@ -883,12 +878,10 @@ impl Fabric {
             }
             // Trim: the stub skips the queue in the priority lane. What the switches before
             // this one stamped is written before the bytes go.
-            let bytes = &mut self.pkts[slot as usize].bytes;
             if let (Some(stamp), Some(q)) = (self.hop_stamp, hop.queue_ns.take()) {
-                stamp(bytes, q);
+                stamp(&mut hop.bytes, q);
             }
-            bytes.truncate(TRIM_PAYLOAD_BYTES);
-            hop.len = TRIM_PAYLOAD_BYTES as u32;
+            hop.bytes.truncate(TRIM_PAYLOAD_BYTES);
             let wire = (TRIM_PAYLOAD_BYTES + self.overhead as usize) as u64;
             let done = port.transmit(at, wire, true);
             port.stats.trimmed += 1;
@@ -1015,23 +1008,22 @@ impl Network for Fabric {
             return false;
         };
         let src = path_source(self.host_addrs[from.0 as usize], path);
-        let hop = PktHop {
+        let pkt = Pkt {
+            bytes,
             flow_hash: hash_5tuple(src, dest),
-            dst_host,
-            len: bytes.len() as u32,
-            ecn,
             queue_ns: None,
+            from: from.0,
+            dst_host,
+            path,
+            ecn,
         };
-        let pkt = Pkt { src, bytes };
         let slot = match self.free_pkts.pop() {
             Some(s) => {
                 self.pkts[s as usize] = pkt;
-                self.hops[s as usize] = hop;
                 s
             }
             None => {
                 self.pkts.push(pkt);
-                self.hops.push(hop);
                 (self.pkts.len() - 1) as u32
             }
         };
@@ -1084,11 +1076,13 @@ impl Network for Fabric {
             };
             let node = port.to as usize;
             if let NodeKind::Host(h) = self.kinds[node] {
-                let mut pkt = std::mem::take(&mut self.pkts[ev.pkt as usize]);
-                let hop = self.hops[ev.pkt as usize];
-                if let (Some(stamp), Some(q)) = (self.hop_stamp, hop.queue_ns) {
-                    stamp(&mut pkt.bytes, q);
+                let pkt = &mut self.pkts[ev.pkt as usize];
+                let mut bytes = std::mem::take(&mut pkt.bytes);
+                if let (Some(stamp), Some(q)) = (self.hop_stamp, pkt.queue_ns) {
+                    stamp(&mut bytes, q);
                 }
+                let src = path_source(self.host_addrs[pkt.from as usize], pkt.path);
+                let ecn = pkt.ecn;
                 self.free_pkts.push(ev.pkt);
                 self.in_flight -= 1;
                 self.stats.delivered += 1;
@@ -1096,16 +1090,16 @@ impl Network for Fabric {
                     host: h,
                     to: self.host_addrs[h.0 as usize],
                     meta: RecvMeta {
-                        src: pkt.src,
-                        len: pkt.bytes.len(),
-                        ecn: hop.ecn,
+                        src,
+                        len: bytes.len(),
+                        ecn,
                         queued_ns: 0,
                     },
-                    bytes: pkt.bytes,
+                    bytes,
                 });
             }
             let sw = self.switch_index[node] as usize;
-            let hop = self.hops[ev.pkt as usize];
+            let hop = &self.pkts[ev.pkt as usize];
             let dst = hop.dst_host as usize;
             let group = self.routes[sw * self.n_hosts + dst];
             if group == NO_ROUTE {
@@ -1205,32 +1199,22 @@ impl Port {
     }
 }
 
+/// A packet in the fabric ([`Fabric::pkts`]): everything a hop reads, in one cache line
+/// (its payload stays out of the cache until the host reads it).
 #[derive(Debug)]
+#[repr(align(64))]
 struct Pkt {
-    src: SocketAddr,
+    /// The datagram (cut to [`TRIM_PAYLOAD_BYTES`] if trimmed).
     bytes: Vec<u8>,
-}
-
-impl Default for Pkt {
-    fn default() -> Self {
-        Pkt {
-            src: SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0),
-            bytes: Vec::new(),
-        }
-    }
-}
-
-/// The part of a packet in the fabric that each hop reads ([`Fabric::hops`]).
-#[derive(Debug, Clone, Copy)]
-struct PktHop {
     flow_hash: u64,
-    dst_host: u32,
-    /// Bytes of the datagram (less once trimmed).
-    len: u32,
-    ecn: Ecn,
     /// The largest queueing delay a switch on the way saw ahead of the packet, ns, not yet
     /// stamped into its bytes ([`HopStamp`]).
     queue_ns: Option<u64>,
+    /// The sending host and its path: the source address, [`path_source`]`(from, path)`.
+    from: u32,
+    dst_host: u32,
+    path: u16,
+    ecn: Ecn,
 }
 
 /// A packet on a link, arriving at the next node at `at`.
