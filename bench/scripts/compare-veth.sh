@@ -53,7 +53,11 @@
 #   CEILING=1  the kernel's own UDP ceiling (udp-blast, receiver discarding): UDP_SEGMENT (GSO)
 #              bursts of BURST datagrams of MAX_DGRAM bytes round-robin over PATHS connected
 #              source ports to a UDP_GRO receiver; the same without GRO; one datagram per
-#              send(); 8 B datagrams in sendmmsg batches of 64 (the message-rate reference)
+#              send(); 8 B datagrams in sendmmsg batches of 64 (the message-rate reference);
+#              and the GSO+GRO ceiling with the payload work no transport over UDP sockets
+#              skips (udp-blast --pack/--place, regions of SIZE as Braid's one slot): each
+#              datagram gathered from a region with its CRC32C in one pass, checked and
+#              copied to its place at the receiver, as Braid's engine does
 #   BURST      datagrams per GSO burst of the ceiling (default one full GSO message, under
 #              64 KiB and at most 64 datagrams: 44 at 1472 B, 7 at 8972 B; it was 16 KiB
 #              worth, 11 at 1472 B, until 2026-12-02 s8, see bench/results/
@@ -551,6 +555,7 @@ blast() {
 ceilings() { # run
     if [ "$CEILING" = 1 ]; then
         measure blast "$1" "kernel-udp-gso$BURST-gro" udp "--gro" --burst "$BURST" --segment "$MAX_DGRAM" --ports "$PATHS"
+        measure blast "$1" "kernel-udp-gso$BURST-gro-placed" udp "--gro --place $SIZE" --burst "$BURST" --segment "$MAX_DGRAM" --ports "$PATHS" --pack "$SIZE"
         measure blast "$1" "kernel-udp-gso$BURST" udp "" --burst "$BURST" --segment "$MAX_DGRAM" --ports "$PATHS"
         measure blast "$1" "kernel-udp-1dgram" udp "" --burst 1 --segment "$MAX_DGRAM" --ports "$PATHS"
         measure blast "$1" "kernel-udp-8B-sendmmsg64" udp "" --burst 1 --segment 8 --mmsg 64 --ports "$PATHS"
@@ -745,7 +750,8 @@ jq -s --slurpfile res "$OUT_JSON" --arg burst "$BURST" --arg dg "$MAX_DGRAM" --a
     | ("kernel-udp-gso" + $burst) as $gso
     | ("xdp-raw-" + $dg) as $raw
     | ("xdp-raw-" + $small) as $raws
-    | ([$gro, $gso, "kernel-udp-1dgram", "kernel-udp-8B-sendmmsg64", $raw, $raws] | map(. as $k | {key: $k, value: {
+    | ($gro + "-placed") as $placed
+    | ([$gro, $placed, $gso, "kernel-udp-1dgram", "kernel-udp-8B-sendmmsg64", $raw, $raws] | map(. as $k | {key: $k, value: {
           gbps: med($k; "ceiling"; .bw_gbps), datagrams_per_s: med($k; "ceiling"; .datagrams_per_s),
           sent_gbps: med($k; "ceiling"; .sent_gbps), delivered_share: med($k; "ceiling"; .delivered_share),
           failures: ([$all[] | select(.label == $k and (.ok | not))] | length)}}) | from_entries) as $c
@@ -763,6 +769,8 @@ jq -s --slurpfile res "$OUT_JSON" --arg burst "$BURST" --arg dg "$MAX_DGRAM" --a
         burst: ($burst | tonumber), kernel_udp: $c, braid_read: $rd, braid_send: $sd, braid_msg_rate: $mr,
         ratio: {
           braid_write_over_udp_gso_gro: ($b | map_values(div(.write_bw_gbps; $c[$gro].gbps))),
+          braid_write_over_udp_placed: ($b | map_values(div(.write_bw_gbps; $c[$placed].gbps))),
+          udp_placed_over_tcp: div($c[$placed].gbps; $tcp),
           braid_write_over_tcp: ($b | map_values(div(.write_bw_gbps; $tcp))),
           braid_read_over_tcp: ($rd | map_values(div(.read_bw_gbps; $tcp))),
           braid_read_over_write: ($rd | with_entries(.key as $k | .value = div(.value.read_bw_gbps; $b[$k].write_bw_gbps?))),
@@ -788,13 +796,14 @@ mv "$TMP/with-ceiling.json" "$OUT_JSON"
     }
     cv() { jq -r "(.ceiling.targets.$1) | if . == null then \"n/a\" elif . then \"met\" else \"MISSED\" end" "$OUT_JSON"; }
     g=kernel-udp-gso$BURST-gro
-    echo "Ceilings measured in the same run (receiver discarding; Gbit/s of UDP payload, medians of $RUNS):"
+    echo "Ceilings measured in the same run (receiver discarding unless the row says otherwise; Gbit/s of UDP payload, medians of $RUNS):"
     echo
     echo "| reference | Gbit/s | kdatagrams/s | sent Gbit/s | delivered share |"
     echo "|---|---|---|---|---|"
-    for l in "$g" "kernel-udp-gso$BURST" kernel-udp-1dgram kernel-udp-8B-sendmmsg64 "xdp-raw-$MAX_DGRAM" "xdp-raw-$XDP_RAW_SMALL"; do
+    for l in "$g" "$g-placed" "kernel-udp-gso$BURST" kernel-udp-1dgram kernel-udp-8B-sendmmsg64 "xdp-raw-$MAX_DGRAM" "xdp-raw-$XDP_RAW_SMALL"; do
         case $l in
             "$g") d="kernel UDP: GSO bursts of $BURST x $MAX_DGRAM B over $PATHS ports, UDP_GRO receiver" ;;
+            "$g-placed") d="the same, with the sender gathering each datagram from a $SIZE region with its CRC32C and the receiver checking it and copying it into a $SIZE region (Braid's payload work, no protocol)" ;;
             kernel-udp-gso*) d="kernel UDP: the same GSO bursts, receiver without GRO" ;;
             kernel-udp-1dgram) d="kernel UDP: one $MAX_DGRAM B datagram per send(), $PATHS ports" ;;
             kernel-udp-8B*) d="kernel UDP: 8 B datagrams, sendmmsg x 64, $PATHS ports (message-rate reference)" ;;
@@ -821,6 +830,7 @@ mv "$TMP/with-ceiling.json" "$OUT_JSON"
     echo "- Braid UDP WRITE / kernel UDP GSO+GRO ceiling at $BURST datagrams per burst: $(cr '.ratio.braid_write_over_udp_gso_gro.udp' 2) (target ≥ 0.6: $(cv udp_write_at_least_0_6x_udp_gso_gro)); per run $(jq -r -c '.ceiling.ratio_per_run.udp_write_over_udp_gso_gro | map(if . == null then null else . * 100 | round / 100 end)' "$OUT_JSON")"
     echo "- Braid AF_XDP WRITE / raw AF_XDP ($MAX_DGRAM B): $(cr '.ratio.xdp_write_over_xdp_raw' 2) (target ≥ 0.8: $(cv xdp_write_at_least_0_8x_xdp_raw)); per run $(jq -r -c '.ceiling.ratio_per_run.xdp_write_over_xdp_raw | map(if . == null then null else . * 100 | round / 100 end)' "$OUT_JSON")"
     echo "- kernel UDP GSO+GRO ceiling / iperf3 TCP: $(cr '.ratio.udp_gso_gro_over_tcp' 2)"
+    echo "- the same ceiling with Braid's payload work (gather + CRC32C, check + place) / iperf3 TCP: $(cr '.ratio.udp_placed_over_tcp' 2); Braid UDP WRITE / it: $(cr '.ratio.braid_write_over_udp_placed.udp' 2)"
     echo
 } >"$TMP/ceiling.md"
 

@@ -158,7 +158,7 @@ struct DemoArgs {
     #[command(flatten)]
     engine: Engine,
     /// Message size of the bandwidth tests (suffixes K, M, G are powers of 1024).
-    #[arg(long, default_value = "1M", value_parser = parse_size)]
+    #[arg(long, default_value = "1M", value_parser = braid_bench::parse_size)]
     size: u64,
     /// Messages per bandwidth test (default: run each for --duration).
     #[arg(long)]
@@ -198,7 +198,7 @@ struct ServerArgs {
     #[arg(long)]
     busy_poll: bool,
     /// Largest region a client may ask for (suffixes K, M, G).
-    #[arg(long, default_value = "1G", value_parser = parse_size)]
+    #[arg(long, default_value = "1G", value_parser = braid_bench::parse_size)]
     max_region: u64,
 }
 
@@ -276,7 +276,7 @@ struct ClientArgs {
     #[arg(long, value_enum)]
     test: Test,
     /// Message size (default 64K for bandwidth, 8 for latency; the largest for sweep: 8M).
-    #[arg(long, value_parser = parse_size)]
+    #[arg(long, value_parser = braid_bench::parse_size)]
     size: Option<u64>,
     /// Messages (bandwidth; per size for sweep) or round trips (latency).
     #[arg(long, conflicts_with = "duration")]
@@ -335,34 +335,6 @@ fn parse_backend(s: &str) -> Result<Backend, String> {
 
 fn parse_progress(s: &str) -> Result<Progress, String> {
     s.parse::<Progress>()
-}
-
-fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let (num, mult) = match t.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
-        Some((i, _)) => {
-            let m = match t[i..].to_ascii_lowercase().as_str() {
-                "b" => 1,
-                "k" | "kb" | "ki" | "kib" => 1 << 10,
-                "m" | "mb" | "mi" | "mib" => 1 << 20,
-                "g" | "gb" | "gi" | "gib" => 1 << 30,
-                other => return Err(format!("unknown size suffix {other:?} (use K, M or G)")),
-            };
-            (&t[..i], m)
-        }
-        None => (t, 1),
-    };
-    let n: u64 = num
-        .trim()
-        .parse()
-        .map_err(|_| format!("not a size: {s:?}"))?;
-    let v = n
-        .checked_mul(mult)
-        .ok_or_else(|| format!("size too large: {s:?}"))?;
-    if v == 0 || v > u64::from(u32::MAX) {
-        return Err(format!("size must be 1 byte to 4 GiB: {s:?}"));
-    }
-    Ok(v)
 }
 
 fn parse_target(s: &str) -> Result<SocketAddr, String> {

@@ -16,12 +16,24 @@
 //! Both sides print one JSON object with `--json`: datagrams, payload bytes, seconds, Gbit/s
 //! of UDP payload and datagrams per second. The receiver's figures are the ceiling (what was
 //! delivered); the sender's include what the kernel dropped on the way.
+//!
+//! `--pack BYTES` (send) and `--place BYTES` (recv) add the work on the payload that a
+//! transport over UDP sockets cannot skip, done the way Braid's engine does it: the sender
+//! gathers each datagram from a registered region of BYTES in one pass with its CRC32C
+//! (`Region::read_crc`, the CRC in the datagram's last 4 bytes), and the receiver checks
+//! each datagram's CRC32C and then copies it to its place in a region of BYTES
+//! (`Region::write`), walking each region in order. That is the ceiling for Braid's UDP
+//! datapath with no protocol at all: the kernel's path plus the one copy and one check on
+//! each side.
 use std::io;
 use std::mem;
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use braid::proto::Region;
 
 use clap::{Parser, Subcommand};
 use serde::Serialize;
@@ -70,6 +82,10 @@ enum Cmd {
         /// Seconds to wait for the first datagram before giving up.
         #[arg(long, default_value_t = 120.0)]
         first_wait: f64,
+        /// Check each datagram's CRC32C and copy it into a region of this many bytes (K, M,
+        /// G), in order; without it the receiver discards (the kernel's own ceiling).
+        #[arg(long, value_parser = braid_bench::parse_size)]
+        place: Option<u64>,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -93,6 +109,11 @@ enum Cmd {
         /// Seconds to send.
         #[arg(long, default_value_t = 3.0)]
         duration: f64,
+        /// Gather each datagram from a region of this many bytes (K, M, G), in order, with
+        /// its CRC32C in one pass; without it every send is one fixed buffer (the kernel's own
+        /// ceiling).
+        #[arg(long, value_parser = braid_bench::parse_size)]
+        pack: Option<u64>,
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
@@ -109,6 +130,12 @@ struct Report {
     segment: usize,
     ports: usize,
     mmsg: usize,
+    /// Sender: the bytes of the region each datagram was gathered from (`--pack`).
+    /// Receiver: the bytes of the region each datagram was checked and placed into
+    /// (`--place`). 0: neither.
+    region: u64,
+    /// Receiver: datagrams whose CRC32C did not match (not placed).
+    crc_errors: u64,
     datagrams: u64,
     bytes: u64,
     /// System calls that moved data.
@@ -170,14 +197,78 @@ fn rate(datagrams: u64, bytes: u64, seconds: f64) -> (f64, f64) {
     }
 }
 
+/// What a transport over UDP must do with the payload on each side (`--pack`, `--place`): a
+/// region walked in order, one datagram after the other.
+struct Payload {
+    region: Arc<Region>,
+    at: usize,
+}
+
+impl Payload {
+    fn new(bytes: Option<u64>, segment: usize) -> Result<Option<Payload>, String> {
+        let Some(bytes) = bytes else {
+            return Ok(None);
+        };
+        let bytes = usize::try_from(bytes).map_err(|e| e.to_string())?;
+        if bytes < segment || segment <= CRC_BYTES {
+            return Err(format!(
+                "the region must hold a datagram, and a datagram more than its {CRC_BYTES}-byte CRC"
+            ));
+        }
+        let region = Region::new(bytes);
+        region
+            .fill(0, bytes as u64, 0xA5)
+            .map_err(|e| format!("region: {e:?}"))?;
+        Ok(Some(Payload { region, at: 0 }))
+    }
+
+    /// The next `len` bytes of the region (wrapping to its start).
+    fn next(&mut self, len: usize) -> u64 {
+        if self.at + len > self.region.len() {
+            self.at = 0;
+        }
+        let at = self.at;
+        self.at += len;
+        at as u64
+    }
+
+    /// The sender's gather: the datagram's payload from the region, its CRC32C computed in
+    /// the same pass and put in its last bytes.
+    fn pack(&mut self, datagram: &mut [u8]) {
+        let (body, crc) = datagram.split_at_mut(datagram.len() - CRC_BYTES);
+        let at = self.next(body.len());
+        let c = self.region.read_crc(at, body, 0).unwrap_or(0);
+        crc.copy_from_slice(&c.to_le_bytes());
+    }
+
+    /// The receiver's placement: check the CRC32C, then copy into the region. False if the
+    /// CRC does not match.
+    fn place(&mut self, datagram: &[u8]) -> bool {
+        if datagram.len() <= CRC_BYTES {
+            return false;
+        }
+        let (body, crc) = datagram.split_at(datagram.len() - CRC_BYTES);
+        if braid_crc::crc32c(body).to_le_bytes() != crc {
+            return false;
+        }
+        let at = self.next(body.len());
+        self.region.write(at, body).is_ok()
+    }
+}
+
+/// Bytes of the CRC32C trailer `--pack` writes and `--place` checks.
+const CRC_BYTES: usize = 4;
+
 fn recv(
     bind: SocketAddr,
     gro: bool,
     idle: f64,
     first_wait: f64,
+    place: Option<u64>,
     json: bool,
 ) -> Result<Report, String> {
     let (idle, first_wait) = braid_bench::blast::receiver_waits(idle, first_wait)?;
+    let mut payload = Payload::new(place, CRC_BYTES + 1)?;
     let sock = UdpSocket::bind(bind).map_err(|e| format!("bind {bind}: {e}"))?;
     let fd = sock.as_raw_fd();
     grow_buffers(&sock, true);
@@ -217,6 +308,7 @@ fn recv(
     let (mut datagrams, mut bytes, mut syscalls) = (0u64, 0u64, 0u64);
     let (mut first_datagrams, mut first_bytes) = (0u64, 0u64);
     let mut max_segments = 0usize;
+    let mut crc_errors = 0u64;
     loop {
         for (i, m) in msgs.iter_mut().enumerate() {
             m.msg_hdr.msg_iov = &mut iovs[i];
@@ -261,13 +353,20 @@ fn recv(
         let now = Instant::now();
         syscalls += 1;
         let (mut d, mut b) = (0u64, 0u64);
-        for m in &msgs[..n as usize] {
+        for (i, m) in msgs[..n as usize].iter().enumerate() {
             let len = m.msg_len as usize;
             let gso = gro_size(&m.msg_hdr);
             let segs = match gso {
                 Some(s) if s > 0 => len.div_ceil(s),
                 _ => 1,
             };
+            if let Some(p) = &mut payload {
+                let data = &bufs[i * RX_BUFFER_BYTES..][..len];
+                let seg = gso.filter(|&s| s > 0).unwrap_or(len.max(1));
+                for d in data.chunks(seg) {
+                    crc_errors += u64::from(!p.place(d));
+                }
+            }
             max_segments = max_segments.max(segs);
             d += segs as u64;
             b += len as u64;
@@ -291,6 +390,8 @@ fn recv(
         segment: 0,
         ports: 1,
         mmsg: RX_BUFFERS,
+        region: place.unwrap_or(0),
+        crc_errors,
         datagrams,
         bytes,
         syscalls,
@@ -329,6 +430,7 @@ struct SendArgs {
     ports: usize,
     mmsg: usize,
     duration: f64,
+    pack: Option<u64>,
 }
 
 fn send(a: SendArgs) -> Result<Report, String> {
@@ -373,7 +475,11 @@ fn send(a: SendArgs) -> Result<Report, String> {
         socks.push(s);
     }
     let len = a.burst * a.segment;
-    let buf: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    let mut payload = Payload::new(a.pack, a.segment)?;
+    if payload.is_some() && a.mmsg > 1 {
+        return Err("--pack gathers one buffer per send: use it with --mmsg 1".into());
+    }
+    let mut buf: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
     // Every message of one sendmmsg sends the same buffer (the receiver discards it).
     let mut iov = libc::iovec {
         iov_base: buf.as_ptr().cast_mut().cast(),
@@ -396,6 +502,11 @@ fn send(a: SendArgs) -> Result<Report, String> {
     while start.elapsed() < duration {
         let fd = socks[next].as_raw_fd();
         next = (next + 1) % socks.len();
+        if let Some(p) = &mut payload {
+            for d in buf.chunks_mut(a.segment) {
+                p.pack(d);
+            }
+        }
         let n = if a.mmsg == 1 {
             // SAFETY: `buf` is live and `len` bytes long; the kernel only reads it.
             let r = unsafe { libc::send(fd, buf.as_ptr().cast(), len, 0) };
@@ -429,6 +540,8 @@ fn send(a: SendArgs) -> Result<Report, String> {
         segment: a.segment,
         ports: a.ports,
         mmsg: a.mmsg,
+        region: a.pack.unwrap_or(0),
+        crc_errors: 0,
         datagrams,
         bytes,
         syscalls,
@@ -446,8 +559,9 @@ fn main() -> ExitCode {
             gro,
             idle,
             first_wait,
+            place,
             json,
-        } => (recv(bind, gro, idle, first_wait, json), json),
+        } => (recv(bind, gro, idle, first_wait, place, json), json),
         Cmd::Send {
             target,
             burst,
@@ -455,6 +569,7 @@ fn main() -> ExitCode {
             ports,
             mmsg,
             duration,
+            pack,
             json,
         } => (
             send(SendArgs {
@@ -464,6 +579,7 @@ fn main() -> ExitCode {
                 ports,
                 mmsg,
                 duration,
+                pack,
             }),
             json,
         ),
@@ -481,4 +597,39 @@ fn main() -> ExitCode {
             r.send_errors
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `--pack` gathers, `--place` checks and puts in the same order, and a datagram
+    /// changed on the way is counted, not placed.
+    #[test]
+    fn packed_datagrams_are_placed_and_a_changed_one_is_refused() {
+        let mut tx = Payload::new(Some(4096), 100).unwrap().unwrap();
+        let mut rx = Payload::new(Some(4096), 100).unwrap().unwrap();
+        for i in 0..4096u64 {
+            tx.region.fill(i, 1, (i * 7 % 251) as u8).unwrap();
+        }
+        let mut d = [0u8; 100];
+        // 96 payload bytes a datagram: 42 of them fill 4032 bytes of each region, in order.
+        for _ in 0..42 {
+            tx.pack(&mut d);
+            assert!(rx.place(&d));
+        }
+        assert_eq!(
+            tx.region.to_vec(0, 4032).unwrap(),
+            rx.region.to_vec(0, 4032).unwrap()
+        );
+        // The next one wraps to the start of the source region; changed, it lands nowhere.
+        tx.pack(&mut d);
+        d[5] ^= 1;
+        let before = rx.region.to_vec(0, 4096).unwrap();
+        assert!(!rx.place(&d));
+        assert_eq!(rx.region.to_vec(0, 4096).unwrap(), before);
+        assert!(!rx.place(&d[..CRC_BYTES]));
+        assert!(Payload::new(Some(50), 100).is_err());
+        assert!(Payload::new(None, 100).unwrap().is_none());
+    }
 }
