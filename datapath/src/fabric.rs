@@ -92,7 +92,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use braid_time::Timestamp;
 
 use crate::net::rng::{mix64, splitmix64, unit};
-use crate::net::{AddrMap, Backlog, EventQueue, Network, path_source};
+use crate::net::{AddrMap, EventQueue, Network, path_source};
 pub use crate::net::{Delivery, HostId};
 use crate::{Ecn, RecvMeta, Transmit};
 
@@ -400,19 +400,16 @@ impl Topology {
                     NodeKind::Switch { .. } => u32::MAX,
                 };
                 let mut s = seed ^ (i as u64).wrapping_mul(0xD6E8_FEB8_6659_FD93);
-                Port {
-                    ps_per_byte: ps_per_byte(p.cfg.bandwidth_bps),
-                    cfg: p.cfg.clone(),
-                    from: p.from,
-                    to: p.to,
+                let from_switch =
+                    matches!(self.nodes[p.from as usize].kind, NodeKind::Switch { .. });
+                Port::new(
+                    p.cfg.clone(),
+                    p.from,
+                    p.to,
                     to_host,
-                    free_at_ps: 0,
-                    prio_free_at_ps: 0,
-                    backlog: Backlog::default(),
-                    lanes: [VecDeque::new(), VecDeque::new()],
-                    rng: splitmix64(&mut s),
-                    stats: PortStats::default(),
-                }
+                    from_switch,
+                    splitmix64(&mut s),
+                )
             })
             .collect();
         let host_port = self
@@ -590,11 +587,17 @@ impl LeafSpine {
 
 /// Counters of one port.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+// The four a hop updates first, in the port's second cache line (see `Port`).
+#[repr(C)]
 pub struct PortStats {
     /// Packets accepted into the queue (trimmed stubs included).
     pub packets: u64,
     /// Wire bytes accepted (frame overhead included).
     pub bytes: u64,
+    /// Most bytes ever queued (the packet in service included), at most `queue_bytes`.
+    pub max_queue_bytes: usize,
+    /// Sum over accepted data packets of the bytes queued ahead of them.
+    pub queue_seen_sum: u64,
     /// Packets dropped at the tail.
     pub drops: u64,
     /// Packets trimmed instead of dropped.
@@ -605,10 +608,6 @@ pub struct PortStats {
     pub lost: u64,
     /// Packets dropped because the port was black-holed.
     pub blackholed: u64,
-    /// Most bytes ever queued (the packet in service included), at most `queue_bytes`.
-    pub max_queue_bytes: usize,
-    /// Sum over accepted data packets of the bytes queued ahead of them.
-    pub queue_seen_sum: u64,
 }
 
 impl PortStats {
@@ -845,28 +844,29 @@ impl Fabric {
     /// Queues packet `slot` at `port` at time `at` (ns); false if it was dropped.
     fn enqueue(&mut self, at: u64, port_idx: u32, slot: u32) -> bool {
         let port = &mut self.ports[port_idx as usize];
-        if port.cfg.blackhole {
-            port.stats.blackholed += 1;
-            self.stats.blackholed += 1;
-            self.free(slot);
-            return false;
-        }
-        if port.cfg.loss > 0.0 && unit(splitmix64(&mut port.rng)) < port.cfg.loss {
-            port.stats.lost += 1;
-            self.stats.lost += 1;
-            self.free(slot);
-            return false;
-        }
         if port.ps_per_byte == u64::MAX {
-            port.ps_per_byte = ps_per_byte(port.cfg.bandwidth_bps);
+            port.load_cfg();
+        }
+        if !port.plain {
+            if port.cfg.blackhole {
+                port.stats.blackholed += 1;
+                self.stats.blackholed += 1;
+                self.free(slot);
+                return false;
+            }
+            if port.cfg.loss > 0.0 && unit(splitmix64(&mut port.rng)) < port.cfg.loss {
+                port.stats.lost += 1;
+                self.stats.lost += 1;
+                self.free(slot);
+                return false;
+            }
         }
         self.stats.hops += 1;
-        port.backlog.drain(at);
+        port.drain(at);
         let hop = &mut self.pkts[slot as usize];
         let wire = hop.bytes.len() + self.overhead as usize;
-        let full =
-            port.cfg.bandwidth_bps == 0 || port.backlog.queued() + wire > port.cfg.queue_bytes;
-        if full {
+        // `queue_bytes` is 0 on a link of rate 0: everything is dropped.
+        if port.queued + wire > port.queue_bytes {
             if !port.cfg.trim
                 || port.cfg.bandwidth_bps == 0
                 || hop.bytes.len() <= TRIM_PAYLOAD_BYTES
@@ -888,55 +888,68 @@ impl Fabric {
             port.stats.packets += 1;
             port.stats.bytes += wire;
             self.stats.trimmed += 1;
-            let arrive = done.saturating_add(port.cfg.prop_delay_ns);
+            let arrive = done.saturating_add(port.prop_delay_ns);
             if let Some(s) = &mut self.series {
                 s.bucket(port_idx, done).bytes += wire;
             }
-            self.push_event(port_idx, true, arrive, slot);
+            self.push_event(port_idx, true, arrive, slot, (done, 0));
             return true;
         }
-        let ahead = port.backlog.queued();
+        let ahead = port.queued;
         if matches!(hop.ecn, Ecn::Ect0 | Ecn::Ect1)
-            && (port.cfg.ecn_threshold_bytes.is_some_and(|k| ahead > k)
-                || port.cfg.ce_mark > 0.0 && unit(splitmix64(&mut port.rng)) < port.cfg.ce_mark)
+            && (ahead > port.ecn_threshold_bytes
+                || !port.plain
+                    && port.cfg.ce_mark > 0.0
+                    && unit(splitmix64(&mut port.rng)) < port.cfg.ce_mark)
         {
             hop.ecn = Ecn::Ce;
             port.stats.ecn_marks += 1;
             self.stats.ecn_marks += 1;
         }
-        if self.hop_stamp.is_some()
-            && matches!(self.kinds[port.from as usize], NodeKind::Switch { .. })
-        {
+        if self.hop_stamp.is_some() && port.from_switch {
             // ps per byte x bytes: the drain time of the queue ahead, in ps.
             let q = (ahead as u64).saturating_mul(port.ps_per_byte) / 1000;
             hop.queue_ns = Some(hop.queue_ns.map_or(q, |m| m.max(q)));
         }
         let done = port.transmit(at, wire as u64, false);
-        port.backlog.push(done, wire);
-        let queued = port.backlog.queued();
+        let queued = ahead + wire;
         port.stats.packets += 1;
         port.stats.bytes += wire as u64;
         port.stats.queue_seen_sum += ahead as u64;
         port.stats.max_queue_bytes = port.stats.max_queue_bytes.max(queued);
-        let arrive = done.saturating_add(port.cfg.prop_delay_ns);
+        let arrive = done.saturating_add(port.prop_delay_ns);
         if let Some(s) = &mut self.series {
             s.bucket(port_idx, done).bytes += wire as u64;
             let b = s.bucket(port_idx, at);
             b.max_queue_bytes = b.max_queue_bytes.max(queued as u32);
         }
-        self.push_event(port_idx, false, arrive, slot);
+        // `wire` is at most a datagram and its overhead.
+        self.push_event(port_idx, false, arrive, slot, (done, wire as u32));
         true
     }
 
     /// Puts packet `pkt` on the link of `port` (its priority lane if `prio`), to arrive at
     /// the next node at `at`. A lane is FIFO: its arrival times never decrease (a packet
-    /// never overtakes another on the same link), so one heap entry per lane suffices.
-    fn push_event(&mut self, port: u32, prio: bool, at: u64, pkt: u32) {
+    /// never overtakes another on the same link), so one heap entry per lane suffices. A
+    /// data packet joins the port's queue until `done` (ns), with its `wire` bytes:
+    /// `(done, wire)`.
+    fn push_event(&mut self, port: u32, prio: bool, at: u64, pkt: u32, (done, wire): (u64, u32)) {
         let seq = self.heads.take_seq();
         let lane_id = port * 2 + u32::from(prio);
-        let lane = &mut self.ports[port as usize].lanes[usize::from(prio)];
+        let p = &mut self.ports[port as usize];
+        if !prio {
+            p.queued += wire as usize;
+            p.queue_len += 1;
+        }
+        let lane = p.lane_mut(prio);
         let at = lane.back().map_or(at, |last| at.max(last.at));
-        lane.push_back(Arrival { at, seq, pkt });
+        lane.push_back(Arrival {
+            at,
+            seq,
+            done,
+            pkt,
+            wire,
+        });
         if lane.len() == 1 {
             self.heads.push_seq(at, seq, lane_id);
         }
@@ -1064,15 +1077,14 @@ impl Network for Fabric {
         let now = now.as_nanos();
         while let Some((_, &lane_id)) = self.heads.peek_due(now) {
             let port = &mut self.ports[(lane_id / 2) as usize];
-            let lane = &mut port.lanes[(lane_id % 2) as usize];
-            let ev = lane.pop_front();
+            let Some(ev) = port.pop_arrival(lane_id % 2 == 1) else {
+                self.heads.pop_due(now);
+                continue;
+            };
             // The lane's entry leaves the queue; its next packet, if any, takes its place.
-            match lane.front() {
+            match port.lane_mut(lane_id % 2 == 1).front() {
                 Some(next) => self.heads.replace_first(next.at, next.seq, lane_id),
                 None => self.heads.pop_due(now),
-            };
-            let Some(ev) = ev else {
-                continue;
             };
             let node = port.to as usize;
             if let NodeKind::Host(h) = self.kinds[node] {
@@ -1137,15 +1149,15 @@ impl Network for Fabric {
     /// Wire bytes queued at host `h`'s NIC at `now` (the frame being sent included).
     fn nic_backlog_bytes(&mut self, h: HostId, now: Timestamp) -> usize {
         let port = &mut self.ports[self.host_port[h.0 as usize] as usize];
-        port.backlog.drain(now.as_nanos());
-        port.backlog.queued()
+        port.drain(now.as_nanos());
+        port.queued
     }
 
     /// The earliest time at or after `now` when host `h`'s NIC will hold fewer than
     /// `below_bytes` wire bytes, if nothing more is sent.
     fn nic_drained_at(&self, h: HostId, now: Timestamp, below_bytes: usize) -> Timestamp {
         let port = &self.ports[self.host_port[h.0 as usize] as usize];
-        Timestamp::from_nanos(port.backlog.drained_at(now.as_nanos(), below_bytes))
+        Timestamp::from_nanos(port.drained_at(now.as_nanos(), below_bytes))
     }
 }
 
@@ -1158,30 +1170,142 @@ const SMALL_BUFFER: usize = 1024;
 /// Marks a `(switch, host)` pair with no route.
 const NO_ROUTE: u32 = u32::MAX;
 
+/// An output port and its link.
+///
+/// What every hop reads and writes comes first, in two cache lines (`repr(C)` keeps the
+/// order): the first holds the data lane and the queue, the second what the hop needs of the
+/// configuration (copied from `cfg`) and the counters it updates. The rest is read only when a
+/// packet is dropped, trimmed or marked at random.
+///
+/// The queue is the tail of the data lane: the packets still being serialized are its last
+/// `queue_len`, and their bytes are `queued`. A packet leaves it once its last bit is sent
+/// (`drain`), or when it arrives at the next node if that comes first in the calls (a link
+/// without propagation delay).
 #[derive(Debug)]
+#[repr(C, align(64))]
 struct Port {
-    cfg: PortConfig,
-    /// Serialization time per byte, ps, rounded up (`u64::MAX`: to be recomputed from `cfg`).
-    ps_per_byte: u64,
-    from: u32,
-    to: u32,
-    /// The host `to` is, or `u32::MAX` for a switch.
-    to_host: u32,
     /// When the data lane finishes the last queued packet, ps (kept in picoseconds so that
     /// back-to-back packets do not accumulate rounding).
     free_at_ps: u64,
-    /// When the priority lane (trimmed stubs) is free, ps.
-    prio_free_at_ps: u64,
-    /// Queued packets, in wire bytes.
-    backlog: Backlog,
+    /// Serialization time per byte, ps, rounded up (`u64::MAX`: this and the fields copied
+    /// from `cfg` are to be recomputed, see [`Port::load_cfg`]).
+    ps_per_byte: u64,
+    /// Wire bytes queued.
+    queued: usize,
+    /// Packets queued: the data lane's last ones.
+    queue_len: u32,
+    /// The node the link leads to.
+    to: u32,
     /// Packets sent (or being sent) on the link and not yet arrived at the next node, in
-    /// arrival order: the data lane and the priority lane of trimmed stubs.
-    lanes: [VecDeque<Arrival>; 2],
-    rng: u64,
+    /// arrival order.
+    data: VecDeque<Arrival>,
+    /// `cfg.queue_bytes`, 0 on a link of rate 0.
+    queue_bytes: usize,
+    /// `cfg.ecn_threshold_bytes`, `usize::MAX` for none.
+    ecn_threshold_bytes: usize,
+    /// `cfg.prop_delay_ns`.
+    prop_delay_ns: u64,
+    /// No black hole, random loss or random marking: the hop draws nothing.
+    plain: bool,
+    /// The port leaves a switch (its hops stamp hop telemetry).
+    from_switch: bool,
     stats: PortStats,
+    /// Trimmed stubs, in arrival order: the priority lane.
+    prio: VecDeque<Arrival>,
+    /// When the priority lane is free, ps.
+    prio_free_at_ps: u64,
+    cfg: PortConfig,
+    from: u32,
+    /// The host `to` is, or `u32::MAX` for a switch.
+    to_host: u32,
+    rng: u64,
 }
 
 impl Port {
+    fn new(cfg: PortConfig, from: u32, to: u32, to_host: u32, from_switch: bool, rng: u64) -> Port {
+        let mut port = Port {
+            free_at_ps: 0,
+            ps_per_byte: u64::MAX,
+            queued: 0,
+            queue_len: 0,
+            to,
+            data: VecDeque::new(),
+            queue_bytes: 0,
+            ecn_threshold_bytes: usize::MAX,
+            prop_delay_ns: 0,
+            plain: true,
+            from_switch,
+            stats: PortStats::default(),
+            prio: VecDeque::new(),
+            prio_free_at_ps: 0,
+            cfg,
+            from,
+            to_host,
+            rng,
+        };
+        port.load_cfg();
+        port
+    }
+
+    /// Copies what a hop reads of `cfg` into the port's first lines.
+    fn load_cfg(&mut self) {
+        let c = &self.cfg;
+        self.ps_per_byte = ps_per_byte(c.bandwidth_bps);
+        self.queue_bytes = if c.bandwidth_bps == 0 {
+            0
+        } else {
+            c.queue_bytes
+        };
+        self.ecn_threshold_bytes = c.ecn_threshold_bytes.unwrap_or(usize::MAX);
+        self.prop_delay_ns = c.prop_delay_ns;
+        self.plain = !(c.blackhole || c.loss > 0.0 || c.ce_mark > 0.0);
+    }
+
+    fn lane_mut(&mut self, prio: bool) -> &mut VecDeque<Arrival> {
+        if prio { &mut self.prio } else { &mut self.data }
+    }
+
+    /// Takes the first packet of a lane off the link; one still counted in the queue (on a
+    /// link without propagation delay) leaves it too.
+    fn pop_arrival(&mut self, prio: bool) -> Option<Arrival> {
+        if prio {
+            return self.prio.pop_front();
+        }
+        let ev = self.data.pop_front()?;
+        if self.queue_len as usize > self.data.len() {
+            self.queue_len -= 1;
+            self.queued -= ev.wire as usize;
+        }
+        Some(ev)
+    }
+
+    /// Forgets the queued packets fully sent by `now_ns`.
+    fn drain(&mut self, now_ns: u64) {
+        while self.queue_len > 0 {
+            let a = &self.data[self.data.len() - self.queue_len as usize];
+            if a.done > now_ns {
+                break;
+            }
+            self.queued -= a.wire as usize;
+            self.queue_len -= 1;
+        }
+    }
+
+    /// The earliest time at or after `now_ns` when fewer than `below_bytes` are queued, if
+    /// nothing more is accepted.
+    fn drained_at(&self, now_ns: u64, below_bytes: usize) -> u64 {
+        let mut left = self.queued;
+        let mut at = now_ns;
+        for a in self.data.range(self.data.len() - self.queue_len as usize..) {
+            if left < below_bytes {
+                break;
+            }
+            left -= a.wire as usize;
+            at = at.max(a.done);
+        }
+        at
+    }
+
     /// Serializes `wire_bytes` in the data lane (or the priority lane) starting no earlier
     /// than `at_ns`; returns when the last bit has left, ns (rounded up).
     fn transmit(&mut self, at_ns: u64, wire_bytes: u64, prio: bool) -> u64 {
@@ -1199,8 +1323,6 @@ impl Port {
     }
 }
 
-/// A packet in the fabric ([`Fabric::pkts`]): everything a hop reads, in one cache line
-/// (its payload stays out of the cache until the host reads it).
 #[derive(Debug)]
 #[repr(align(64))]
 struct Pkt {
@@ -1217,12 +1339,15 @@ struct Pkt {
     ecn: Ecn,
 }
 
-/// A packet on a link, arriving at the next node at `at`.
+/// A packet on a link, arriving at the next node at `at`; a data packet is in the port's
+/// queue until `done` (ns), with its `wire` bytes.
 #[derive(Debug, Clone, Copy)]
 struct Arrival {
     at: u64,
     seq: u64,
+    done: u64,
     pkt: u32,
+    wire: u32,
 }
 
 fn gbps_to_bps(gbps: f64) -> u64 {

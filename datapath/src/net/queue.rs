@@ -1,10 +1,11 @@
-//! The FIFO bottleneck queue both topologies keep per link or port: which accepted packets
-//! are still being serialized, and how many bytes they hold.
+//! The FIFO bottleneck queue the two-host network ([`crate::sim`]) keeps per link: which
+//! accepted packets are still being serialized, and how many bytes they hold. (The fabric
+//! keeps each port's queue as the tail of its data lane.)
 use std::collections::VecDeque;
 
 /// Packets accepted by a FIFO, work-conserving bottleneck and not yet fully sent. The
 /// caller computes each packet's departure (its own units of rate and rounding) and tells
-/// the backlog; the backlog answers how much is queued at a time and when it drains.
+/// the backlog; the backlog answers how much is queued at a time.
 #[derive(Debug, Default)]
 pub(crate) struct Backlog {
     /// `(done_ns, bytes)` of each queued packet, oldest first; `done_ns` never decreases.
@@ -35,21 +36,6 @@ impl Backlog {
         self.fifo.push_back((done_ns, bytes));
         self.queued += bytes;
     }
-
-    /// The earliest time at or after `now_ns` when fewer than `below_bytes` are queued, if
-    /// nothing more is accepted.
-    pub(crate) fn drained_at(&self, now_ns: u64, below_bytes: usize) -> u64 {
-        let mut left = self.queued;
-        let mut at = now_ns;
-        for &(done, len) in &self.fifo {
-            if left < below_bytes {
-                break;
-            }
-            left -= len;
-            at = at.max(done);
-        }
-        at
-    }
 }
 
 #[cfg(test)]
@@ -57,20 +43,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn drains_in_order_and_says_when() {
+    fn drains_in_order() {
         let mut b = Backlog::default();
         b.push(10, 100);
         b.push(20, 100);
         b.push(30, 100);
         assert_eq!(b.queued(), 300);
-        assert_eq!(b.drained_at(0, 301), 0);
-        assert_eq!(b.drained_at(0, 300), 10);
-        assert_eq!(b.drained_at(0, 150), 20);
-        assert_eq!(b.drained_at(0, 1), 30);
         b.drain(19);
         assert_eq!(b.queued(), 200);
         b.drain(30);
         assert_eq!(b.queued(), 0);
-        assert_eq!(b.drained_at(31, 1), 31);
     }
 }
