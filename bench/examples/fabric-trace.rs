@@ -51,6 +51,10 @@ struct Cli {
     /// Exponent of the rate-fair increase.
     #[arg(long)]
     swift_rtt_fair_exp: Option<f64>,
+    /// Swift's window validation: the window grows only while at most this many times the
+    /// most bytes in flight of the last one to two round trips (0: off).
+    #[arg(long)]
+    swift_validate_cwnd: Option<f64>,
 }
 
 fn main() {
@@ -72,6 +76,9 @@ fn main() {
         }
         if let Some(b) = cli.swift_beta {
             sw.beta = b;
+        }
+        if let Some(k) = cli.swift_validate_cwnd {
+            sw.validate_cwnd = k;
         }
     }
     let w = Workload::Permutation {
@@ -122,10 +129,11 @@ fn main() {
             rates.push(gbps);
             if cli.per_flow && gbps > 0.0 {
                 line.push_str(&format!(
-                    " {}->{}:{:.0}p/{:.0}G/{:.0}us",
+                    " {}->{}:{:.0}p/{:.0}i/{:.0}G/{:.0}us",
                     f.from,
                     f.to,
                     st.cwnd_bytes as f64 / 4096.0,
+                    st.in_flight_bytes as f64 / 4096.0,
                     gbps,
                     st.srtt_ns as f64 / 1000.0
                 ));

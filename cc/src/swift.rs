@@ -35,6 +35,7 @@ use crate::{AckSample, Controller, ControllerFactory};
 /// | `ai_ref_delay_ns` | 0 | distance scaling of the additive increase off, for the same reason |
 /// | `hop_telemetry` | `false` | most fabrics stamp no per-hop telemetry; the round trip is the signal |
 /// | `fast_start` | `false` | the paper's Swift has no slow start |
+/// | `validate_cwnd` | 0 (off) | the paper's Swift grows the window whatever limits the sender |
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SwiftConfig {
     /// Base target delay, ns. With `target_above_min_delay` it is headroom added to the lowest
@@ -137,6 +138,15 @@ pub struct SwiftConfig {
     /// delay keeps the fast growth away from a queue that is already there (an incast's
     /// first ACKs report it), and the first decrease ends it for good.
     pub fast_start: bool,
+    /// Window validation (the idea of RFC 7661 for TCP): the window grows only while it is
+    /// at most this many times the most bytes the connection had in flight in the last one
+    /// to two smoothed round trips. A connection held back by something other than its
+    /// window (its own host link, an application that posts too little) otherwise keeps
+    /// growing a window it does not use; at a bottleneck it shares with connections whose
+    /// window is what limits them, a decrease then takes nothing from its rate until the
+    /// decreases have eaten the unused part, and the whole reduction the queue asks for falls
+    /// on the others. Decreases are unchanged. 0 (or below 1) turns it off.
+    pub validate_cwnd: f64,
 }
 
 impl Default for SwiftConfig {
@@ -168,6 +178,7 @@ impl Default for SwiftConfig {
             rtt_fair_hop_ref: false,
             hop_standing: false,
             fast_start: false,
+            validate_cwnd: 0.0,
         }
     }
 }
@@ -298,6 +309,11 @@ pub struct Swift {
     hop_epoch: Timestamp,
     /// In the delay-gated start (`fast_start`, until the first decrease).
     starting: bool,
+    /// Bytes in flight as the calls report them (sent, less acknowledged and lost), and the
+    /// most of the current and the previous epoch (one srtt each), for `validate_cwnd`.
+    in_flight: f64,
+    in_flight_max: [f64; 2],
+    in_flight_epoch: Timestamp,
 }
 
 /// A loss decrease that may prove spurious.
@@ -356,6 +372,9 @@ impl Swift {
             hop_min: [None, None],
             hop_epoch: Timestamp::ZERO,
             starting: cfg.fast_start,
+            in_flight: 0.0,
+            in_flight_max: [0.0; 2],
+            in_flight_epoch: Timestamp::ZERO,
         }
     }
 
@@ -451,6 +470,28 @@ impl Swift {
         }
     }
 
+    /// Takes in a change of the bytes in flight at `now` and keeps the epoch maxima.
+    fn track_in_flight(&mut self, now: Timestamp, delta: f64) {
+        self.in_flight = (self.in_flight + delta).max(0.0);
+        if now.nanos_since(self.in_flight_epoch) as f64 >= self.srtt_ns {
+            self.in_flight_max = [0.0, self.in_flight_max[0]];
+            self.in_flight_epoch = now;
+        }
+        self.in_flight_max[0] = self.in_flight_max[0].max(self.in_flight);
+    }
+
+    /// Whether `validate_cwnd` lets the window grow: it is not far above what was in flight.
+    fn window_is_used(&self) -> bool {
+        let k = self.cfg.validate_cwnd;
+        if k < 1.0 {
+            return true;
+        }
+        let used = self.in_flight_max[0]
+            .max(self.in_flight_max[1])
+            .max(self.mtu);
+        self.cwnd <= k * used
+    }
+
     fn can_decrease(&self, now: Timestamp) -> bool {
         self.last_decrease
             .is_none_or(|t| now.nanos_since(t) as f64 >= self.srtt_ns)
@@ -502,7 +543,7 @@ impl Swift {
 }
 
 impl Controller for Swift {
-    fn on_sent(&mut self, now: Timestamp, _bytes: u32, _psn: u32) {
+    fn on_sent(&mut self, now: Timestamp, bytes: u32, _psn: u32) {
         if let Some(since) = self.idle_since.take() {
             let idle_ns = now.nanos_since(since) as f64;
             if idle_ns >= f64::from(self.cfg.idle_restart_rtts) * self.srtt_ns {
@@ -512,6 +553,7 @@ impl Controller for Swift {
                 self.starting = self.cfg.fast_start;
             }
         }
+        self.track_in_flight(now, f64::from(bytes));
     }
 
     fn on_ack(&mut self, now: Timestamp, sent_at: Timestamp, bytes: u32, rtt_ns: Option<u64>) {
@@ -522,6 +564,7 @@ impl Controller for Swift {
 
     fn on_ack_with(&mut self, now: Timestamp, s: &AckSample) {
         self.consecutive_rto = 0;
+        self.track_in_flight(now, -f64::from(s.bytes));
         if let Some(rtt) = s.rtt_ns.or(s.fabric_delay_ns) {
             self.sample_rtt(rtt);
         }
@@ -554,6 +597,7 @@ impl Controller for Swift {
                     self.undo = None;
                 }
             }
+            _ if !self.window_is_used() => {}
             Some(d) if self.starting && self.fast_start_allows(d, target) => {
                 self.cwnd += acked;
                 self.clamp();
@@ -575,11 +619,12 @@ impl Controller for Swift {
         now: Timestamp,
         sent_at: Timestamp,
         is_ecn: bool,
-        _lost_bytes: u32,
+        lost_bytes: u32,
     ) {
         if is_ecn {
             return;
         }
+        self.track_in_flight(now, -f64::from(lost_bytes));
         if self.can_decrease(now) {
             self.undo = self.cfg.undo_spurious_losses.then_some(LossEpisode {
                 cwnd_before: self.cwnd,
@@ -655,6 +700,7 @@ impl Controller for Swift {
 
     fn on_idle(&mut self, now: Timestamp) {
         self.idle_since.get_or_insert(now);
+        self.in_flight = 0.0;
     }
 
     fn window(&self) -> u64 {
@@ -1353,6 +1399,53 @@ mod tests {
         ack(&mut c, us(0), Some(200)); // cut: 20 -> 12
         ack(&mut c, us(300), None); // still above target: a second cut after one RTT
         assert!((c.cwnd_packets() - 7.2).abs() < 1e-9);
+    }
+
+    /// Runs an ACK-clocked connection with a 20 µs round trip, acknowledging below the target,
+    /// that keeps as many packets in flight as its window allows but at most `limit`, for
+    /// `acks` acknowledgements; returns the window, packets.
+    fn ack_clocked_up_to(cfg: SwiftConfig, acks: u64, limit: u64) -> f64 {
+        let mut c = Swift::new(cfg, MTU);
+        let mut in_flight = 0;
+        let mut t = 0;
+        for _ in 0..acks {
+            while in_flight < (c.window() / u64::from(MTU)).min(limit) {
+                c.on_sent(Timestamp::from_nanos(t), MTU, 0);
+                in_flight += 1;
+            }
+            t += 1_000;
+            ack(&mut c, Timestamp::from_nanos(t), Some(20));
+            in_flight -= 1;
+        }
+        c.cwnd_packets()
+    }
+
+    #[test]
+    fn window_validation_stops_growth_of_a_window_the_sender_does_not_fill() {
+        // A sender held at 5 packets in flight (its host link, not its window, limits it).
+        let validated = SwiftConfig {
+            validate_cwnd: 1.05,
+            ..fixed_target()
+        };
+        // Without validation the unused window keeps growing: each acknowledgement adds
+        // 1/w of a packet, so w^2 grows by 2 per acknowledgement (20 -> 28.3 in 200).
+        let plain = ack_clocked_up_to(fixed_target(), 200, 5);
+        assert!(plain > 28.0, "{plain}");
+        let w = ack_clocked_up_to(validated, 200, 5);
+        assert!((w - 20.0).abs() < 1e-9, "{w}");
+    }
+
+    #[test]
+    fn window_validation_lets_a_full_window_grow() {
+        // The sender keeps its window full: the window is what limits it, and it grows by a
+        // packet a round trip as without validation.
+        let cfg = SwiftConfig {
+            validate_cwnd: 1.05,
+            ..fixed_target()
+        };
+        let w = ack_clocked_up_to(cfg, 250, u64::MAX);
+        assert!(w > 29.0, "{w}");
+        assert_eq!(w, ack_clocked_up_to(fixed_target(), 250, u64::MAX));
     }
 
     #[test]

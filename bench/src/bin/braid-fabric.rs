@@ -195,6 +195,10 @@ struct Cli {
     /// Override the exponent of Swift's rate-fair increase (1: equal windows, 2: equal rates).
     #[arg(long)]
     swift_rtt_fair_exp: Option<f64>,
+    /// Override Swift's window validation: the window grows only while it is at most this
+    /// many times the most bytes in flight of the last one to two round trips (0: off).
+    #[arg(long)]
+    swift_validate_cwnd: Option<f64>,
     /// Override the path weights' ECN penalty (`PathConfig::k_ecn`, default 50; 0 ignores
     /// ECN marks in the spraying weights).
     #[arg(long)]
@@ -461,6 +465,9 @@ impl Cli {
                     }
                     if let Some(b) = self.swift_beta {
                         s.beta = b;
+                    }
+                    if let Some(k) = self.swift_validate_cwnd {
+                        s.validate_cwnd = k;
                     }
                 }
                 Ok(mode)
