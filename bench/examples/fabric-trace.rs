@@ -55,6 +55,12 @@ struct Cli {
     /// most bytes in flight of the last one to two round trips (0: off).
     #[arg(long)]
     swift_validate_cwnd: Option<f64>,
+    /// Swift's delay-gated start.
+    #[arg(long)]
+    swift_fast_start: bool,
+    /// With the delay-gated start, only from the second round trip on.
+    #[arg(long)]
+    swift_fast_start_after_first_round: bool,
 }
 
 fn main() {
@@ -80,6 +86,8 @@ fn main() {
         if let Some(k) = cli.swift_validate_cwnd {
             sw.validate_cwnd = k;
         }
+        sw.fast_start |= cli.swift_fast_start;
+        sw.fast_start_after_first_round |= cli.swift_fast_start_after_first_round;
     }
     let w = Workload::Permutation {
         bytes_per_host: cli.bytes,
