@@ -58,9 +58,9 @@ struct Cli {
     /// Swift's delay-gated start.
     #[arg(long)]
     swift_fast_start: bool,
-    /// With the delay-gated start, only from the second round trip on.
+    /// The delay-gated start once per connection, from its second round trip.
     #[arg(long)]
-    swift_fast_start_after_first_round: bool,
+    swift_fast_start_once_after_first_round: bool,
 }
 
 fn main() {
@@ -87,7 +87,7 @@ fn main() {
             sw.validate_cwnd = k;
         }
         sw.fast_start |= cli.swift_fast_start;
-        sw.fast_start_after_first_round |= cli.swift_fast_start_after_first_round;
+        sw.fast_start_once_after_first_round |= cli.swift_fast_start_once_after_first_round;
     }
     let w = Workload::Permutation {
         bytes_per_host: cli.bytes,

@@ -36,7 +36,7 @@ use crate::{AckSample, Controller, ControllerFactory};
 /// | `hop_telemetry` | `false` | most fabrics stamp no per-hop telemetry; the round trip is the signal |
 /// | `fast_start` | `false` | the paper's Swift has no slow start |
 /// | `validate_cwnd` | 0 (off) | the paper's Swift grows the window whatever limits the sender |
-/// | `fast_start_after_first_round` | `false` | only matters with `fast_start` |
+/// | `fast_start_once_after_first_round` | `false` | only matters with `fast_start` |
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SwiftConfig {
     /// Base target delay, ns. With `target_above_min_delay` it is headroom added to the lowest
@@ -149,13 +149,17 @@ pub struct SwiftConfig {
     /// on the others. A window no larger than `init_cwnd` always grows (a connection may
     /// start with that much unproven). Decreases are unchanged. 0 (or below 1) turns it off.
     pub validate_cwnd: f64,
-    /// With `fast_start`, only ACKs for packets sent at least one minimum delay after the
-    /// connection's first packet (or its restart's, after idle) may grow the window by the
-    /// delay-gated start. The first round's ACKs report the queue as it was before the first
-    /// windows arrived: in an incast every sender's first window meets the others' at the
-    /// receiver, yet the earliest ACKs come back with little delay and would double windows
-    /// that are already too large. From the second round on the delay shows that queue.
-    pub fast_start_after_first_round: bool,
+    /// With `fast_start`, the delay-gated start runs once per connection and from its second
+    /// round on: only ACKs for packets sent at least one minimum delay after the connection's
+    /// first packet may grow the window by it, and an idle restart does not start it again.
+    /// The ACKs of a round report the queue as it was before that round's windows arrived:
+    /// in an incast every sender's first window meets the others' at the receiver, yet the
+    /// earliest ACKs come back with little delay and would double windows that are already
+    /// too large; a connection coming back from idle into a fan-in (the next step of a tree
+    /// all-reduce) meets the same. A connection's start is where a slow window costs the
+    /// most (a long flow's first round trips), and from its second round the delay shows the
+    /// queue its first window built.
+    pub fast_start_once_after_first_round: bool,
 }
 
 impl Default for SwiftConfig {
@@ -188,7 +192,7 @@ impl Default for SwiftConfig {
             hop_standing: false,
             fast_start: false,
             validate_cwnd: 0.0,
-            fast_start_after_first_round: false,
+            fast_start_once_after_first_round: false,
         }
     }
 }
@@ -267,8 +271,8 @@ impl ControllerFactory for SwiftConfig {
 /// delay is below `floor + (target − floor) / 2` (`floor` the `min_delay` part of the
 /// target) adds `acked` bytes instead (one doubling per round trip).
 ///
-/// With `fast_start_after_first_round`, only ACKs for packets sent at least `min_delay` after
-/// the first packet (of the connection or of its restart after idle) may do so.
+/// With `fast_start_once_after_first_round`, only ACKs for packets sent at least `min_delay`
+/// after the connection's first packet may do so, and an idle restart does not re-arm it.
 ///
 /// With `validate_cwnd` (`k`), neither increase applies while
 /// `cwnd > k × in_flight_max + mtu` and `cwnd > init_cwnd`, where `in_flight_max` is the most
@@ -332,7 +336,7 @@ pub struct Swift {
     in_flight: f64,
     in_flight_max: [f64; 2],
     in_flight_epoch: Timestamp,
-    /// When the connection (or its restart after idle) sent its first packet.
+    /// When the connection sent its first packet.
     first_sent: Option<Timestamp>,
 }
 
@@ -535,11 +539,11 @@ impl Swift {
         (delay as f64) < floor + (target - floor) / 2.0
     }
 
-    /// Whether `fast_start_after_first_round` lets an ACK for a packet sent at `sent_at` grow
-    /// the window by the delay-gated start: the packet left at least one minimum delay after
-    /// the connection's (or its restart's) first packet.
+    /// Whether `fast_start_once_after_first_round` lets an ACK for a packet sent at `sent_at`
+    /// grow the window by the delay-gated start: the packet left at least one minimum delay
+    /// after the connection's first packet.
     fn fast_start_round_allows(&self, sent_at: Timestamp) -> bool {
-        if !self.cfg.fast_start_after_first_round {
+        if !self.cfg.fast_start_once_after_first_round {
             return true;
         }
         match (self.first_sent, self.min_delay_ns) {
@@ -583,8 +587,7 @@ impl Controller for Swift {
                 self.cwnd = self.cwnd.min(self.cfg.init_cwnd * self.mtu);
                 self.last_delay_ns = None;
                 self.last_decrease = None;
-                self.starting = self.cfg.fast_start;
-                self.first_sent = None;
+                self.starting = self.cfg.fast_start && !self.cfg.fast_start_once_after_first_round;
             }
         }
         self.track_in_flight(now, f64::from(bytes));
@@ -1554,13 +1557,13 @@ mod tests {
     }
 
     #[test]
-    fn fast_start_after_first_round_leaves_the_first_rounds_acks_to_the_additive_increase() {
+    fn fast_start_once_after_first_round_skips_the_first_round_and_idle_restarts() {
         // Without the option the first round's ACKs double the window: 20 -> 40.
         let mut plain = Swift::new(fast_start(), MTU);
         assert!((fast_start_round(&mut plain, 0) - 40.0).abs() < 1e-9);
         let mut c = Swift::new(
             SwiftConfig {
-                fast_start_after_first_round: true,
+                fast_start_once_after_first_round: true,
                 ..fast_start()
             },
             MTU,
@@ -1573,6 +1576,12 @@ mod tests {
         // The second round (sent from 40 µs on): the delay-gated start doubles.
         let w2 = fast_start_round(&mut c, 60);
         assert!((w2 - (w + 20.0)).abs() < 1e-9, "{w2}");
+        // It ends at the first decrease and an idle restart does not start it again.
+        ack(&mut c, us(200), Some(500));
+        assert!(!c.in_fast_start());
+        c.on_idle(us(300));
+        c.on_sent(us(5_000), MTU, 0);
+        assert!(!c.in_fast_start());
     }
 
     #[test]

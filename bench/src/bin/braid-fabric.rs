@@ -189,11 +189,11 @@ struct Cli {
     /// the target's headroom doubles the window per round trip instead of adding one packet
     #[arg(long)]
     swift_fast_start: bool,
-    /// With the delay-gated start, only ACKs for packets sent at least one minimum delay after
-    /// the connection's first may grow the window by it (the first round's ACKs come back
-    /// before the queue the first windows build shows; an incast's would double its windows)
+    /// The delay-gated start once per connection, from its second round trip: only ACKs for
+    /// packets sent at least one minimum delay after the connection's first may grow the
+    /// window by it, and an idle restart does not start it again
     #[arg(long)]
-    swift_fast_start_after_first_round: bool,
+    swift_fast_start_once_after_first_round: bool,
     /// Override Swift's multiplicative decrease gain on the relative excess delay.
     #[arg(long)]
     swift_beta: Option<f64>,
@@ -465,7 +465,8 @@ impl Cli {
                     }
                     s.hop_standing |= self.swift_hop_standing;
                     s.fast_start |= self.swift_fast_start;
-                    s.fast_start_after_first_round |= self.swift_fast_start_after_first_round;
+                    s.fast_start_once_after_first_round |=
+                        self.swift_fast_start_once_after_first_round;
                     if let Some(e) = self.swift_rtt_fair_exp {
                         s.rtt_fair_exp = e;
                     }
