@@ -55,12 +55,13 @@ struct Cli {
     /// most bytes in flight of the last one to two round trips (0: off).
     #[arg(long)]
     swift_validate_cwnd: Option<f64>,
-    /// Swift's delay-gated start.
-    #[arg(long)]
-    swift_fast_start: bool,
-    /// The delay-gated start once per connection, from its second round trip.
-    #[arg(long)]
-    swift_fast_start_once_after_first_round: bool,
+    /// Swift's delay-gated start (`true` or `false`; default as `braid-fabric`, on).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    swift_fast_start: Option<bool>,
+    /// The delay-gated start once per connection, from its second round trip (`true` or
+    /// `false`; default as `braid-fabric`, on).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    swift_fast_start_once_after_first_round: Option<bool>,
 }
 
 fn main() {
@@ -72,6 +73,7 @@ fn main() {
         ..LeafSpine::default()
     };
     let mut mode = Mode::by_name(&cli.mode, cli.paths, 64).expect("known mode");
+    braid_bench::fabric::use_bench_swift(&mut mode);
     if let braid_bench::fabric::Cc::Swift(sw) = &mut mode.cc {
         sw.hop_telemetry = cli.hop_telemetry;
         if let Some(k) = cli.swift_rtt_fair {
@@ -86,8 +88,12 @@ fn main() {
         if let Some(k) = cli.swift_validate_cwnd {
             sw.validate_cwnd = k;
         }
-        sw.fast_start |= cli.swift_fast_start;
-        sw.fast_start_once_after_first_round |= cli.swift_fast_start_once_after_first_round;
+        if let Some(f) = cli.swift_fast_start {
+            sw.fast_start = f;
+        }
+        if let Some(f) = cli.swift_fast_start_once_after_first_round {
+            sw.fast_start_once_after_first_round = f;
+        }
     }
     let w = Workload::Permutation {
         bytes_per_host: cli.bytes,
