@@ -51,6 +51,17 @@ struct Cli {
     /// Exponent of the rate-fair increase.
     #[arg(long)]
     swift_rtt_fair_exp: Option<f64>,
+    /// Swift's window validation: the window grows only while at most this many times the
+    /// most bytes in flight of the last one to two round trips (0: off).
+    #[arg(long)]
+    swift_validate_cwnd: Option<f64>,
+    /// Swift's delay-gated start (`true` or `false`; default as `braid-fabric`, on).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    swift_fast_start: Option<bool>,
+    /// The delay-gated start once per connection, from its second round trip (`true` or
+    /// `false`; default as `braid-fabric`, on).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    swift_fast_start_once_after_first_round: Option<bool>,
 }
 
 fn main() {
@@ -62,6 +73,7 @@ fn main() {
         ..LeafSpine::default()
     };
     let mut mode = Mode::by_name(&cli.mode, cli.paths, 64).expect("known mode");
+    braid_bench::fabric::use_bench_swift(&mut mode);
     if let braid_bench::fabric::Cc::Swift(sw) = &mut mode.cc {
         sw.hop_telemetry = cli.hop_telemetry;
         if let Some(k) = cli.swift_rtt_fair {
@@ -72,6 +84,15 @@ fn main() {
         }
         if let Some(b) = cli.swift_beta {
             sw.beta = b;
+        }
+        if let Some(k) = cli.swift_validate_cwnd {
+            sw.validate_cwnd = k;
+        }
+        if let Some(f) = cli.swift_fast_start {
+            sw.fast_start = f;
+        }
+        if let Some(f) = cli.swift_fast_start_once_after_first_round {
+            sw.fast_start_once_after_first_round = f;
         }
     }
     let w = Workload::Permutation {
@@ -122,10 +143,11 @@ fn main() {
             rates.push(gbps);
             if cli.per_flow && gbps > 0.0 {
                 line.push_str(&format!(
-                    " {}->{}:{:.0}p/{:.0}G/{:.0}us",
+                    " {}->{}:{:.0}p/{:.0}i/{:.0}G/{:.0}us",
                     f.from,
                     f.to,
                     st.cwnd_bytes as f64 / 4096.0,
+                    st.in_flight_bytes as f64 / 4096.0,
                     gbps,
                     st.srtt_ns as f64 / 1000.0
                 ));

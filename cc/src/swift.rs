@@ -35,6 +35,8 @@ use crate::{AckSample, Controller, ControllerFactory};
 /// | `ai_ref_delay_ns` | 0 | distance scaling of the additive increase off, for the same reason |
 /// | `hop_telemetry` | `false` | most fabrics stamp no per-hop telemetry; the round trip is the signal |
 /// | `fast_start` | `false` | the paper's Swift has no slow start |
+/// | `validate_cwnd` | 0 (off) | the paper's Swift grows the window whatever limits the sender |
+/// | `fast_start_once_after_first_round` | `false` | only matters with `fast_start` |
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SwiftConfig {
     /// Base target delay, ns. With `target_above_min_delay` it is headroom added to the lowest
@@ -137,6 +139,27 @@ pub struct SwiftConfig {
     /// delay keeps the fast growth away from a queue that is already there (an incast's
     /// first ACKs report it), and the first decrease ends it for good.
     pub fast_start: bool,
+    /// Window validation (the idea of RFC 7661 for TCP): the window grows only while it is
+    /// at most this many times the most bytes the connection had in flight in the last one
+    /// to two smoothed round trips, plus one packet (a window is filled in whole packets). A connection held back by something other than its
+    /// window (its own host link, an application that posts too little) otherwise keeps
+    /// growing a window it does not use; at a bottleneck it shares with connections whose
+    /// window is what limits them, a decrease then takes nothing from its rate until the
+    /// decreases have eaten the unused part, and the whole reduction the queue asks for falls
+    /// on the others. A window no larger than `init_cwnd` always grows (a connection may
+    /// start with that much unproven). Decreases are unchanged. 0 (or below 1) turns it off.
+    pub validate_cwnd: f64,
+    /// With `fast_start`, the delay-gated start runs once per connection and from its second
+    /// round on: only ACKs for packets sent at least one minimum delay after the connection's
+    /// first packet may grow the window by it, and an idle restart does not start it again.
+    /// The ACKs of a round report the queue as it was before that round's windows arrived:
+    /// in an incast every sender's first window meets the others' at the receiver, yet the
+    /// earliest ACKs come back with little delay and would double windows that are already
+    /// too large; a connection coming back from idle into a fan-in (the next step of a tree
+    /// all-reduce) meets the same. A connection's start is where a slow window costs the
+    /// most (a long flow's first round trips), and from its second round the delay shows the
+    /// queue its first window built.
+    pub fast_start_once_after_first_round: bool,
 }
 
 impl Default for SwiftConfig {
@@ -168,6 +191,8 @@ impl Default for SwiftConfig {
             rtt_fair_hop_ref: false,
             hop_standing: false,
             fast_start: false,
+            validate_cwnd: 0.0,
+            fast_start_once_after_first_round: false,
         }
     }
 }
@@ -246,6 +271,14 @@ impl ControllerFactory for SwiftConfig {
 /// delay is below `floor + (target − floor) / 2` (`floor` the `min_delay` part of the
 /// target) adds `acked` bytes instead (one doubling per round trip).
 ///
+/// With `fast_start_once_after_first_round`, only ACKs for packets sent at least `min_delay`
+/// after the connection's first packet may do so, and an idle restart does not re-arm it.
+///
+/// With `validate_cwnd` (`k`), neither increase applies while
+/// `cwnd > k × in_flight_max + mtu` and `cwnd > init_cwnd`, where `in_flight_max` is the most
+/// bytes in flight (sent, less acknowledged and lost) in the current or the previous epoch of
+/// one `srtt`.
+///
 /// **Loss** (per packet declared lost): `cwnd ×= 1 − max_mdf` if `can_decrease`.
 /// **Spurious-loss undo** (as TCP's Eifel response, RFC 4015): a loss decrease opens an
 /// *episode* that remembers the window before it and counts the losses reported in the same
@@ -298,6 +331,13 @@ pub struct Swift {
     hop_epoch: Timestamp,
     /// In the delay-gated start (`fast_start`, until the first decrease).
     starting: bool,
+    /// Bytes in flight as the calls report them (sent, less acknowledged and lost), and the
+    /// most of the current and the previous epoch (one srtt each), for `validate_cwnd`.
+    in_flight: f64,
+    in_flight_max: [f64; 2],
+    in_flight_epoch: Timestamp,
+    /// When the connection sent its first packet.
+    first_sent: Option<Timestamp>,
 }
 
 /// A loss decrease that may prove spurious.
@@ -356,6 +396,10 @@ impl Swift {
             hop_min: [None, None],
             hop_epoch: Timestamp::ZERO,
             starting: cfg.fast_start,
+            in_flight: 0.0,
+            in_flight_max: [0.0; 2],
+            in_flight_epoch: Timestamp::ZERO,
+            first_sent: None,
         }
     }
 
@@ -451,6 +495,27 @@ impl Swift {
         }
     }
 
+    /// Takes in a change of the bytes in flight at `now` and keeps the epoch maxima.
+    fn track_in_flight(&mut self, now: Timestamp, delta: f64) {
+        if now.nanos_since(self.in_flight_epoch) as f64 >= self.srtt_ns {
+            self.in_flight_max = [0.0, self.in_flight_max[0]];
+            self.in_flight_epoch = now;
+        }
+        self.in_flight = (self.in_flight + delta).max(0.0);
+        self.in_flight_max[0] = self.in_flight_max[0].max(self.in_flight);
+    }
+
+    /// Whether `validate_cwnd` lets the window grow: it is not far above what was in flight.
+    fn window_is_used(&self) -> bool {
+        let k = self.cfg.validate_cwnd;
+        if k < 1.0 {
+            return true;
+        }
+        // One packet more: a window is filled in whole packets.
+        let used = self.in_flight_max[0].max(self.in_flight_max[1]);
+        self.cwnd <= k * used + self.mtu || self.cwnd <= self.cfg.init_cwnd * self.mtu
+    }
+
     fn can_decrease(&self, now: Timestamp) -> bool {
         self.last_decrease
             .is_none_or(|t| now.nanos_since(t) as f64 >= self.srtt_ns)
@@ -472,6 +537,19 @@ impl Swift {
             0.0
         };
         (delay as f64) < floor + (target - floor) / 2.0
+    }
+
+    /// Whether `fast_start_once_after_first_round` lets an ACK for a packet sent at `sent_at`
+    /// grow the window by the delay-gated start: the packet left at least one minimum delay
+    /// after the connection's first packet.
+    fn fast_start_round_allows(&self, sent_at: Timestamp) -> bool {
+        if !self.cfg.fast_start_once_after_first_round {
+            return true;
+        }
+        match (self.first_sent, self.min_delay_ns) {
+            (Some(first), Some(m)) => sent_at.nanos_since(first) >= m,
+            _ => false,
+        }
     }
 
     fn clamp(&mut self) {
@@ -502,16 +580,18 @@ impl Swift {
 }
 
 impl Controller for Swift {
-    fn on_sent(&mut self, now: Timestamp, _bytes: u32, _psn: u32) {
+    fn on_sent(&mut self, now: Timestamp, bytes: u32, _psn: u32) {
         if let Some(since) = self.idle_since.take() {
             let idle_ns = now.nanos_since(since) as f64;
             if idle_ns >= f64::from(self.cfg.idle_restart_rtts) * self.srtt_ns {
                 self.cwnd = self.cwnd.min(self.cfg.init_cwnd * self.mtu);
                 self.last_delay_ns = None;
                 self.last_decrease = None;
-                self.starting = self.cfg.fast_start;
+                self.starting = self.cfg.fast_start && !self.cfg.fast_start_once_after_first_round;
             }
         }
+        self.track_in_flight(now, f64::from(bytes));
+        self.first_sent.get_or_insert(now);
     }
 
     fn on_ack(&mut self, now: Timestamp, sent_at: Timestamp, bytes: u32, rtt_ns: Option<u64>) {
@@ -522,6 +602,7 @@ impl Controller for Swift {
 
     fn on_ack_with(&mut self, now: Timestamp, s: &AckSample) {
         self.consecutive_rto = 0;
+        self.track_in_flight(now, -f64::from(s.bytes));
         if let Some(rtt) = s.rtt_ns.or(s.fabric_delay_ns) {
             self.sample_rtt(rtt);
         }
@@ -554,7 +635,12 @@ impl Controller for Swift {
                     self.undo = None;
                 }
             }
-            Some(d) if self.starting && self.fast_start_allows(d, target) => {
+            _ if !self.window_is_used() => {}
+            Some(d)
+                if self.starting
+                    && self.fast_start_allows(d, target)
+                    && self.fast_start_round_allows(s.sent_at) =>
+            {
                 self.cwnd += acked;
                 self.clamp();
             }
@@ -575,11 +661,12 @@ impl Controller for Swift {
         now: Timestamp,
         sent_at: Timestamp,
         is_ecn: bool,
-        _lost_bytes: u32,
+        lost_bytes: u32,
     ) {
         if is_ecn {
             return;
         }
+        self.track_in_flight(now, -f64::from(lost_bytes));
         if self.can_decrease(now) {
             self.undo = self.cfg.undo_spurious_losses.then_some(LossEpisode {
                 cwnd_before: self.cwnd,
@@ -603,7 +690,11 @@ impl Controller for Swift {
         }
     }
 
-    fn on_spurious_loss(&mut self, _now: Timestamp, sent_at: Timestamp) {
+    fn on_spurious_loss(&mut self, now: Timestamp, sent_at: Timestamp) {
+        // The packet was taken out of flight when reported lost, and its acknowledgement
+        // (which follows) takes it out again: put it back (its length is not reported here;
+        // a full packet is the usual case).
+        self.track_in_flight(now, self.mtu);
         let Some(u) = &mut self.undo else {
             return;
         };
@@ -655,6 +746,7 @@ impl Controller for Swift {
 
     fn on_idle(&mut self, now: Timestamp) {
         self.idle_since.get_or_insert(now);
+        self.in_flight = 0.0;
     }
 
     fn window(&self) -> u64 {
@@ -1355,6 +1447,55 @@ mod tests {
         assert!((c.cwnd_packets() - 7.2).abs() < 1e-9);
     }
 
+    /// Runs an ACK-clocked connection with a 20 µs round trip, acknowledging below the target,
+    /// that keeps as many packets in flight as its window allows but at most `limit`, for
+    /// `acks` acknowledgements; returns the window, packets.
+    fn ack_clocked_up_to(cfg: SwiftConfig, acks: u64, limit: u64) -> f64 {
+        let mut c = Swift::new(cfg, MTU);
+        let mut in_flight = 0;
+        let mut t = 0;
+        for _ in 0..acks {
+            while in_flight < (c.window() / u64::from(MTU)).min(limit) {
+                c.on_sent(Timestamp::from_nanos(t), MTU, 0);
+                in_flight += 1;
+            }
+            t += 1_000;
+            ack(&mut c, Timestamp::from_nanos(t), Some(20));
+            in_flight -= 1;
+        }
+        c.cwnd_packets()
+    }
+
+    #[test]
+    fn window_validation_stops_growth_of_a_window_the_sender_does_not_fill() {
+        // A sender held at 5 packets in flight (its host link, not its window, limits it).
+        let validated = SwiftConfig {
+            validate_cwnd: 1.05,
+            ..fixed_target()
+        };
+        // Without validation the unused window keeps growing: each acknowledgement adds
+        // 1/w of a packet, so w^2 grows by 2 per acknowledgement (20 -> 28.3 in 200).
+        let plain = ack_clocked_up_to(fixed_target(), 200, 5);
+        assert!(plain > 28.0, "{plain}");
+        // With it the window stops at its initial 20 packets (which need no proof), one
+        // increase past them at most.
+        let w = ack_clocked_up_to(validated, 200, 5);
+        assert!(w < 20.1, "{w}");
+    }
+
+    #[test]
+    fn window_validation_lets_a_full_window_grow() {
+        // The sender keeps its window full: the window is what limits it, and it grows by a
+        // packet a round trip as without validation.
+        let cfg = SwiftConfig {
+            validate_cwnd: 1.05,
+            ..fixed_target()
+        };
+        let w = ack_clocked_up_to(cfg, 250, u64::MAX);
+        assert!(w > 29.0, "{w}");
+        assert_eq!(w, ack_clocked_up_to(fixed_target(), 250, u64::MAX));
+    }
+
     #[test]
     fn swift_is_the_default_controller() {
         let c = SwiftConfig::default().build(1472);
@@ -1399,6 +1540,48 @@ mod tests {
             c.cwnd_packets()
         );
         assert!(c.in_fast_start());
+    }
+
+    /// Sends 20 packets at 1 µs intervals from `start_us` and acknowledges each 40 µs later
+    /// (below the fast-start gate); returns the window, packets.
+    fn fast_start_round(c: &mut Swift, start_us: u64) -> f64 {
+        for t in start_us..start_us + 20 {
+            c.on_sent(us(t), MTU, 0);
+        }
+        for t in start_us..start_us + 20 {
+            let mut s = AckSample::new(us(t), MTU);
+            s.fabric_delay_ns = Some(40_000);
+            c.on_ack_with(us(t + 40), &s);
+        }
+        c.cwnd_packets()
+    }
+
+    #[test]
+    fn fast_start_once_after_first_round_skips_the_first_round_and_idle_restarts() {
+        // Without the option the first round's ACKs double the window: 20 -> 40.
+        let mut plain = Swift::new(fast_start(), MTU);
+        assert!((fast_start_round(&mut plain, 0) - 40.0).abs() < 1e-9);
+        let mut c = Swift::new(
+            SwiftConfig {
+                fast_start_once_after_first_round: true,
+                ..fast_start()
+            },
+            MTU,
+        );
+        // The first round (sent within 40 µs, the minimum delay, of the first packet): the
+        // additive increase, about a packet.
+        let w = fast_start_round(&mut c, 0);
+        assert!(w > 20.9 && w < 21.0, "{w}");
+        assert!(c.in_fast_start());
+        // The second round (sent from 40 µs on): the delay-gated start doubles.
+        let w2 = fast_start_round(&mut c, 60);
+        assert!((w2 - (w + 20.0)).abs() < 1e-9, "{w2}");
+        // It ends at the first decrease and an idle restart does not start it again.
+        ack(&mut c, us(200), Some(500));
+        assert!(!c.in_fast_start());
+        c.on_idle(us(300));
+        c.on_sent(us(5_000), MTU, 0);
+        assert!(!c.in_fast_start());
     }
 
     #[test]
