@@ -73,7 +73,6 @@ fn main() {
         ..LeafSpine::default()
     };
     let mut mode = Mode::by_name(&cli.mode, cli.paths, 64).expect("known mode");
-    braid_bench::fabric::use_bench_swift(&mut mode);
     if let braid_bench::fabric::Cc::Swift(sw) = &mut mode.cc {
         sw.hop_telemetry = cli.hop_telemetry;
         if let Some(k) = cli.swift_rtt_fair {

@@ -12,36 +12,6 @@ use braid::datapath::Ecn;
 use braid::datapath::fabric::{HostId, LeafSpine};
 use braid::datapath::net::Network;
 use braid::proto::Timestamp;
-use braid::proto::cc::SwiftConfig;
-
-/// Swift as `braid-fabric` and `fabric-trace` run it in the modes that use [`fabric_swift`]
-/// (ecmp, spray-cc): that configuration (the simulator's, which the fabric tests under
-/// `tests/` also run) with these additions.
-///
-/// | field | value | [`fabric_swift`] | why |
-/// |---|---|---|---|
-/// | `validate_cwnd` | 1.05 | off | a flow held back by its own host link (one full end) otherwise grows a window it does not use, and at the full leaves' shared uplinks a decrease then takes nothing from its rate: the reduction falls on the flows between two full leaves, whose window is what limits them, and they finish last |
-/// | `fast_start`, `fast_start_once_after_first_round` | on, on | off, off | those flows also start slowest (their round trip crosses more queues at the same initial window); the delay-gated start opens their window in the first round trips, from the second round on (the first round's ACKs cannot show an incast's queue) and not again after idle (a tree all-reduce's next step meets a fan-in) |
-///
-/// The figures are in bench/results/fabric-tail-2026-12-06.md.
-pub fn bench_swift() -> SwiftConfig {
-    SwiftConfig {
-        validate_cwnd: 1.05,
-        fast_start: true,
-        fast_start_once_after_first_round: true,
-        ..fabric_swift()
-    }
-}
-
-/// Gives `mode` [`bench_swift`] if it runs [`fabric_swift`] (the ecmp and spray-cc modes);
-/// other modes (fixed windows, DCQCN, the software host's Swift) are left as they are.
-pub fn use_bench_swift(mode: &mut Mode) {
-    if let Cc::Swift(s) = &mut mode.cc
-        && *s == fabric_swift()
-    {
-        *s = bench_swift();
-    }
-}
 
 /// Runs `scenario` to completion (or its time limit) and reports, with the wall and CPU time
 /// the run took (the simulator's speed: datagrams per CPU second of the process).

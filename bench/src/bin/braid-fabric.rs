@@ -187,13 +187,13 @@ struct Cli {
     swift_hop_standing: bool,
     /// Swift's delay-gated start: until the first decrease, an ACK whose delay is below half
     /// the target's headroom doubles the window per round trip instead of adding one packet
-    /// (`true` or `false`; the ecmp and spray-cc modes' default is on, `bench_swift`)
+    /// (`true` or `false`; the ecmp and spray-cc modes' default is on, `fabric_swift`)
     #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     swift_fast_start: Option<bool>,
     /// The delay-gated start once per connection, from its second round trip: only ACKs for
     /// packets sent at least one minimum delay after the connection's first may grow the
     /// window by it, and an idle restart does not start it again
-    /// (`true` or `false`; the ecmp and spray-cc modes' default is on, `bench_swift`)
+    /// (`true` or `false`; the ecmp and spray-cc modes' default is on, `fabric_swift`)
     #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     swift_fast_start_once_after_first_round: Option<bool>,
     /// Override Swift's multiplicative decrease gain on the relative excess delay.
@@ -204,7 +204,7 @@ struct Cli {
     swift_rtt_fair_exp: Option<f64>,
     /// Override Swift's window validation: the window grows only while it is at most this
     /// many times the most bytes in flight of the last one to two round trips, plus a packet
-    /// (0: off; the ecmp and spray-cc modes' default is 1.05, `bench_swift`).
+    /// (0: off; the ecmp and spray-cc modes' default is 1.05, `fabric_swift`).
     #[arg(long)]
     swift_validate_cwnd: Option<f64>,
     /// Override the path weights' ECN penalty (`PathConfig::k_ecn`, default 50; 0 ignores
@@ -440,7 +440,6 @@ impl Cli {
                 if mode.paths > 1 {
                     mode.ports = self.ports;
                 }
-                fabric::use_bench_swift(&mut mode);
                 if let fabric::Cc::Swift(s) = &mut mode.cc {
                     if let Some(t) = self.swift_target_us {
                         s.base_target_ns = t * 1000;
@@ -714,7 +713,7 @@ fn write_results(
         md,
         "**Engine**: {}-byte datagrams, retransmit timeout floor {} µs, seed {}. Modes: \
          **ecmp** (a) one path per connection, Swift; **spray** (b) {} paths, fixed window of {} \
-         packets, no congestion control; **spray-cc** (c) {} paths, Swift (`bench_swift()`: \
+         packets, no congestion control; **spray-cc** (c) {} paths, Swift (`fabric_swift()`: \
          target {} µs above the minimum delay, window validation, delay-gated start from the \
          second round trip) with per-path weights (ECN marks up to {} points above the \
          connection's median ignored) and PLB re-pathing.\n",

@@ -129,6 +129,8 @@ const RECV_TAG: u64 = 1 << 63;
 /// | `rtt_fair_max`, `rtt_fair_exp` | 16, 2 | off, 1 | the increase grows rates, not windows, alike: a longer round trip no longer means a lower rate at the same bottleneck |
 /// | `rtt_fair_hop_ref` | on | off | the stretch is the round trip over the delay Swift acts on (base + bottleneck hop queue), not over the base: an incast, whose round trips are all stretched by the one queue, is not made 16 times as aggressive (bench/results/fabric-tail-2026-12-05-s2.md) |
 /// | `beta` | 0.4 | 0.8 | a gentler decrease, with the faster increase above |
+/// | `validate_cwnd` | 1.05 | off | a flow held back by its own host link (one full end) otherwise grows a window it does not use, and a decrease at the full leaves' uplinks then takes nothing from its rate: the reduction falls on the flows between two full leaves, which finish last (bench/results/fabric-tail-2026-12-06.md) |
+/// | `fast_start`, `fast_start_once_after_first_round` | on, on | off, off | those flows also start slowest; the delay-gated start opens their windows from the second round trip on (the first round's ACKs cannot show an incast's queue) and not again after idle (a tree all-reduce's next step meets a fan-in) |
 ///
 /// The rest of the control law (`max_mdf` 0.5, pacing below one packet) is Swift's default.
 /// Without telemetry in the samples (`EngineKnobs::hop_telemetry` off) Swift falls back to
@@ -147,6 +149,9 @@ pub fn fabric_swift() -> SwiftConfig {
         rtt_fair_exp: 2.0,
         rtt_fair_hop_ref: true,
         beta: 0.4,
+        validate_cwnd: 1.05,
+        fast_start: true,
+        fast_start_once_after_first_round: true,
         ..SwiftConfig::default()
     }
 }
