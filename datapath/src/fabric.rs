@@ -878,9 +878,7 @@ impl Fabric {
             }
             // Trim: the stub skips the queue in the priority lane. What the switches before
             // this one stamped is written before the bytes go.
-            if let (Some(stamp), Some(q)) = (self.hop_stamp, hop.queue_ns.take()) {
-                stamp(&mut hop.bytes, q);
-            }
+            hop.write_stamp(self.hop_stamp);
             hop.bytes.truncate(TRIM_PAYLOAD_BYTES);
             let wire = (TRIM_PAYLOAD_BYTES + self.overhead as usize) as u64;
             let done = port.transmit(at, wire, true);
@@ -1089,10 +1087,8 @@ impl Network for Fabric {
             let node = port.to as usize;
             if let NodeKind::Host(h) = self.kinds[node] {
                 let pkt = &mut self.pkts[ev.pkt as usize];
-                let mut bytes = std::mem::take(&mut pkt.bytes);
-                if let (Some(stamp), Some(q)) = (self.hop_stamp, pkt.queue_ns) {
-                    stamp(&mut bytes, q);
-                }
+                pkt.write_stamp(self.hop_stamp);
+                let bytes = std::mem::take(&mut pkt.bytes);
                 let src = path_source(self.host_addrs[pkt.from as usize], pkt.path);
                 let ecn = pkt.ecn;
                 self.free_pkts.push(ev.pkt);
@@ -1337,6 +1333,15 @@ struct Pkt {
     dst_host: u32,
     path: u16,
     ecn: Ecn,
+}
+
+impl Pkt {
+    /// Writes the hop telemetry the switches so far recorded into the bytes ([`HopStamp`]).
+    fn write_stamp(&mut self, stamp: Option<HopStamp>) {
+        if let (Some(stamp), Some(q)) = (stamp, self.queue_ns.take()) {
+            stamp(&mut self.bytes, q);
+        }
+    }
 }
 
 /// A packet on a link, arriving at the next node at `at`; a data packet is in the port's
