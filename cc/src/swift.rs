@@ -497,6 +497,10 @@ impl Swift {
 
     /// Takes in a change of the bytes in flight at `now` and keeps the epoch maxima.
     fn track_in_flight(&mut self, now: Timestamp, delta: f64) {
+        // Only window validation reads it: without it, no work per packet.
+        if self.cfg.validate_cwnd < 1.0 {
+            return;
+        }
         if now.nanos_since(self.in_flight_epoch) as f64 >= self.srtt_ns {
             self.in_flight_max = [0.0, self.in_flight_max[0]];
             self.in_flight_epoch = now;
