@@ -27,6 +27,17 @@
 #                                              xdp/udp = AF_XDP sender, UDP-socket receiver
 #   BUSY_CONFIGS="udp xdp"  extra informational write_bw rows with the client's --busy-poll
 #                           (empty: skip)
+#   BW_PROGRESS=inline  who drives the client device in the main SIZE write_bw rows
+#                       (braid-perf --progress): inline runs to completion, the thread that
+#                       posts and waits on the CQ drives the device, as perftest's loop drives
+#                       a NIC (since 2026-12-06; before, the progress thread); thread hands
+#                       every post and completion across to the progress thread. The 8 B
+#                       message-rate, READ and SEND rows keep the progress thread: a thread
+#                       that drives alone makes one send call per small post, while with the
+#                       progress thread posting and sending overlap on two CPUs (bench/results/
+#                       session-2026-12-06-s28.md)
+#   THREAD_CONFIGS="udp"  extra informational SIZE write_bw rows with the client's --progress
+#                         thread, beside the main rows (empty: skip)
 #   WAIT_QUIET=180  before each run, wait up to this many seconds for the machine to be at least
 #                   90% idle (other sessions' builds share these 2 CPUs); 0: don't wait. The
 #                   idle share and the busiest processes seen are recorded either way.
@@ -95,6 +106,8 @@ MTU=${MTU:-1500}
 MAX_DGRAM=${MAX_DGRAM:-$((MTU - 28))}
 CONFIGS=${CONFIGS:-udp uring xdp xdp/udp udp/xdp}
 BUSY_CONFIGS=${BUSY_CONFIGS-udp xdp}
+THREAD_CONFIGS=${THREAD_CONFIGS-udp}
+BW_PROGRESS=${BW_PROGRESS:-inline}
 PIN=${PIN:-1}
 WAIT_QUIET=${WAIT_QUIET:-180}
 NS=${NS:-bveth$$}
@@ -133,6 +146,7 @@ IFB=veth-b
 
 log() { printf '== %s\n' "$*" >&2; }
 die() { printf 'compare-veth.sh: %s\n' "$*" >&2; exit 1; }
+[[ $BW_PROGRESS =~ ^(inline|thread)$ ]] || die "BW_PROGRESS: $BW_PROGRESS is not inline or thread"
 
 [ "$(id -u)" -eq 0 ] || die "needs root (network namespaces, veth, AF_XDP); run it as root, e.g. sudo $0"
 
@@ -172,14 +186,14 @@ done
 # Client/server datapath of a config ("xdp" = xdp/xdp).
 cdp() { echo "${1%%/*}"; }
 sdp() { [[ $1 == */* ]] && echo "${1##*/}" || echo "$1"; }
-for c in $CONFIGS $BUSY_CONFIGS $READ_CONFIGS $MSG_CONFIGS; do
+for c in $CONFIGS $BUSY_CONFIGS $THREAD_CONFIGS $READ_CONFIGS $MSG_CONFIGS; do
     for d in "$(cdp "$c")" "$(sdp "$c")"; do
         [[ $d =~ ^(udp|uring|xdp|auto)$ ]] || die "config $c: datapath $d is not udp, uring, xdp or auto"
     done
 done
 # One braid-perf server per server-side datapath, on consecutive ports.
 server_dps=()
-for c in $CONFIGS $BUSY_CONFIGS $READ_CONFIGS $MSG_CONFIGS; do
+for c in $CONFIGS $BUSY_CONFIGS $THREAD_CONFIGS $READ_CONFIGS $MSG_CONFIGS; do
     d=$(sdp "$c")
     [[ " ${server_dps[*]} " == *" $d "* ]] || server_dps+=("$d")
 done
@@ -629,12 +643,16 @@ for i in $(seq "$RUNS"); do
     lat_modes_run "$i"
     for cfg in $CONFIGS; do
         log "run $i/$RUNS: Braid $cfg (client/server datapath): write_bw $SIZE ${DURATION}s, write_lat 8 B x $LAT_ITERS"
-        measure braid "$i" "$cfg" write_bw "$cfg" --size "$SIZE" --duration "$DURATION" "${SLOT_ARGS[@]}"
+        measure braid "$i" "$cfg" write_bw "$cfg" --size "$SIZE" --duration "$DURATION" --progress "$BW_PROGRESS" "${SLOT_ARGS[@]}"
         measure braid "$i" "$cfg" write_lat "$cfg" --size 8 --iters "$LAT_ITERS"
     done
     for cfg in $BUSY_CONFIGS; do
         log "run $i/$RUNS: Braid $cfg write_bw with the client's --busy-poll (informational)"
         measure braid "$i" "$cfg" write_bw "$cfg+busy-poll" --size "$SIZE" --duration "$DURATION" --busy-poll "${SLOT_ARGS[@]}"
+    done
+    for cfg in $THREAD_CONFIGS; do
+        log "run $i/$RUNS: Braid $cfg write_bw with the client's --progress thread (informational)"
+        measure braid "$i" "$cfg" write_bw "$cfg+thread" --size "$SIZE" --duration "$DURATION" --progress thread "${SLOT_ARGS[@]}"
     done
 
     measure iperf "$i"
@@ -660,6 +678,8 @@ mkdir -p "$BENCH/results"
 cfg_json=$(printf '%s\n' $CONFIGS | jq -R . | jq -s -c .)
 # shellcheck disable=SC2086
 busy_json=$(printf '%s\n' $BUSY_CONFIGS | jq -R 'select(length > 0)' | jq -s -c .)
+# shellcheck disable=SC2086
+thread_json=$(printf '%s\n' $THREAD_CONFIGS | jq -R 'select(length > 0)' | jq -s -c .)
 
 jq -s \
     --arg date "$(date -Iseconds)" --arg kernel "$(uname -r)" --arg cpus "$(nproc)" \
@@ -667,7 +687,7 @@ jq -s \
     --arg dirty "$(cd "$ROOT" && git status --porcelain -- bench/src bench/Cargo.toml datapath transport cc 2>/dev/null | awk '{print $2}' | paste -sd' ')" \
     --arg size "$SIZE" --argjson runs "$RUNS" --argjson duration "$DURATION" --argjson lat_iters "$LAT_ITERS" \
     --argjson paths "$PATHS" --argjson max_datagram "$MAX_DGRAM" \
-    --argjson configs "$cfg_json" --argjson busy "$busy_json" --slurpfile discarded "$DISCARDED" \
+    --argjson configs "$cfg_json" --argjson busy "$busy_json" --argjson thread "$thread_json" --slurpfile discarded "$DISCARDED" \
     --arg topo "$NSA $IFA $IPA <-> $IPB $IFB $NSB (one veth pair, MTU $MTU, one queue)" '
     def median: map(select(. != null)) | sort
         | if length == 0 then null elif length % 2 == 1 then .[length / 2 | floor]
@@ -683,10 +703,10 @@ jq -s \
     | ([ok("udp-pingpong-same-cpu"; null)[].lat.p99_us] | median) as $s99
     | ([ok("udp-pingpong-cross-cpu"; null)[].lat.p50_us] | median) as $x50
     | ([ok("udp-pingpong-cross-cpu"; null)[].lat.p99_us] | median) as $x99
-    | ([$configs[], ($busy[] | . + "+busy-poll")]) as $lbls
+    | ([$configs[], ($busy[] | . + "+busy-poll"), ($thread[] | . + "+thread")]) as $lbls
     | ([$lbls[] as $l | {key: $l, value: {
-          client_datapath: ($l | sub("\\+busy-poll$"; "") | split("/")[0]),
-          server_datapath: ($l | sub("\\+busy-poll$"; "") | split("/") | last),
+          client_datapath: ($l | sub("\\+(busy-poll|thread)$"; "") | split("/")[0]),
+          server_datapath: ($l | sub("\\+(busy-poll|thread)$"; "") | split("/") | last),
           write_bw_gbps: ([ok($l; "write_bw")[].bw_gbps] | median),
           write_bw_retransmits: ([ok($l; "write_bw")[].retransmits] | median),
           write_bw_failures: failures($l; "write_bw"),
@@ -706,7 +726,7 @@ jq -s \
     | {date: $date, kernel: $kernel, cpus: ($cpus | tonumber), commit: $commit,
        uncommitted_files: ($dirty | split(" ") | map(select(length > 0))), topology: $topo,
        settings: {runs: $runs, duration_s: $duration, size: $size, lat_iters: $lat_iters, paths: $paths,
-                  max_datagram: $max_datagram, configs: $configs, busy_poll_configs: $busy},
+                  max_datagram: $max_datagram, configs: $configs, busy_poll_configs: $busy, thread_configs: $thread},
        median: {braid: $m, tcp_iperf3_gbps: $tcp, udp_pingpong_p50_us: $u50, udp_pingpong_p99_us: $u99,
                udp_pingpong_same_cpu_p50_us: $s50, udp_pingpong_same_cpu_p99_us: $s99,
                udp_pingpong_cross_cpu_p50_us: $x50, udp_pingpong_cross_cpu_p99_us: $x99},
@@ -852,7 +872,7 @@ desc() {
     echo
     echo "Machine: $(nproc) CPUs, Linux $(uname -r); commit $(jq -r .commit "$OUT_JSON")$(jq -r '.uncommitted_files | if length > 0 then " plus uncommitted changes in \(join(", "))" else "" end' "$OUT_JSON"). Medians of $RUNS runs, all in this one run."
     echo "Topology: $(jq -r .topology "$OUT_JSON"); servers in $NSB, clients in $NSA."
-    echo "Braid: $PATHS paths, $MAX_DGRAM B datagrams; write_bw $SIZE messages for $DURATION s (client sends, server receives; ${BRAID_SLOTS:-one per outstanding message} message slot(s) per region, braid-perf --slots); write_lat 8 B x $LAT_ITERS round trips."
+    echo "Braid: $PATHS paths, $MAX_DGRAM B datagrams; write_bw $SIZE messages for $DURATION s (client sends, server receives; the client's device driven by braid-perf --progress $BW_PROGRESS, the server's by its progress thread; ${BRAID_SLOTS:-one per outstanding message} message slot(s) per region, braid-perf --slots); write_lat 8 B x $LAT_ITERS round trips."
     echo "Kernel: iperf3 TCP one stream $DURATION s; udp-pingpong 8 B x $LAT_ITERS."
     echo
     echo "| Braid datapath (client → server) | WRITE $SIZE Gbit/s | / iperf3 TCP | / Braid udp | retransmits | WRITE 8 B p50 µs | p99 µs | p50 / UDP ping-pong p50 | p99 / UDP p99 |"
@@ -860,9 +880,12 @@ desc() {
     for l in $(jq -r '.median.braid | keys_unsorted[]' "$OUT_JSON"); do
         k=".median.braid[\"$l\"]"
         fails=$(jq -r "$k | [if .write_bw_failures > 0 then \"bw failed \(.write_bw_failures)/$RUNS\" else empty end, if .write_lat_failures > 0 then \"lat failed \(.write_lat_failures)/$RUNS\" else empty end] | join(\", \")" "$OUT_JSON")
-        name=$(desc "${l%+busy-poll}")
+        name=$(desc "${l%+*}")
         if [[ $l == *+busy-poll ]]; then
             name="$name, client --busy-poll (informational)"
+            lat="| – | – | – | –"
+        elif [[ $l == *+thread ]]; then
+            name="$name, client --progress thread (informational)"
             lat="| – | – | – | –"
         else
             lat="| $(r "$k.write_lat_p50_us" 1) | $(r "$k.write_lat_p99_us" 1) | $(r ".ratio.braid_p50_over_udp_pingpong_p50[\"$l\"]" 2) | $(r ".ratio.braid_p99_over_udp_pingpong_p99[\"$l\"]" 2)"
@@ -919,7 +942,10 @@ desc() {
 } >"$OUT_MD"
 
 # --- latency in matched polling modes: report ----------------------------------------------
-OUT_LAT_JSON=$BENCH/results/veth-latency-$DATE.json
+# With RESULTS_NAME, beside its other files (NAME-latency.json), so a named run keeps the day's.
+LAT_NAME=veth-latency-$DATE
+[ -z "${RESULTS_NAME:-}" ] || LAT_NAME=$RESULTS_NAME-latency
+OUT_LAT_JSON=$BENCH/results/$LAT_NAME.json
 if [ -n "$LAT_MODES" ]; then
     # shellcheck disable=SC2086
     jq -s --argjson modes "$(printf '%s\n' $LAT_MODES | jq -R . | jq -s -c .)" \

@@ -271,6 +271,8 @@ pub struct ClientReport {
     pub test: String,
     /// Datapath in use.
     pub datapath: String,
+    /// Who drove the client's device (`thread` or `inline`, `Progress::name`).
+    pub progress: String,
     /// Paths per connection.
     pub paths: u16,
     /// Largest datagram.

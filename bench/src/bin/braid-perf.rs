@@ -1109,6 +1109,7 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
     let mut rep = ClientReport {
         test: test.name().to_string(),
         datapath: dev.datapath_kind().to_string(),
+        progress: dev.progress().name().to_string(),
         paths: a.engine.paths,
         max_datagram: a.engine.max_datagram,
         size,
