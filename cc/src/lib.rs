@@ -31,7 +31,8 @@ pub use dcqcn::{Dcqcn, DcqcnConfig, MAX_INCREASE_EVENTS_PER_CALL};
 pub use pacing::Pacer;
 pub use swift::{Swift, SwiftConfig};
 
-/// What the engine knows about one newly acknowledged packet.
+/// What the engine knows about newly acknowledged packets: one packet, or the packets one ACK
+/// frame acknowledged together (`bytes` their total, `sent_at` the earliest send time).
 ///
 /// Build it with [`AckSample::new`] and set the fields the engine has; the rest stay `None`.
 /// Controllers read what they need ([`Swift`] the delay, [`Dcqcn`] the round trip for its
@@ -39,9 +40,9 @@ pub use swift::{Swift, SwiftConfig};
 #[derive(Clone, Copy, Debug, PartialEq)]
 #[non_exhaustive]
 pub struct AckSample {
-    /// When the packet was (last) transmitted.
+    /// When the packet was (last) transmitted; for several, the earliest of them.
     pub sent_at: Timestamp,
-    /// Its length on the wire, bytes.
+    /// Its length on the wire, bytes; for several, their total.
     pub bytes: u32,
     /// The full round trip measured for it, ns (`now - send time` of the echoed packet).
     pub rtt_ns: Option<u64>,
@@ -98,10 +99,13 @@ impl AckSample {
 /// 2. For every packet newly acknowledged (cumulatively or selectively, including one earlier
 ///    declared lost whose acknowledgement proves the loss spurious), exactly **one** of
 ///    [`on_ack_with`](Controller::on_ack_with) (preferred: it carries the delay, hops and
-///    path) or [`on_ack`](Controller::on_ack). A packet is acknowledged at most once.
-///    An ACK frame usually yields one delay measurement (for the packet it echoes) but
-///    acknowledges several packets: put the measurement on one of them and leave the others
-///    `None`; controllers reuse the latest measurement for samples without one.
+///    path) or [`on_ack`](Controller::on_ack). A packet is acknowledged at most once. The
+///    packets one ACK frame acknowledges may come in one call, their bytes summed and the
+///    earliest send time given (Braid's engine does so: one call per frame, not per
+///    packet); a controller's growth is per byte acknowledged, so both ways agree but for
+///    rounding. An ACK frame usually yields one delay measurement (for the packet it
+///    echoes): put it on one call and leave the others `None`; controllers reuse the latest
+///    measurement for samples without one.
 /// 3. [`on_congestion_event`](Controller::on_congestion_event) with `is_ecn == false` once
 ///    per packet declared lost (by time-based detection or by the retransmit timeout), with
 ///    that packet's send time and length; and with `is_ecn == true`, `lost_bytes == 0` at most
@@ -149,7 +153,8 @@ pub trait Controller: Send + core::fmt::Debug {
     fn pacing_rate(&self) -> Option<u64> {
         None
     }
-    /// A packet was newly acknowledged at `now`; `sample` says what was measured for it.
+    /// A packet, or the packets of one ACK frame, newly acknowledged at `now`; `sample` says
+    /// how many bytes and what was measured.
     ///
     /// The default forwards to [`on_ack`](Controller::on_ack) with the fabric delay (or the
     /// round trip), so controllers written against the four original methods keep working.

@@ -972,9 +972,9 @@ mod host_wait_tests {
     use crate::cc::{AckSample, Controller, ControllerFactory, FixedWindowConfig};
 
     /// (round trip, fabric delay) of each sample a controller was given.
-    type Seen = Arc<Mutex<Vec<(Option<u64>, Option<u64>)>>>;
+    type Seen = Arc<Mutex<Vec<(Option<u64>, Option<u64>, u32)>>>;
 
-    /// A fixed window that records the delay samples it is given.
+    /// A fixed window that records the delay samples it is given, with their bytes.
     #[derive(Debug)]
     struct Recorder {
         inner: Box<dyn Controller>,
@@ -992,7 +992,7 @@ mod host_wait_tests {
             self.seen
                 .lock()
                 .unwrap()
-                .push((s.rtt_ns, s.fabric_delay_ns));
+                .push((s.rtt_ns, s.fabric_delay_ns, s.bytes));
             self.inner.on_ack_with(now, s);
         }
         fn on_congestion_event(&mut self, now: Timestamp, sent: Timestamp, ecn: bool, lost: u32) {
@@ -1126,7 +1126,46 @@ mod host_wait_tests {
         a.handle_received(tb.add_nanos(100_000), queued_a, eb, 0, &ack);
         let (_, wc) = a.poll_completion().expect("the WRITE completes");
         assert_eq!((wc.wr_id, wc.status), (7, WcStatus::Success));
-        seen.lock().unwrap().clone()
+        seen.lock().unwrap().iter().map(|s| (s.0, s.1)).collect()
+    }
+
+    #[test]
+    fn the_controller_hears_of_one_ack_frame_once_with_all_its_bytes() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let Two {
+            mut a,
+            mut b,
+            ea,
+            eb,
+            qa,
+            src,
+            dst,
+        } = two(Arc::new(RecorderFactory(seen.clone())), 8192);
+        let len = 4 * a.chunk_size() + 100;
+        a.post_send(qa.qpn, write_wr(&src, &dst, len)).unwrap();
+        let t0 = Timestamp::from_micros(1_000);
+        let mut buf = vec![0u8; 2048];
+        let mut packets = Vec::new();
+        while let Some(t) = a.poll_transmit(t0, &mut buf) {
+            packets.push(buf[..t.len].to_vec());
+        }
+        assert_eq!(packets.len(), 5);
+        let wire: usize = packets.iter().map(Vec::len).sum();
+        let tb = t0.add_nanos(50_000);
+        for p in &packets {
+            b.handle_received(tb, 0, ea, 0, p);
+        }
+        let t = b.poll_transmit(tb, &mut buf).expect("the ACK leaves");
+        let ack = buf[..t.len].to_vec();
+        assert!(b.poll_transmit(tb, &mut buf).is_none(), "one ACK for all five");
+        a.handle_received(tb.add_nanos(50_000), 0, eb, 0, &ack);
+        let (_, wc) = a.poll_completion().expect("the WRITE completes");
+        assert_eq!(wc.status, WcStatus::Success);
+        // One call for the frame: all five packets' bytes, and the frame's delay with them.
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [(Some(100_000), Some(100_000), wire as u32)]
+        );
     }
 
     #[test]

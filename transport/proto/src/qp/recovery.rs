@@ -91,8 +91,40 @@ pub(crate) struct AckFeedback {
     pub(crate) hop_ns: Option<u64>,
     /// The ACK reported CE marks not seen before.
     pub(crate) ce: bool,
-    /// The delay sample was already handed to the controller for this frame.
-    pub(crate) delay_given: bool,
+    /// The packets this frame newly acknowledged, gathered for the controller, which hears
+    /// of them once per frame ([`Qp::feed_controller`]).
+    pub(crate) batch: AckedBatch,
+}
+
+/// Newly acknowledged packets of one ACK frame, gathered for the controller.
+#[derive(Copy, Clone, Debug)]
+pub(crate) struct AckedBatch {
+    /// How many, and their bytes on the wire.
+    packets: u32,
+    bytes: u64,
+    /// The earliest send time among them.
+    oldest: Timestamp,
+    /// The first one's path (the sample's path when the batch carries the frame's delay).
+    path: u16,
+}
+
+impl AckedBatch {
+    const EMPTY: AckedBatch = AckedBatch {
+        packets: 0,
+        bytes: 0,
+        oldest: Timestamp::ZERO,
+        path: 0,
+    };
+
+    fn add(&mut self, a: &Acked) {
+        if self.packets == 0 {
+            self.oldest = a.send_ts;
+            self.path = a.path;
+        }
+        self.oldest = self.oldest.min(a.send_ts);
+        self.packets += 1;
+        self.bytes += u64::from(a.wire_len);
+    }
 }
 
 /// What the rest of ACK processing needs of a packet just marked acknowledged.
@@ -161,7 +193,7 @@ impl AckFeedback {
         path_fabric_ns: None,
         hop_ns: None,
         ce: false,
-        delay_given: false,
+        batch: AckedBatch::EMPTY,
     };
 }
 
@@ -232,9 +264,10 @@ impl Qp {
     }
     /// Bookkeeping for one packet newly acknowledged: it leaves the flight, the loss
     /// detector learns whether its loss (if it was declared lost) was spurious, path scoring
-    /// and the controller hear of it, and its work request has one packet less to wait for.
-    /// `fb.echo_ts_ns` is the send time of the newest packet the peer accepted, from the ACK
-    /// (`u64::MAX` when unknown, as for a NAK).
+    /// hears of it, it joins the frame's batch for the controller (`fb.batch`, handed over by
+    /// [`feed_controller`](Qp::feed_controller)), and its work request has one packet less
+    /// to wait for. `fb.echo_ts_ns` is the send time of the newest packet the peer accepted,
+    /// from the ACK (`u64::MAX` when unknown, as for a NAK).
     pub(crate) fn packet_acked(&mut self, i: usize, now: Timestamp, fb: &mut AckFeedback) {
         let Some(a) = self.mark_acked(i, now, fb.echo_ts_ns) else {
             return;
@@ -244,7 +277,7 @@ impl Qp {
         }
         self.track_reordering(now, a.spurious);
         self.score_paths(now, &a, fb);
-        self.feed_controller(now, &a, fb);
+        fb.batch.add(&a);
         if let SentWhat::Req { msn, .. } = self.rec.sent[i].what
             && let Some(w) = self.wqe_index(msn)
         {
@@ -360,13 +393,20 @@ impl Qp {
         }
     }
 
-    /// The controller gets every acknowledged packet, and the frame's delay once, seen
-    /// through the connection-wide signal: one slow path alone does not shrink the window.
-    fn feed_controller(&mut self, now: Timestamp, a: &Acked, fb: &mut AckFeedback) {
-        let mut sample = AckSample::new(a.send_ts, a.wire_len);
-        sample.path = a.path;
-        if !fb.delay_given
-            && fb.echo_known
+    /// Hands the packets one frame newly acknowledged (`fb.batch`) to the controller in
+    /// one call: their bytes, the earliest send time, and the frame's delay seen through the
+    /// connection-wide signal (one slow path alone does not shrink the window). Once per
+    /// frame rather than once per packet: a window's growth is per byte acknowledged either
+    /// way, and a decrease is at most one per round trip.
+    pub(crate) fn feed_controller(&mut self, now: Timestamp, fb: &mut AckFeedback) {
+        let b = std::mem::replace(&mut fb.batch, AckedBatch::EMPTY);
+        if b.packets == 0 {
+            return;
+        }
+        let bytes = u32::try_from(b.bytes).unwrap_or(u32::MAX);
+        let mut sample = AckSample::new(b.oldest, bytes);
+        sample.path = b.path;
+        if fb.echo_known
             && let (Some(rtt), Some(fabric)) = (fb.rtt_ns, fb.fabric_ns)
         {
             sample.rtt_ns = Some(rtt);
@@ -378,7 +418,6 @@ impl Qp {
             // Marked: the delay includes a queue, and must not become the base delay.
             sample.ecn_ce = Some(fb.ce);
             sample.hop_queue_ns = fb.hop_ns;
-            fb.delay_given = true;
         }
         self.cc.on_ack_with(now, &sample);
     }
@@ -425,6 +464,7 @@ impl Qp {
         }
         self.charge_ce(a.echo_psn, ce_new, sh);
         let newest = self.ack_packets(now, a, adv, &mut fb);
+        self.feed_controller(now, &mut fb);
         if dup_flag {
             self.duplicate_proves_spurious(now);
         }

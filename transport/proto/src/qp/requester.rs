@@ -406,6 +406,7 @@ impl Qp {
                 // The requester gave up on this response: stop sending it.
                 let mut none = AckFeedback::NONE;
                 self.packet_acked(i, now, &mut none);
+                self.feed_controller(now, &mut none);
                 self.settle_fence(sh);
                 return;
             }
@@ -479,6 +480,7 @@ impl Qp {
     ) {
         let mut none = AckFeedback::NONE;
         self.packet_acked(i, now, &mut none);
+        self.feed_controller(now, &mut none);
         self.rsp.order.refused(n.psn);
         // Work requests posted before the refused one may still be in flight (their packets
         // took other paths): let them finish, then fail this one and flush the rest, so the
