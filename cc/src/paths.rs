@@ -674,13 +674,6 @@ impl PathSet {
     fn next_round(&mut self, i: usize, now: Timestamp, sent_at: Timestamp) {
         self.dirty = true;
         self.events_since_refresh = self.events_since_refresh.saturating_add(1);
-        let delay_target = self.delay_target_ns.map(|t| t as f64).or_else(|| {
-            self.min_delay_ns
-                .map(|m| m as f64 * self.cfg.plb_delay_factor)
-        });
-        let cfg = self.cfg;
-        // `i < len ≤ MAX_PATHS`.
-        let outlier = self.outlier(u16::try_from(i).unwrap_or(0));
         let p = &mut self.paths[i];
         let Some(start) = p.round.start else {
             p.round.start = Some(now);
@@ -689,9 +682,18 @@ impl PathSet {
         if sent_at < start {
             return;
         }
-        // Only a path congested beyond the others is worth moving: congestion the paths
-        // share (the receiver's link, or every link busy with this connection's own window)
-        // would follow it to any port, and a move resets what is known about it.
+        // The round ends (most feedback does not get here: it is for packets sent before the
+        // round began). Only a path congested beyond the others is worth moving: congestion
+        // the paths share (the receiver's link, or every link busy with this connection's own
+        // window) would follow it to any port, and a move resets what is known about it.
+        let delay_target = self.delay_target_ns.map(|t| t as f64).or_else(|| {
+            self.min_delay_ns
+                .map(|m| m as f64 * self.cfg.plb_delay_factor)
+        });
+        let cfg = self.cfg;
+        // `i < len ≤ MAX_PATHS`.
+        let outlier = self.outlier(u16::try_from(i).unwrap_or(0));
+        let p = &mut self.paths[i];
         let congested = p.round.congested(&cfg, delay_target) && outlier;
         p.round = Round {
             start: Some(now),

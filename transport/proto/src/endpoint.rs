@@ -1157,7 +1157,10 @@ mod host_wait_tests {
         }
         let t = b.poll_transmit(tb, &mut buf).expect("the ACK leaves");
         let ack = buf[..t.len].to_vec();
-        assert!(b.poll_transmit(tb, &mut buf).is_none(), "one ACK for all five");
+        assert!(
+            b.poll_transmit(tb, &mut buf).is_none(),
+            "one ACK for all five"
+        );
         a.handle_received(tb.add_nanos(50_000), 0, eb, 0, &ack);
         let (_, wc) = a.poll_completion().expect("the WRITE completes");
         assert_eq!(wc.status, WcStatus::Success);

@@ -120,8 +120,9 @@ impl AckedBatch {
         if self.packets == 0 {
             self.oldest = a.send_ts;
             self.path = a.path;
+        } else {
+            self.oldest = self.oldest.min(a.send_ts);
         }
-        self.oldest = self.oldest.min(a.send_ts);
         self.packets += 1;
         self.bytes += u64::from(a.wire_len);
     }
