@@ -27,15 +27,12 @@
 #                                              xdp/udp = AF_XDP sender, UDP-socket receiver
 #   BUSY_CONFIGS="udp xdp"  extra informational write_bw rows with the client's --busy-poll
 #                           (empty: skip)
-#   BW_PROGRESS=inline  who drives the client device in the main SIZE write_bw rows
-#                       (braid-perf --progress): inline runs to completion, the thread that
-#                       posts and waits on the CQ drives the device, as perftest's loop drives
-#                       a NIC (since 2026-12-06; before, the progress thread); thread hands
-#                       every post and completion across to the progress thread. The 8 B
-#                       message-rate, READ and SEND rows keep the progress thread: a thread
-#                       that drives alone makes one send call per small post, while with the
-#                       progress thread posting and sending overlap on two CPUs (bench/results/
-#                       session-2026-12-06-s28.md)
+#   BW_PROGRESS=inline  who drives the client device in every Braid bandwidth row (WRITE,
+#                       READ, SEND, message rate; braid-perf --progress): inline runs to
+#                       completion, the thread that posts and waits on the CQ drives the
+#                       device, as perftest's loop drives a NIC (since 2026-12-06; before, the
+#                       progress thread); thread hands every post and completion across to the
+#                       progress thread (bench/results/session-2026-12-06-s28.md)
 #   THREAD_CONFIGS="udp"  extra informational SIZE write_bw rows with the client's --progress
 #                         thread, beside the main rows (empty: skip)
 #   WAIT_QUIET=180  before each run, wait up to this many seconds for the machine to be at least
@@ -583,18 +580,18 @@ more_braid() { # run: read_bw, send_bw and 8 B write_bw message-rate rows
     local cfg
     for cfg in $READ_CONFIGS; do
         log "run $1/$RUNS: Braid $cfg read_bw $SIZE ${DURATION}s"
-        measure braid "$1" "$cfg" read_bw "$cfg+read" --size "$SIZE" --duration "$DURATION" "${SLOT_ARGS[@]}"
+        measure braid "$1" "$cfg" read_bw "$cfg+read" --size "$SIZE" --duration "$DURATION" --progress "$BW_PROGRESS" "${SLOT_ARGS[@]}"
     done
     for cfg in $SEND_CONFIGS; do
         log "run $1/$RUNS: Braid $cfg send_bw $SIZE ${DURATION}s"
-        measure braid "$1" "$cfg" send_bw "$cfg+send" --size "$SIZE" --duration "$DURATION"
+        measure braid "$1" "$cfg" send_bw "$cfg+send" --size "$SIZE" --duration "$DURATION" --progress "$BW_PROGRESS"
     done
     for cfg in $MSG_CONFIGS; do
         log "run $1/$RUNS: Braid $cfg write_bw 8 B ${DURATION}s (message rate)"
-        measure braid "$1" "$cfg" write_bw "$cfg+8B" --size 8 --duration "$DURATION"
+        measure braid "$1" "$cfg" write_bw "$cfg+8B" --size 8 --duration "$DURATION" --progress "$BW_PROGRESS"
         if [ "$CQ_MOD" != 1 ]; then
             log "run $1/$RUNS: Braid $cfg write_bw 8 B ${DURATION}s, every ${CQ_MOD}th signaled (message rate)"
-            measure braid "$1" "$cfg" write_bw "$cfg+8B-unsignaled" --size 8 --duration "$DURATION" --cq-mod "$CQ_MOD"
+            measure braid "$1" "$cfg" write_bw "$cfg+8B-unsignaled" --size 8 --duration "$DURATION" --cq-mod "$CQ_MOD" --progress "$BW_PROGRESS"
         fi
     done
 }
@@ -842,7 +839,7 @@ mv "$TMP/with-ceiling.json" "$OUT_JSON"
     done
     echo
     echo "SEND bandwidth: braid-perf send_bw --size $SIZE, the server keeps twice the client's window of receives posted and reposts each as it completes."
-    echo "8 B WRITE message rate: braid-perf write_bw --size 8, every work request signaled, and with --cq-mod $CQ_MOD (only every ${CQ_MOD}th signaled, as perftest's --cq-mod; the others complete with it)."
+    echo "8 B WRITE message rate: braid-perf write_bw --size 8, every work request signaled, and with --cq-mod $CQ_MOD (only every ${CQ_MOD}th signaled, as perftest's --cq-mod; the others complete with it). braid-perf posts each refill of its window as one list (QueuePair::post_send_list, one doorbell), as perftest's post list does. Every Braid bandwidth row: client --progress $BW_PROGRESS."
     echo
     echo "Bandwidth targets (ratio of medians; per run in brackets):"
     echo

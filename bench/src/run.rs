@@ -361,9 +361,13 @@ pub fn run_bw(c: &Conn<'_>, spec: &BwSpec, check: &mut dyn Check) -> Result<BwRe
                 Limit::Iters(n) => n,
                 Limit::Duration(_) => u64::MAX,
             };
-            while posted - done < window as u64 && posted < cap {
-                let off = (posted % slots as u64) * size;
-                check.before(posted, off);
+            // The window's free slots are posted as one list (one doorbell), as perftest's
+            // post list does.
+            let mut list = Vec::new();
+            let mut next = posted;
+            while next - done < window as u64 && next < cap {
+                let off = (next % slots as u64) * size;
+                check.before(next, off);
                 let remote = RemoteAddr {
                     rkey: c.rkey,
                     offset: off,
@@ -373,15 +377,17 @@ pub fn run_bw(c: &Conn<'_>, spec: &BwSpec, check: &mut dyn Check) -> Result<BwRe
                     BwOp::Read => SendOp::Read(remote),
                     BwOp::Send => SendOp::Send,
                 };
-                let wr = SendWr {
-                    wr_id: posted,
+                list.push(SendWr {
+                    wr_id: next,
                     op,
                     sges: vec![c.local.sge(off, spec.size)],
-                    signaled: (posted + 1).is_multiple_of(every) || posted + 1 == cap,
-                };
-                c.qp.post_send(wr).map_err(|e| format!("post_send: {e}"))?;
-                posted += 1;
+                    signaled: (next + 1).is_multiple_of(every) || next + 1 == cap,
+                });
+                next += 1;
             }
+            c.qp.post_send_list(list)
+                .map_err(|(i, e)| format!("post_send (work request {}): {e}", posted + i as u64))?;
+            posted = next;
         } else if done == posted {
             break;
         }

@@ -830,6 +830,32 @@ impl QueuePair {
         })
     }
 
+    /// Posts the send work requests of `wrs` in order, each refused or accepted as by
+    /// [`post_send`](Self::post_send), and sends what they produced once, after the last:
+    /// the list form of `ibv_post_send` (one doorbell for the chain). Posting a window of
+    /// small messages this way costs one send call for all of them instead of one each when
+    /// the posting thread drives the device. Stops at the first refused request and returns
+    /// its index in `wrs` with the reason; the requests before it stay posted, the ones after
+    /// it are not.
+    pub fn post_send_list(
+        &self,
+        wrs: impl IntoIterator<Item = SendWr>,
+    ) -> Result<(), (usize, PostError)> {
+        #[cfg(feature = "verbs")]
+        if let Some(qp) = &self.verbs {
+            for (i, wr) in wrs.into_iter().enumerate() {
+                qp.post_send(&wr).map_err(|e| (i, e))?;
+            }
+            return Ok(());
+        }
+        self.shard().post_list(wrs.into_iter().map(|wr| Post::Send {
+            qpn: self.info.qpn,
+            wr,
+            cq: self.send_cq,
+            gate: self.gate.clone(),
+        }))
+    }
+
     /// Posts a receive work request; refused or accepted as [`post_send`](Self::post_send)
     /// is (bad buffers, full queue).
     pub fn post_recv(&self, wr: RecvWr) -> Result<(), PostError> {

@@ -901,6 +901,32 @@ impl Inner {
     /// leave from here), or hands it to whoever holds the lock and wakes the progress thread
     /// if it sleeps.
     pub(super) fn post(&self, p: Post) -> Result<(), PostError> {
+        let r = self.post_unsent(p);
+        self.flush_pooled();
+        r
+    }
+
+    /// Posts each of `posts` in order as [`post`](Self::post) does, then sends what they
+    /// produced once, after the last (one doorbell for the list, as `ibv_post_send` takes a
+    /// chain). Stops at the first refused one: `Err((its index, why))`, the ones before it
+    /// stay posted.
+    pub(super) fn post_list(
+        &self,
+        posts: impl IntoIterator<Item = Post>,
+    ) -> Result<(), (usize, PostError)> {
+        let mut r = Ok(());
+        for (i, p) in posts.into_iter().enumerate() {
+            if let Err(e) = self.post_unsent(p) {
+                r = Err((i, e));
+                break;
+            }
+        }
+        self.flush_pooled();
+        r
+    }
+
+    /// [`post`](Self::post) without the send: the caller flushes.
+    fn post_unsent(&self, p: Post) -> Result<(), PostError> {
         // Held until the post is applied or in the ring: a deregistration (which takes it for
         // writing, then the engine lock, which applies the ring) is ordered before or after.
         let mrs = self.mrs.read().unwrap_or_else(|e| e.into_inner());
@@ -945,7 +971,6 @@ impl Inner {
             Err(TryLockError::WouldBlock) => self.lock().post(p),
         };
         drop(mrs);
-        self.flush_pooled();
         r
     }
 
@@ -1444,6 +1469,7 @@ mod tests {
     }
 
     in_both_modes!(
+        a_post_list_runs_in_order_up_to_its_first_refused_request,
         posts_queued_while_the_engine_is_busy_run_in_order,
         a_bad_post_is_refused_at_once_even_while_the_engine_is_busy,
         a_post_checked_before_a_deregistration_is_applied_before_it,
@@ -1457,6 +1483,47 @@ mod tests {
             sges: vec![src.sge(off, 8)],
             signaled: true,
         }
+    }
+
+    fn a_post_list_runs_in_order_up_to_its_first_refused_request(mode: Progress) {
+        let (a, b) = pair(mode);
+        let src = a.pd.alloc_mr(64, Access::NONE).unwrap();
+        let dst = b.pd.alloc_mr(64, Access::REMOTE_WRITE).unwrap();
+        src.write(0, &[5; 64]).unwrap();
+        assert_eq!(
+            a.qp.post_send_list((0..4).map(|i| write(i, &src, &dst, i * 8))),
+            Ok(())
+        );
+        for i in 0..4 {
+            let c = a.cq.wait(WAIT).expect("a completion");
+            assert_eq!((c.wr_id, c.status), (i, WcStatus::Success));
+        }
+        // The third is refused: the two before it are posted and complete, the rest is not.
+        let mut bad = write(12, &src, &dst, 0);
+        bad.sges[0].offset = 1 << 20; // outside the region
+        let list = vec![
+            write(10, &src, &dst, 32),
+            write(11, &src, &dst, 40),
+            bad,
+            write(13, &src, &dst, 48),
+        ];
+        assert_eq!(a.qp.post_send_list(list), Err((2, PostError::OutOfBounds)));
+        for i in 10..12 {
+            let c = a.cq.wait(WAIT).expect("a completion");
+            assert_eq!((c.wr_id, c.status), (i, WcStatus::Success));
+        }
+        assert!(
+            a.cq.wait(Duration::from_millis(50)).is_none(),
+            "nothing after the refusal"
+        );
+        let mut got = [0u8; 64];
+        dst.read(0, &mut got).unwrap();
+        assert_eq!(got[..48], [5; 48]);
+        assert_eq!(
+            got[48..],
+            [0; 16],
+            "the request after the refused one never ran"
+        );
     }
 
     fn posts_queued_while_the_engine_is_busy_run_in_order(mode: Progress) {
