@@ -901,8 +901,10 @@ impl Inner {
     /// leave from here), or hands it to whoever holds the lock and wakes the progress thread
     /// if it sleeps.
     pub(super) fn post(&self, p: Post) -> Result<(), PostError> {
-        let r = self.post_unsent(p);
-        self.flush_pooled();
+        let (r, applied_here) = self.post_unsent(p);
+        if applied_here {
+            self.flush_pooled();
+        }
         r
     }
 
@@ -915,31 +917,41 @@ impl Inner {
         posts: impl IntoIterator<Item = Post>,
     ) -> Result<(), (usize, PostError)> {
         let mut r = Ok(());
+        let mut flush = false;
         for (i, p) in posts.into_iter().enumerate() {
-            if let Err(e) = self.post_unsent(p) {
+            let (one, applied_here) = self.post_unsent(p);
+            flush |= applied_here;
+            if let Err(e) = one {
                 r = Err((i, e));
                 break;
             }
         }
-        self.flush_pooled();
+        if flush {
+            self.flush_pooled();
+        }
         r
     }
 
-    /// [`post`](Self::post) without the send: the caller flushes.
-    fn post_unsent(&self, p: Post) -> Result<(), PostError> {
+    /// [`post`](Self::post) without the send. Also says whether this thread applied it to
+    /// the engine (then the caller sends what it produced); a request refused by the checks
+    /// or handed to the lock holder leaves nothing for this thread to send.
+    fn post_unsent(&self, p: Post) -> (Result<(), PostError>, bool) {
         // Held until the post is applied or in the ring: a deregistration (which takes it for
         // writing, then the engine lock, which applies the ring) is ordered before or after.
         let mrs = self.mrs.read().unwrap_or_else(|e| e.into_inner());
         let lookup = |lkey| mrs.get(&lkey).copied();
         let gate = p.gate();
-        match &p {
+        let checked = match &p {
             Post::Send { wr, .. } => {
                 if !gate.connected.load(Ordering::Acquire) {
-                    return Err(PostError::NotConnected);
+                    return (Err(PostError::NotConnected), false);
                 }
-                validate::check_send(gate.pd, wr, lookup)?;
+                validate::check_send(gate.pd, wr, lookup)
             }
-            Post::Recv { wr, .. } => validate::check_recv(gate.pd, wr, lookup)?,
+            Post::Recv { wr, .. } => validate::check_recv(gate.pd, wr, lookup),
+        };
+        if let Err(e) = checked {
+            return (Err(e), false);
         }
         let max = if p.is_send() {
             self.max_wr.0
@@ -955,7 +967,7 @@ impl Inner {
                         if wake {
                             self.datapath.wake();
                         }
-                        return Ok(());
+                        return (Ok(()), false);
                     }
                     // The hand-off ring is full: wait for the engine like any other operation.
                     Err(p) => {
@@ -971,7 +983,7 @@ impl Inner {
             Err(TryLockError::WouldBlock) => self.lock().post(p),
         };
         drop(mrs);
-        r
+        (r, true)
     }
 
     /// Hands completions to their queues and fills `batch` with up to `BATCH` datagrams, led
