@@ -346,6 +346,9 @@ pub fn run_bw(c: &Conn<'_>, spec: &BwSpec, check: &mut dyn Check) -> Result<BwRe
     // window, the outstanding requests always hold a signaled one.
     let every = u64::from(spec.signal_every.max(1)).min(window as u64);
     let mut wcs = vec![empty_completion(); MAX_WINDOW];
+    // The window's free slots are posted as one list (one doorbell), as perftest's post list
+    // does; the list's buffer is reused from refill to refill.
+    let mut list = Vec::with_capacity(window);
     let (mut posted, mut done, mut verified, mut mismatches) = (0u64, 0u64, 0u64, 0u64);
     let mut progress = Progress::new(spec.progress, format!("{} {size} B", spec.op.name()));
     let start = Instant::now();
@@ -361,9 +364,6 @@ pub fn run_bw(c: &Conn<'_>, spec: &BwSpec, check: &mut dyn Check) -> Result<BwRe
                 Limit::Iters(n) => n,
                 Limit::Duration(_) => u64::MAX,
             };
-            // The window's free slots are posted as one list (one doorbell), as perftest's
-            // post list does.
-            let mut list = Vec::new();
             let mut next = posted;
             while next - done < window as u64 && next < cap {
                 let off = (next % slots as u64) * size;
@@ -385,9 +385,12 @@ pub fn run_bw(c: &Conn<'_>, spec: &BwSpec, check: &mut dyn Check) -> Result<BwRe
                 });
                 next += 1;
             }
-            c.qp.post_send_list(list)
-                .map_err(|(i, e)| format!("post_send (work request {}): {e}", posted + i as u64))?;
-            posted = next;
+            if !list.is_empty() {
+                c.qp.post_send_list(list.drain(..)).map_err(|(i, e)| {
+                    format!("post_send (work request {}): {e}", posted + i as u64)
+                })?;
+                posted = next;
+            }
         } else if done == posted {
             break;
         }
