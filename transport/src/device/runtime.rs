@@ -1045,19 +1045,26 @@ impl Inner {
     }
 
     fn send(&self, batch: &TxBatch) {
+        if batch.metas.is_empty() {
+            return;
+        }
         // On the stack: a transmit batch allocates nothing (`metas` holds at most
-        // `BATCH + run_max` datagrams, and `run_max <= GSO_RUN_MAX`).
-        let txs: SmallVec<[braid_datapath::Transmit<'_>; BATCH + GSO_RUN_MAX]> = batch
-            .metas
-            .iter()
-            .zip(&batch.bufs)
-            .map(|(t, b)| braid_datapath::Transmit {
-                dest: t.dest,
-                path: t.path,
-                ecn: Ecn::from_tos(t.ecn),
-                contents: &b[..t.len],
-            })
-            .collect();
+        // `BATCH + run_max` datagrams, and `run_max <= GSO_RUN_MAX`). Filled in place: the
+        // array is 7 KiB, and `collect` returned it by value, a copy of it per call.
+        let mut txs: SmallVec<[braid_datapath::Transmit<'_>; BATCH + GSO_RUN_MAX]> =
+            SmallVec::new();
+        txs.extend(
+            batch
+                .metas
+                .iter()
+                .zip(&batch.bufs)
+                .map(|(t, b)| braid_datapath::Transmit {
+                    dest: t.dest,
+                    path: t.path,
+                    ecn: Ecn::from_tos(t.ecn),
+                    contents: &b[..t.len],
+                }),
+        );
         let mut sent = 0;
         while sent < txs.len() {
             match self.datapath.send(&txs[sent..]) {
