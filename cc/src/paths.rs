@@ -264,6 +264,10 @@ pub struct PathSet {
     /// [`PathSet::order`] and [`rank_key`]).
     orders: [Vec<u16>; 3],
     ranks: [Vec<u128>; 3],
+    /// Whether `orders[k]` and `ranks[k]` hold every path's key as of the last refresh, so
+    /// that only the paths fed since (`stale`) need placing again. A refresh that finds a
+    /// median's values all equal skips its order and clears this.
+    ranked: [bool; 3],
     /// Each path's health (its share before normalising) as the last refresh computed it,
     /// whether the path was fed since (`stale`), and what every health depended on beyond
     /// its own path then (the lowest delay and the median ECN fraction, as bits). A refresh
@@ -271,6 +275,8 @@ pub struct PathSet {
     /// the exponentials and divisions of every path at each ACK were most of a refresh.
     health: Vec<f64>,
     stale: Vec<bool>,
+    /// How many paths are `stale`.
+    fed: usize,
     health_inputs: (u64, u64),
     /// The latest delays handed to the controller, a ring: (ACK time ns, delay ns).
     recent: [(u64, u64); RECENT_DELAYS],
@@ -326,8 +332,10 @@ impl PathSet {
                 (0..n).map(|i| u16::try_from(i).unwrap_or(0)).collect()
             }),
             ranks: std::array::from_fn(|_| Vec::with_capacity(n)),
+            ranked: [false; 3],
             health: vec![0.0; n],
             stale: vec![true; n],
+            fed: n,
             health_inputs: (u64::MAX, u64::MAX),
             recent: [(0, 0); RECENT_DELAYS],
             recent_pos: 0,
@@ -391,7 +399,7 @@ impl PathSet {
             return; // sent on the path's previous source port
         }
         self.next_round(i, now, s.sent_at);
-        self.stale[i] = true;
+        self.mark_fed(i);
         let p = &mut self.paths[i];
         p.absorb(&cfg, s);
         p.balance(&cfg, self.balance_range_ln, s, self.signal.delay_ns);
@@ -419,7 +427,7 @@ impl PathSet {
         }
         p.absorb(&cfg, s);
         p.balance(&cfg, self.balance_range_ln, s, self.signal.delay_ns);
-        self.stale[i] = true;
+        self.mark_fed(i);
         self.dirty = true;
         self.events_since_refresh = self.events_since_refresh.saturating_add(1);
         let _ = now;
@@ -437,7 +445,7 @@ impl PathSet {
             return;
         }
         self.next_round(i, now, sent_at);
-        self.stale[i] = true;
+        self.mark_fed(i);
         let p = &mut self.paths[i];
         p.loss_rate += gain * (1.0 - p.loss_rate);
         p.outcomes = p.outcomes.saturating_add(1);
@@ -523,7 +531,7 @@ impl PathSet {
                 repaths: p.repaths.saturating_add(1),
                 ..Path::default()
             };
-            self.stale[usize::from(i)] = true;
+            self.mark_fed(usize::from(i));
             self.dirty = true;
             self.events_since_refresh = u32::MAX;
             return Some(i);
@@ -714,6 +722,15 @@ impl PathSet {
         }
     }
 
+    /// Path `i` was fed: its health and its places in the medians' orders are out of date.
+    fn mark_fed(&mut self, i: usize) {
+        if let Some(s) = self.stale.get_mut(i)
+            && !std::mem::replace(s, true)
+        {
+            self.fed += 1;
+        }
+    }
+
     fn maybe_refresh(&mut self) {
         if self.dirty && self.events_since_refresh >= self.refresh_every {
             self.refresh();
@@ -731,6 +748,10 @@ impl PathSet {
             uniform[MEDIAN_DELAY].see(delay_of(p));
             uniform[MEDIAN_ECN].see(ecn_of(p));
             uniform[MEDIAN_LOSS].see(loss_of(p));
+        }
+        for (k, u) in uniform.iter().enumerate() {
+            // An order skipped now misses this refresh's changes.
+            self.ranked[k] &= !u.same;
         }
         // The lowest delay: the one value, or the first of the delays' order (what `f64::min`
         // over them gives, as delays are never NaN or -0).
@@ -764,7 +785,6 @@ impl PathSet {
         {
             if all || *stale {
                 *h = p.health(&c, dmin, ecn_median);
-                *stale = false;
             }
             sum += *h;
         }
@@ -804,6 +824,9 @@ impl PathSet {
                 .unwrap_or(0.0),
             min_delay_ns: self.min_delay_ns,
         };
+        // Kept until now: the medians' orders place the paths fed since the last refresh.
+        self.stale.fill(false);
+        self.fed = 0;
         self.dirty = false;
         self.events_since_refresh = 0;
     }
@@ -829,38 +852,75 @@ impl PathSet {
     /// Brings the order of median `k`'s values (`orders[k]`: the path indices sorted by
     /// value, then index) and their packed keys (`ranks[k]`, see [`rank_key`]) up to date.
     ///
-    /// The order is kept from one refresh to the next and updated by insertion over the
-    /// keys: between two refreshes only the paths fed meanwhile move, by little, so that is
-    /// a pass over the paths where sorting them afresh was a fifth of a refresh. Ordering
-    /// equal values by index is what a stable sort of the path-ordered values does, so the
-    /// medians are the same to the bit.
+    /// The order is kept from one refresh to the next. When it is complete (`ranked[k]`)
+    /// and at most [`PLACED_ALONE_MAX`] paths were fed since the last refresh (`stale`),
+    /// only those have new keys, and each is moved from its old place to its new one: where
+    /// one ACK feeds one path per refresh, building every key afresh was most of a refresh.
+    /// Keys are unique (they end in the path index), so the order is the one a sort gives
+    /// and the medians are the same to the bit. Otherwise every key is built again and
+    /// sorted by insertion from the previous order (paths move by little between
+    /// refreshes).
     fn order(&mut self, k: usize, value: impl Fn(&Path) -> Option<f64>) {
         let PathSet {
             paths,
             orders,
             ranks,
+            ranked,
+            stale,
+            fed,
             ..
         } = self;
         let order = &mut orders[k];
-        let ranked = &mut ranks[k];
-        ranked.clear();
-        ranked.extend(
-            order
-                .iter()
-                .map(|&i| rank_key(value(&paths[usize::from(i)]), i)),
-        );
-        for j in 1..ranked.len() {
-            let x = ranked[j];
-            let mut m = j;
-            while m > 0 && x < ranked[m - 1] {
-                ranked[m] = ranked[m - 1];
-                m -= 1;
+        let keys = &mut ranks[k];
+        if ranked[k] && keys.len() == paths.len() && *fed <= PLACED_ALONE_MAX {
+            for (i, _) in stale.iter().enumerate().filter(|(_, s)| **s) {
+                // `i < len ≤ MAX_PATHS`, which fits in u16.
+                let index = u16::try_from(i).unwrap_or(0);
+                let key = rank_key(value(&paths[i]), index);
+                let Some(mut m) = order.iter().position(|&o| o == index) else {
+                    continue;
+                };
+                while m > 0 && key < keys[m - 1] {
+                    keys[m] = keys[m - 1];
+                    order[m] = order[m - 1];
+                    m -= 1;
+                }
+                while m + 1 < keys.len() && keys[m + 1] < key {
+                    keys[m] = keys[m + 1];
+                    order[m] = order[m + 1];
+                    m += 1;
+                }
+                keys[m] = key;
+                order[m] = index;
             }
-            ranked[m] = x;
+        } else {
+            keys.clear();
+            keys.extend(
+                order
+                    .iter()
+                    .map(|&i| rank_key(value(&paths[usize::from(i)]), i)),
+            );
+            for j in 1..keys.len() {
+                let x = keys[j];
+                let mut m = j;
+                while m > 0 && x < keys[m - 1] {
+                    keys[m] = keys[m - 1];
+                    m -= 1;
+                }
+                keys[m] = x;
+            }
+            for (o, &key) in order.iter_mut().zip(keys.iter()) {
+                *o = rank_index(key);
+            }
+            ranked[k] = true;
         }
-        for (o, &key) in order.iter_mut().zip(ranked.iter()) {
-            *o = rank_index(key);
-        }
+        debug_assert!(
+            keys.windows(2).all(|w| w[0] < w[1])
+                && keys
+                    .iter()
+                    .all(|&key| key == rank_key(value(&paths[usize::from(rank_index(key))]), rank_index(key))),
+            "median {k}: the kept order is not the order of the current values"
+        );
     }
 
     /// [`median`](Self::median) over the keys `order` left in `ranks[k]`, with the current
@@ -945,6 +1005,12 @@ impl Uniform {
         }
     }
 }
+
+/// Most paths fed between two refreshes for which a median's kept order moves each of them
+/// to its new place; with more, it is built again. One ACK per refresh (up to 16 paths)
+/// feeds one; with hundreds of paths a refresh comes every 16 feedback events, and the moves
+/// then cost more than a new order (measured with callgrind on `braid-fabric`).
+const PLACED_ALONE_MAX: usize = 2;
 
 /// [`PathSet::orders`] of the delay, ECN and loss medians.
 const MEDIAN_DELAY: usize = 0;
@@ -1171,6 +1237,8 @@ mod tests {
                         _ => f64::from(rng.next() % 100_000),
                     };
                     set.shares[i] = f64::from(rng.next() % 1000 + 1) / 1000.0;
+                    // As the feedback calls do: the kept order places the paths fed.
+                    set.mark_fed(i);
                 }
                 let value = |p: &Path| (p.delay_samples > 0).then_some(p.delay_ns);
                 let want = median_by_sort(&set, value);
@@ -1189,6 +1257,8 @@ mod tests {
                 set.order(MEDIAN_DELAY, value);
                 let ordered = set.ordered_median(MEDIAN_DELAY);
                 assert_eq!(ordered.map(f64::to_bits), want.map(f64::to_bits));
+                set.stale.fill(false);
+                set.fed = 0;
             }
         }
     }
