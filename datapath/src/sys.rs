@@ -554,8 +554,19 @@ pub(crate) struct SendArrays<const C: usize, const CTRL: usize> {
     control: [Control<CTRL>; C],
     /// Per message: the TOS/TCLASS message to send, if any.
     tos: [Option<(Family, Ecn)>; C],
-    /// Per message: its first iovec and how many (datagrams) it carries.
-    spans: [(usize, usize); C],
+    /// Per message: where its iovecs are and what datagrams they hold.
+    spans: [Span; C],
+}
+
+/// One queued message of a [`SendMmsg`]: its iovecs `iovs[first..first + iovs]`, and the
+/// `datagrams` they hold, every one `segment` bytes long but the last (a GSO run when more
+/// than one). Datagrams that lie back to back in memory share an iovec.
+#[derive(Clone, Copy, Default)]
+struct Span {
+    first: usize,
+    iovs: usize,
+    datagrams: usize,
+    segment: usize,
 }
 
 impl<const C: usize, const CTRL: usize> SendArrays<C, CTRL> {
@@ -568,14 +579,17 @@ impl<const C: usize, const CTRL: usize> SendArrays<C, CTRL> {
             addr_lens: [0; C],
             control: [Control::new(); C],
             tos: [None; C],
-            spans: [(0, 0); C],
+            spans: [Span::default(); C],
         })
     }
 }
 
 /// One `sendmmsg` call's queue, in borrowed [`SendArrays`]. A message is one datagram, or a
-/// UDP GSO run of several (one iovec each) that the kernel (or the NIC) cuts into datagrams
-/// of the first one's length (the last may be shorter). Holds only the payloads' addresses:
+/// UDP GSO run of several that the kernel (or the NIC) cuts into datagrams of the first
+/// one's length (the last may be shorter). A run's datagrams take one iovec each, except
+/// that one starting where the previous one ends extends its iovec: the kernel's copy of a
+/// message costs per iovec (on the veth pair, 44 iovecs of 1472 bytes sent 20-25 % slower
+/// than the same 64 KiB in one). Holds only the payloads' addresses:
 /// the lifetime `'a` keeps them borrowed. The pointers between the arrays and the control
 /// messages are set in [`send`](Self::send), right before the call, so moving the arrays
 /// is harmless.
@@ -583,7 +597,7 @@ pub(crate) struct SendMmsg<'a, const C: usize, const CTRL: usize> {
     a: &'a mut SendArrays<C, CTRL>,
     /// Messages queued.
     len: usize,
-    /// Iovecs (datagrams) queued.
+    /// Iovecs queued.
     slots: usize,
     payloads: PhantomData<&'a [u8]>,
 }
@@ -614,7 +628,7 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
     pub(crate) fn datagrams_in(&self, messages: usize) -> usize {
         self.a.spans[..messages.min(self.len)]
             .iter()
-            .map(|&(_, n)| n)
+            .map(|s| s.datagrams)
             .sum()
     }
 
@@ -644,7 +658,12 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
         // A length of 0 sends without a name.
         self.a.addr_lens[n] = if connected { 0 } else { addr_len };
         self.a.tos[n] = (ecn != socket_ecn).then_some((family, ecn));
-        self.a.spans[n] = (self.slots, 1);
+        self.a.spans[n] = Span {
+            first: self.slots,
+            iovs: 1,
+            datagrams: 1,
+            segment: contents.len(),
+        };
         self.a.iovs[self.slots] = libc::iovec {
             iov_base: contents.as_ptr() as *mut libc::c_void,
             iov_len: contents.len(),
@@ -659,15 +678,25 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
     /// as long as the first, at most 64 segments and 65507 bytes. Returns `false` (and adds
     /// nothing) if there is no message or no room.
     pub(crate) fn add_segment(&mut self, contents: &'a [u8]) -> bool {
-        if self.len == 0 || self.slots >= C {
+        if self.len == 0 {
             return false;
         }
-        self.a.iovs[self.slots] = libc::iovec {
-            iov_base: contents.as_ptr() as *mut libc::c_void,
-            iov_len: contents.len(),
-        };
-        self.slots += 1;
-        self.a.spans[self.len - 1].1 += 1;
+        // The last message's last iovec is the last one queued.
+        let last = &mut self.a.iovs[self.slots - 1];
+        if (last.iov_base as usize).wrapping_add(last.iov_len) == contents.as_ptr() as usize {
+            // Both byte ranges are borrowed for `'a` and adjacent: one range.
+            last.iov_len += contents.len();
+        } else if self.slots < C {
+            self.a.iovs[self.slots] = libc::iovec {
+                iov_base: contents.as_ptr() as *mut libc::c_void,
+                iov_len: contents.len(),
+            };
+            self.slots += 1;
+            self.a.spans[self.len - 1].iovs += 1;
+        } else {
+            return false;
+        }
+        self.a.spans[self.len - 1].datagrams += 1;
         true
     }
 
@@ -676,10 +705,10 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
     /// error, which concerns the first message. The queue is left as it is.
     pub(crate) fn send(&mut self, fd: RawFd) -> io::Result<usize> {
         for i in 0..self.len {
-            let (first, count) = self.a.spans[i];
+            let span = self.a.spans[i];
             // GSO: the kernel cuts the run into datagrams of the first segment's length.
-            let segment = (count > 1)
-                .then(|| u16::try_from(self.a.iovs[first].iov_len).ok())
+            let segment = (span.datagrams > 1)
+                .then(|| u16::try_from(span.segment).ok())
                 .flatten();
             // CTRL holds both messages (checked by the callers' sizes); without them the
             // datagram would still go out, only unmarked (and a run as one datagram, which
@@ -692,8 +721,8 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
                 hdr.msg_name = (&mut self.a.addrs[i] as *mut libc::sockaddr_storage).cast();
                 hdr.msg_namelen = self.a.addr_lens[i];
             }
-            hdr.msg_iov = &mut self.a.iovs[first];
-            hdr.msg_iovlen = count as _;
+            hdr.msg_iov = &mut self.a.iovs[span.first];
+            hdr.msg_iovlen = span.iovs as _;
             if control_len > 0 {
                 hdr.msg_control = self.a.control[i].as_mut_ptr();
                 hdr.msg_controllen = control_len as _;
@@ -704,7 +733,7 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
             };
         }
         // SAFETY: the first `len` headers were just pointed at this scratch's own address,
-        // control and iovec arrays (each header's `count` iovecs lie inside `iovs`: spans
+        // control and iovec arrays (each header's `span.iovs` iovecs lie inside `iovs`: spans
         // are built by `push`/`add_segment`, which stop at C), which stay put while `&mut
         // self` is held, and the iovecs at payloads borrowed for `'a`; `len <= C`. The kernel
         // only reads them.
@@ -988,6 +1017,41 @@ mod tests {
 
     fn ecn_of(control: &[u8], flags: libc::c_int) -> Ecn {
         read_control(control, flags).ecn
+    }
+
+    #[test]
+    fn back_to_back_segments_share_an_iovec() {
+        let mut arrays = SendArrays::<8, 64>::boxed();
+        let buf = [7u8; 40];
+        let dest: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let mut q = SendMmsg::new(&mut arrays);
+        assert!(q.push(dest, false, &buf[..10], Ecn::NotEct, Ecn::NotEct, true));
+        assert!(q.add_segment(&buf[10..20]));
+        assert!(q.add_segment(&buf[20..30]));
+        // A gap: a second iovec, and the shorter last datagram of the run.
+        assert!(q.add_segment(&buf[31..40]));
+        assert_eq!(q.len(), 1);
+        assert_eq!(q.datagrams_in(1), 4);
+        assert_eq!(q.slots, 2);
+        let s = q.a.spans[0];
+        assert_eq!((s.first, s.iovs, s.datagrams, s.segment), (0, 2, 4, 10));
+        assert_eq!((q.a.iovs[0].iov_len, q.a.iovs[1].iov_len), (30, 9));
+        // A new message starts a new iovec even where the last one ends.
+        assert!(q.push(dest, false, &buf[..5], Ecn::NotEct, Ecn::NotEct, true));
+        assert_eq!((q.len(), q.slots, q.datagrams_in(2)), (2, 3, 5));
+    }
+
+    #[test]
+    fn a_full_iovec_array_still_takes_back_to_back_segments() {
+        let mut arrays = SendArrays::<2, 64>::boxed();
+        let buf = [7u8; 40];
+        let dest: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        let mut q = SendMmsg::new(&mut arrays);
+        assert!(q.push(dest, false, &buf[..10], Ecn::NotEct, Ecn::NotEct, true));
+        assert!(q.add_segment(&buf[11..21]));
+        assert!(!q.add_segment(&buf[22..32]), "no iovec left for a gap");
+        assert!(q.add_segment(&buf[21..31]), "extends the last iovec");
+        assert_eq!(q.datagrams_in(1), 3);
     }
 
     /// The codepoint and the GRO segment size that `control` carries.

@@ -1020,6 +1020,42 @@ mod tests {
         assert_eq!(seen.len(), batch.len());
     }
 
+    /// A GSO run whose datagrams lie back to back in one buffer (one iovec for the run)
+    /// arrives as those datagrams, byte for byte, as does a run spread over buffers apart.
+    #[test]
+    fn a_run_back_to_back_in_memory_arrives_datagram_by_datagram() {
+        let a = loopback(2);
+        let b = loopback(1);
+        let one: Vec<u8> = (0..1200u32).map(|i| (i % 251) as u8).collect();
+        let apart: Vec<Vec<u8>> = (0..3).map(|k| vec![0xA0 + k as u8; 400]).collect();
+        let mut batch: Vec<Transmit<'_>> = one
+            .chunks(400)
+            .map(|c| Transmit {
+                dest: b.local_addr(),
+                path: 1,
+                ecn: Ecn::Ect0,
+                contents: c,
+            })
+            .collect();
+        batch.extend(apart.iter().map(|c| Transmit {
+            dest: b.local_addr(),
+            path: 0,
+            ecn: Ecn::Ect0,
+            contents: c,
+        }));
+        assert_eq!(a.send(&batch).unwrap(), batch.len());
+        let got: BTreeSet<Vec<u8>> = recv_all(&b, batch.len())
+            .into_iter()
+            .map(|(_, bytes)| bytes)
+            .collect();
+        let want: BTreeSet<Vec<u8>> = batch.iter().map(|t| t.contents.to_vec()).collect();
+        assert_eq!(got, want);
+        if a.uses_gso() {
+            // Each run of three (one per path) went out as one message.
+            assert_eq!(a.offload_stats().messages_sent, 2);
+        }
+    }
+
     /// A spinning poller's zero-timeout receive skips the readiness wait: it still returns 0
     /// on an empty socket, finds every datagram that arrived (GRO on and off), and leaves a
     /// wake-up it did not wait for to end the next waiting receive.
