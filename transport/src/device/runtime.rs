@@ -856,9 +856,12 @@ impl Drop for Owner {
 /// Datagrams taken from the engine for one `Datapath::send`: `BATCH`, and past that the rest
 /// of a run of same-path datagrams that reached the end of the batch (see `Inner::drain`).
 struct TxBatch {
-    /// `BATCH + run_max` buffers: a run of up to `run_max` datagrams that starts in the last
-    /// slot of the first `BATCH` still fits.
-    bufs: Vec<Box<[u8]>>,
+    /// `BATCH + run_max` slots of `size` bytes, back to back: a run of up to `run_max`
+    /// datagrams that starts in the last slot of the first `BATCH` still fits. Full-size
+    /// datagrams in consecutive slots are one contiguous range, which the UDP datapath sends
+    /// as one iovec per GSO run.
+    bufs: Box<[u8]>,
+    size: usize,
     metas: Vec<braid_proto::Transmit>,
     /// Longest run topped up past `BATCH`: as many datagrams of the largest size as one GSO
     /// message holds (44 of 1472 bytes; 1 for datagrams above 32 KiB, where nothing is
@@ -870,12 +873,17 @@ struct TxBatch {
 }
 
 impl TxBatch {
+    /// Slot `i`, to write a datagram into.
+    fn slot_mut(bufs: &mut [u8], size: usize, i: usize) -> &mut [u8] {
+        &mut bufs[i * size..(i + 1) * size]
+    }
+
     fn new(size: usize) -> TxBatch {
-        let run_max = (braid_datapath::MAX_DATAGRAM / size.max(1)).clamp(1, GSO_RUN_MAX);
+        let size = size.max(1);
+        let run_max = (braid_datapath::MAX_DATAGRAM / size).clamp(1, GSO_RUN_MAX);
         TxBatch {
-            bufs: (0..BATCH + run_max)
-                .map(|_| vec![0u8; size].into_boxed_slice())
-                .collect(),
+            bufs: vec![0u8; (BATCH + run_max) * size].into_boxed_slice(),
+            size,
             metas: Vec::with_capacity(BATCH + run_max),
             run_max,
             carry: None,
@@ -1008,12 +1016,15 @@ impl Inner {
         }
         batch.metas.clear();
         if let Some((t, i)) = batch.carry.take() {
-            batch.bufs.swap(0, i);
+            batch.bufs.copy_within(i * batch.size..i * batch.size + t.len, 0);
             batch.metas.push(t);
         }
         while batch.metas.len() < BATCH {
             let i = batch.metas.len();
-            match core.ep.poll_transmit(now, &mut batch.bufs[i]) {
+            match core
+                .ep
+                .poll_transmit(now, TxBatch::slot_mut(&mut batch.bufs, batch.size, i))
+            {
                 Some(t) => batch.metas.push(t),
                 None => return false,
             }
@@ -1028,7 +1039,10 @@ impl Inner {
             .map_or(0, |i| i + 1);
         while batch.metas.len() < run_start + batch.run_max {
             let i = batch.metas.len();
-            let Some(t) = core.ep.poll_transmit(now, &mut batch.bufs[i]) else {
+            let Some(t) = core
+                .ep
+                .poll_transmit(now, TxBatch::slot_mut(&mut batch.bufs, batch.size, i))
+            else {
                 return false;
             };
             if (t.path, t.dest, t.ecn) != (last.path, last.dest, last.ecn) || t.len > last.len {
@@ -1057,7 +1071,7 @@ impl Inner {
             batch
                 .metas
                 .iter()
-                .zip(&batch.bufs)
+                .zip(batch.bufs.chunks(batch.size))
                 .map(|(t, b)| braid_datapath::Transmit {
                     dest: t.dest,
                     path: t.path,
