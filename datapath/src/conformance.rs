@@ -537,6 +537,47 @@ pub(crate) fn a_datagram_left_waiting_reports_its_wait<B: Backend>() {
     }
 }
 
+/// Runs of equal datagrams that lie back to back in one buffer (the runtime's transmit slots,
+/// which the socket backends send as one iovec per run), with a shorter last one, beside a run
+/// in separate buffers: every datagram arrives intact, from its path.
+pub(crate) fn runs_back_to_back_in_memory_arrive_intact<B: Backend>() {
+    let a: B = loopback(4);
+    let b: B = loopback(1);
+    // Datagrams 0-9 of 1000 bytes in one buffer, 10 of 600 right after them; 11-15 apart.
+    let sizes = |i: u32| if i == 10 { 600 } else { 1000 };
+    let one: Vec<u8> = (0..11u32).flat_map(|i| numbered(i, sizes(i))).collect();
+    let apart: Vec<Vec<u8>> = (11..16u32).map(|i| numbered(i, 1000)).collect();
+    let mut slices: Vec<&[u8]> = Vec::new();
+    let mut at = 0;
+    for i in 0..11u32 {
+        slices.push(&one[at..at + sizes(i)]);
+        at += sizes(i);
+    }
+    slices.extend(apart.iter().map(Vec::as_slice));
+    let path_of = |i: usize| if i < 6 { 1 } else if i < 11 { 2 } else { 3 };
+    let batch: Vec<Transmit<'_>> = slices
+        .iter()
+        .enumerate()
+        .map(|(i, c)| Transmit {
+            dest: b.local_addr(),
+            path: path_of(i),
+            ecn: Ecn::NotEct,
+            contents: c,
+        })
+        .collect();
+    send_all(&a, &batch);
+    let got = recv_all(&b, batch.len());
+    assert_eq!(got.len(), batch.len());
+    let mut seen = BTreeSet::new();
+    for (meta, bytes) in &got {
+        let i = index_of(bytes);
+        assert_eq!(bytes.as_slice(), slices[i], "datagram {i} damaged");
+        assert_eq!(Some(meta.src), a.source_of(path_of(i)), "datagram {i} on the wrong path");
+        seen.insert(i);
+    }
+    assert_eq!(seen.len(), batch.len());
+}
+
 /// One `#[test]` per conformance check for `$backend`.
 macro_rules! conformance_tests {
     ($backend:ty) => {
@@ -546,6 +587,10 @@ macro_rules! conformance_tests {
             #[test]
             fn batch_on_16_paths_arrives_intact_from_16_ports() {
                 c::batch_on_16_paths_arrives_intact_from_16_ports::<$backend>();
+            }
+            #[test]
+            fn runs_back_to_back_in_memory_arrive_intact() {
+                c::runs_back_to_back_in_memory_arrive_intact::<$backend>();
             }
             #[test]
             fn ecn_codepoints_survive_the_round_trip() {

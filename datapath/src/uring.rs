@@ -1143,11 +1143,23 @@ impl Tx {
                     }
                 }
             }
-            for (k, u) in batch[i..i + count].iter().enumerate() {
-                self.iovs[slots + k] = libc::iovec {
+            // One iovec per datagram, except that one starting where the previous one ends
+            // extends it: the kernel's copy costs per iovec (see `sys::SendMmsg`).
+            let mut iovs: usize = 0;
+            for u in &batch[i..i + count] {
+                if let Some(last) = iovs.checked_sub(1).map(|k| &mut self.iovs[slots + k])
+                    && (last.iov_base as usize).wrapping_add(last.iov_len)
+                        == u.contents.as_ptr() as usize
+                {
+                    // Both byte ranges are borrowed from `batch` and adjacent: one range.
+                    last.iov_len += u.contents.len();
+                    continue;
+                }
+                self.iovs[slots + iovs] = libc::iovec {
                     iov_base: u.contents.as_ptr() as *mut libc::c_void,
                     iov_len: u.contents.len(),
                 };
+                iovs += 1;
             }
             let mut hdr: libc::msghdr = sys::zeroed();
             // To the destination the socket is connected to, no name (see `PathSockets`).
@@ -1156,7 +1168,7 @@ impl Tx {
                 hdr.msg_namelen = addr_len;
             }
             hdr.msg_iov = &mut self.iovs[slots];
-            hdr.msg_iovlen = count as _;
+            hdr.msg_iovlen = iovs as _;
             let tos = (t.ecn != setup.ecn).then_some((family, t.ecn));
             let segment = (count > 1).then_some(seg as u16);
             // TX_CONTROL_BYTES holds both messages, so this is never `None`; without the
@@ -1185,7 +1197,7 @@ impl Tx {
                 break;
             }
             ops += 1;
-            slots += count;
+            slots += iovs;
             i += count;
         }
         ops
