@@ -554,7 +554,15 @@ pub(crate) fn runs_back_to_back_in_memory_arrive_intact<B: Backend>() {
         at += sizes(i);
     }
     slices.extend(apart.iter().map(Vec::as_slice));
-    let path_of = |i: usize| if i < 6 { 1 } else if i < 11 { 2 } else { 3 };
+    let path_of = |i: usize| {
+        if i < 6 {
+            1
+        } else if i < 11 {
+            2
+        } else {
+            3
+        }
+    };
     let batch: Vec<Transmit<'_>> = slices
         .iter()
         .enumerate()
@@ -572,7 +580,11 @@ pub(crate) fn runs_back_to_back_in_memory_arrive_intact<B: Backend>() {
     for (meta, bytes) in &got {
         let i = index_of(bytes);
         assert_eq!(bytes.as_slice(), slices[i], "datagram {i} damaged");
-        assert_eq!(Some(meta.src), a.source_of(path_of(i)), "datagram {i} on the wrong path");
+        assert_eq!(
+            Some(meta.src),
+            a.source_of(path_of(i)),
+            "datagram {i} on the wrong path"
+        );
         seen.insert(i);
     }
     assert_eq!(seen.len(), batch.len());

@@ -682,19 +682,16 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
             return false;
         }
         // The last message's last iovec is the last one queued.
-        let last = &mut self.a.iovs[self.slots - 1];
-        if (last.iov_base as usize).wrapping_add(last.iov_len) == contents.as_ptr() as usize {
-            // Both byte ranges are borrowed for `'a` and adjacent: one range.
-            last.iov_len += contents.len();
-        } else if self.slots < C {
+        if !extend_adjacent(&mut self.a.iovs[self.slots - 1], contents) {
+            if self.slots >= C {
+                return false;
+            }
             self.a.iovs[self.slots] = libc::iovec {
                 iov_base: contents.as_ptr() as *mut libc::c_void,
                 iov_len: contents.len(),
             };
             self.slots += 1;
             self.a.spans[self.len - 1].iovs += 1;
-        } else {
-            return false;
         }
         self.a.spans[self.len - 1].datagrams += 1;
         true
@@ -745,6 +742,16 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
             Ok(r as usize)
         }
     }
+}
+
+/// Extends `iov` by `contents` if they start where it ends, and says whether it did. The
+/// caller holds both byte ranges borrowed, so the longer iovec covers borrowed bytes only.
+pub(crate) fn extend_adjacent(iov: &mut libc::iovec, contents: &[u8]) -> bool {
+    let adjacent = (iov.iov_base as usize).wrapping_add(iov.iov_len) == contents.as_ptr() as usize;
+    if adjacent {
+        iov.iov_len += contents.len();
+    }
+    adjacent
 }
 
 /// The arrays one `recvmmsg` call points into, for up to `C` datagrams with `CTRL` bytes of

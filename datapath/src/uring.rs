@@ -1147,12 +1147,7 @@ impl Tx {
             // extends it: the kernel's copy costs per iovec (see `sys::SendMmsg`).
             let mut iovs: usize = 0;
             for u in &batch[i..i + count] {
-                if let Some(last) = iovs.checked_sub(1).map(|k| &mut self.iovs[slots + k])
-                    && (last.iov_base as usize).wrapping_add(last.iov_len)
-                        == u.contents.as_ptr() as usize
-                {
-                    // Both byte ranges are borrowed from `batch` and adjacent: one range.
-                    last.iov_len += u.contents.len();
+                if iovs > 0 && sys::extend_adjacent(&mut self.iovs[slots + iovs - 1], u.contents) {
                     continue;
                 }
                 self.iovs[slots + iovs] = libc::iovec {
