@@ -1513,12 +1513,38 @@ mod tests {
     }
 
     in_both_modes!(
+        a_poll_for_nothing_takes_nothing_and_a_wait_out_of_time_still_looks,
         a_post_list_runs_in_order_up_to_its_first_refused_request,
         posts_queued_while_the_engine_is_busy_run_in_order,
         a_bad_post_is_refused_at_once_even_while_the_engine_is_busy,
         a_post_checked_before_a_deregistration_is_applied_before_it,
         threads_posting_at_once_each_get_every_completion,
     );
+
+    fn a_poll_for_nothing_takes_nothing_and_a_wait_out_of_time_still_looks(mode: Progress) {
+        let (a, b) = pair(mode);
+        let src = a.pd.alloc_mr(64, Access::NONE).unwrap();
+        let dst = b.pd.alloc_mr(64, Access::REMOTE_WRITE).unwrap();
+        a.qp.post_send(write(1, &src, &dst, 0)).unwrap();
+        for _ in 0..20 {
+            assert_eq!(a.cq.poll(&mut []), 0);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // The completion the empty polls did not take.
+        let c = a.cq.wait(WAIT).expect("the WRITE completes");
+        assert_eq!((c.wr_id, c.status), (1, WcStatus::Success));
+        // A wait with no time left still returns a completion that is ready.
+        a.qp.post_send(write(2, &src, &dst, 8)).unwrap();
+        let deadline = Instant::now() + WAIT;
+        let c = loop {
+            if let Some(c) = a.cq.wait(Duration::ZERO) {
+                break c;
+            }
+            assert!(Instant::now() < deadline, "no completion");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert_eq!((c.wr_id, c.status), (2, WcStatus::Success));
+    }
 
     fn write(wr_id: u64, src: &MemoryRegion, dst: &MemoryRegion, off: u64) -> SendWr {
         SendWr {
