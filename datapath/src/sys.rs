@@ -588,8 +588,8 @@ impl<const C: usize, const CTRL: usize> SendArrays<C, CTRL> {
 /// UDP GSO run of several that the kernel (or the NIC) cuts into datagrams of the first
 /// one's length (the last may be shorter). A run's datagrams take one iovec each, except
 /// that one starting where the previous one ends extends its iovec: the kernel's copy of a
-/// message costs per iovec (on the veth pair, 44 iovecs of 1472 bytes sent 20-25 % slower
-/// than the same 64 KiB in one). Holds only the payloads' addresses:
+/// message costs per iovec (measured in `bench/results/session-2026-12-06-s29.md`). Holds
+/// only the payloads' addresses:
 /// the lifetime `'a` keeps them borrowed. The pointers between the arrays and the control
 /// messages are set in [`send`](Self::send), right before the call, so moving the arrays
 /// is harmless.
