@@ -916,9 +916,10 @@ impl PathSet {
         }
         debug_assert!(
             keys.windows(2).all(|w| w[0] < w[1])
-                && keys
-                    .iter()
-                    .all(|&key| key == rank_key(value(&paths[usize::from(rank_index(key))]), rank_index(key))),
+                && keys.iter().all(|&key| {
+                    let i = rank_index(key);
+                    key == rank_key(value(&paths[usize::from(i)]), i)
+                }),
             "median {k}: the kept order is not the order of the current values"
         );
     }
