@@ -1016,7 +1016,9 @@ impl Inner {
         }
         batch.metas.clear();
         if let Some((t, i)) = batch.carry.take() {
-            batch.bufs.copy_within(i * batch.size..i * batch.size + t.len, 0);
+            batch
+                .bufs
+                .copy_within(i * batch.size..i * batch.size + t.len, 0);
             batch.metas.push(t);
         }
         while batch.metas.len() < BATCH {
@@ -1258,13 +1260,13 @@ impl Inner {
         // A poll that found nothing and ran no timers took no time since `now`: what it
         // sends first (posts handed off meanwhile) is stamped with it, a clock read less
         // per spin.
-        let mut stamp = Some(if received > 0 || timers_ran {
+        let mut stamp = if received > 0 || timers_ran {
             self.now()
         } else {
             now
-        });
+        };
         loop {
-            let more = self.drain(core, stamp.take().unwrap_or_else(|| self.now()), tx);
+            let more = self.drain(core, stamp, tx);
             self.send(tx);
             if !more {
                 // Posts handed off while this thread held the engine go now, not at the next
@@ -1274,6 +1276,7 @@ impl Inner {
                 }
                 core.take_posts();
             }
+            stamp = self.now();
         }
         true
     }
