@@ -1021,10 +1021,10 @@ impl Uniform {
     }
 }
 
-/// The smallest path set whose choices go through [`PathSet::guide`]. A refresh rebuilds the
-/// guide (for 16 paths, a ninth of its instructions, measured with callgrind on the `paths`
-/// bench) while a binary search over 16 cumulative shares is four steps; with hundreds of
-/// paths the guide saves a choice the search's cache misses.
+/// The smallest path set whose choices go through [`PathSet::guide`]. Every refresh rebuilds
+/// the guide: with 16 paths a refresh costs a fifth less without it (callgrind on the `paths`
+/// bench), and a binary search over 16 cumulative shares is four steps; with hundreds of
+/// paths the guide spares a choice the search's cache misses.
 const GUIDE_MIN_PATHS: usize = 64;
 
 /// Most paths fed between two refreshes for which a median's kept order moves each of them
