@@ -40,7 +40,10 @@ struct Pair {
     rkey: u32,
     len: u32,
     now: Timestamp,
-    buf: Vec<u8>,
+    /// `BATCH` slots of `size` bytes.
+    bufs: Vec<u8>,
+    size: usize,
+    metas: Vec<braid::proto::Transmit>,
     next_id: u64,
     _regions: (std::sync::Arc<Region>, std::sync::Arc<Region>),
 }
@@ -97,7 +100,9 @@ impl Pair {
             rkey: kb.rkey,
             len: msg_len,
             now: Timestamp::from_micros(1),
-            buf: vec![0u8; max_datagram],
+            bufs: vec![0u8; BATCH * max_datagram],
+            size: max_datagram,
+            metas: Vec::with_capacity(BATCH),
             next_id: 0,
             _regions: (src, dst),
         }
@@ -123,21 +128,22 @@ impl Pair {
         self.a.post_send(self.qpn, wr).expect("post");
         let mut sent = 0u64;
         for _round in 0..1_000_000u32 {
-            let mut moved = 0;
-            while moved < BATCH {
+            // As the runtime drains a batch: up to BATCH datagrams written at one time.
+            self.metas.clear();
+            self.a
+                .poll_transmit_batch(self.now, &mut self.bufs, self.size, &mut self.metas, BATCH);
+            let mut moved = self.metas.len();
+            for (k, t) in self.metas.iter().enumerate() {
                 self.now = self.now.add_nanos(20);
-                let Some(t) = self.a.poll_transmit(self.now, &mut self.buf) else {
-                    break;
-                };
+                let at = k * self.size;
                 self.b
-                    .handle_datagram(self.now, self.a_addr, 0, &self.buf[..t.len]);
-                moved += 1;
+                    .handle_datagram(self.now, self.a_addr, 0, &self.bufs[at..at + t.len]);
             }
             sent += moved as u64;
             self.now = self.now.add_nanos(200);
-            while let Some(t) = self.b.poll_transmit(self.now, &mut self.buf) {
+            while let Some(t) = self.b.poll_transmit(self.now, &mut self.bufs[..self.size]) {
                 self.a
-                    .handle_datagram(self.now, self.b_addr, 0, &self.buf[..t.len]);
+                    .handle_datagram(self.now, self.b_addr, 0, &self.bufs[..t.len]);
                 moved += 1;
             }
             while self.b.poll_completion().is_some() {}

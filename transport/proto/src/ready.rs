@@ -63,6 +63,11 @@ impl ReadySet {
         }
     }
 
+    /// Whether no slot is marked.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.marked == 0
+    }
+
     /// Marks slot `i` (a no-op if it is marked already or does not exist).
     pub(crate) fn mark(&mut self, i: usize) {
         if i < self.slots && !self.is_marked(i) {

@@ -1021,15 +1021,11 @@ impl Inner {
                 .copy_within(i * batch.size..i * batch.size + t.len, 0);
             batch.metas.push(t);
         }
-        while batch.metas.len() < BATCH {
-            let i = batch.metas.len();
-            match core
-                .ep
-                .poll_transmit(now, TxBatch::slot_mut(&mut batch.bufs, batch.size, i))
-            {
-                Some(t) => batch.metas.push(t),
-                None => return false,
-            }
+        if !core
+            .ep
+            .poll_transmit_batch(now, &mut batch.bufs, batch.size, &mut batch.metas, BATCH)
+        {
+            return false;
         }
         // The run that reached the end of the batch: its first datagram's index.
         let last = batch.metas[BATCH - 1];
