@@ -170,12 +170,18 @@ impl QpTable {
     /// [`at_mut`](Self::at_mut) without queueing the QP as ready: for `poll_transmit`, which
     /// queues it again only if it sent, and for sweeps that change nothing in most QPs.
     fn at_mut_quiet(&mut self, i: usize) -> QpMut<'_> {
-        QpMut {
+        self.at_mut_quiet_with_ready(i).0
+    }
+
+    /// [`at_mut_quiet`](Self::at_mut_quiet), and the ready set to read meanwhile.
+    fn at_mut_quiet_with_ready(&mut self, i: usize) -> (QpMut<'_>, &ReadySet) {
+        let qp = QpMut {
             qp: &mut self.qps[i],
             slot: i,
             timers: &mut self.timers,
             ready: None,
-        }
+        };
+        (qp, &self.ready)
     }
 
     fn next_deadline(&self) -> Option<Timestamp> {
@@ -188,6 +194,23 @@ impl QpTable {
         );
         self.timers.earliest()
     }
+}
+
+/// Asks the QP for its next datagram, written into `buf`, counting the visit in `visits` and
+/// the datagram in the statistics. Returns it with whether the QP keeps its turn: only a new
+/// packet of an unfinished burst does (an ACK or a retransmission in between does not).
+fn ask(
+    qp: &mut QpMut<'_>,
+    now: Timestamp,
+    buf: &mut [u8],
+    sh: &mut Shared,
+    visits: &mut u64,
+) -> Option<(Transmit, bool)> {
+    *visits += 1;
+    let left = qp.burst_left();
+    let t = qp.poll_transmit(now, buf, sh)?;
+    sh.stats.tx_datagrams += 1;
+    Some((t, qp.burst_left() > 0 && qp.burst_left() != left))
 }
 
 /// One device's protocol state. See the module documentation for the driving order.
@@ -869,18 +892,12 @@ impl Endpoint {
     /// asked ([`crate::ready`]), so idle QPs cost nothing here.
     pub fn poll_transmit(&mut self, now: Timestamp, buf: &mut [u8]) -> Option<Transmit> {
         while let Some(i) = self.qps.ready.take_next() {
-            self.tx_visits += 1;
             let mut qp = self.qps.at_mut_quiet(i);
-            let left = qp.burst_left();
-            let t = qp.poll_transmit(now, buf, &mut self.sh);
-            // Only a new packet of an unfinished burst keeps the turn (an ACK or a
-            // retransmission in between does not).
-            let keeps_turn = qp.burst_left() > 0 && qp.burst_left() != left;
+            let t = ask(&mut qp, now, buf, &mut self.sh, &mut self.tx_visits);
             drop(qp);
-            if let Some(t) = t {
+            if let Some((t, keeps_turn)) = t {
                 // It may have more, after the others' turns (or at once, mid-burst).
                 self.qps.ready.sent(i, keeps_turn);
-                self.sh.stats.tx_datagrams += 1;
                 return Some(t);
             }
         }
@@ -911,31 +928,18 @@ impl Endpoint {
             let Some(i) = self.qps.ready.take_next() else {
                 return false;
             };
-            // `at_mut_quiet`, split from the ready set, which is read below.
-            let QpTable {
-                qps, timers, ready, ..
-            } = &mut self.qps;
-            let mut qp = QpMut {
-                qp: &mut qps[i],
-                slot: i,
-                timers,
-                ready: None,
-            };
+            let (mut qp, ready) = self.qps.at_mut_quiet_with_ready(i);
             let (mut sent, mut keeps_turn, mut dry) = (false, false, false);
             while out.len() < max {
                 let k = out.len();
-                self.tx_visits += 1;
-                let left = qp.burst_left();
-                let Some(t) =
-                    qp.poll_transmit(now, &mut bufs[k * size..(k + 1) * size], &mut self.sh)
+                let buf = &mut bufs[k * size..(k + 1) * size];
+                let Some((t, keeps)) = ask(&mut qp, now, buf, &mut self.sh, &mut self.tx_visits)
                 else {
                     dry = true;
                     break;
                 };
-                // As in `poll_transmit`: only a new packet of an unfinished burst.
-                keeps_turn = qp.burst_left() > 0 && qp.burst_left() != left;
+                keeps_turn = keeps;
                 sent = true;
-                self.sh.stats.tx_datagrams += 1;
                 out.push(t);
                 // Its turn passes to the next ready QP, if there is one; else the next
                 // `poll_transmit` would come back to it.
