@@ -89,7 +89,8 @@ struct QpTable {
 }
 
 /// Mutable access to one QP of a [`QpTable`]; refreshes its cached deadline when dropped, and
-/// queues it as ready to send unless it came from [`QpTable::at_mut_quiet`].
+/// queues it as ready to send, if it may have something to send (`Qp::may_transmit`), unless
+/// it came from [`QpTable::at_mut_quiet`].
 struct QpMut<'a> {
     qp: &'a mut Qp,
     slot: usize,
@@ -113,7 +114,9 @@ impl core::ops::DerefMut for QpMut<'_> {
 impl Drop for QpMut<'_> {
     fn drop(&mut self) {
         self.timers.set(self.slot, self.qp.next_deadline());
-        if let Some(ready) = self.ready.take() {
+        if let Some(ready) = self.ready.take()
+            && self.qp.may_transmit()
+        {
             ready.mark(self.slot);
         }
     }

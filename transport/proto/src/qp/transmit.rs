@@ -144,6 +144,11 @@ impl Qp {
         buf: &mut [u8],
         sh: &mut Shared,
     ) -> Option<Transmit> {
+        if !self.may_transmit() {
+            // What `send_new` would have done before finding no work.
+            self.route.paced_out = false;
+            return None;
+        }
         let peer = self.peer?;
         if let Some(nak) = self.due_nak(now) {
             return self.send_nak(nak, &peer, now, buf, sh);
@@ -165,6 +170,22 @@ impl Qp {
             return Some(t);
         }
         self.send_new(&peer, now, buf, sh)
+    }
+
+    /// Whether [`poll_transmit`](Qp::poll_transmit) may find something to send: `false` only
+    /// when it surely finds nothing (no peer; or no NAK queued or armed to repeat, no ACK
+    /// owed, and, when connected, nothing to ask again, to retransmit or newly to send).
+    /// Reads a few fields, where asking in vain walks every source in turn: an event that
+    /// gave the QP nothing to send (an ACK with the send queue empty) does not mark it ready.
+    pub(crate) fn may_transmit(&self) -> bool {
+        self.peer.is_some()
+            && (!self.rsp.naks.is_empty()
+                || self.rsp.nak_repeat.deadline().is_some()
+                || self.rsp.ack_pending
+                || (self.state == QpState::Connected
+                    && (!self.req.reask.is_empty()
+                        || !self.rec.rtx.is_empty()
+                        || self.has_new_work())))
     }
 
     /// The NAK to send now: the oldest queued one (arming its repeat), else a repeat that is
