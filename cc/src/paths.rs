@@ -327,8 +327,10 @@ impl PathSet {
             signal: ConnectionSignal::default(),
             dirty: true,
             events_since_refresh: 0,
-            // Amortize the O(N log N) refresh over N/16 feedback events.
-            refresh_every: u32::try_from(n.div_ceil(16)).unwrap_or(1),
+            // Amortize the O(N log N) refresh over N/16 feedback events, and over two at
+            // least: with 16 paths, a refresh at every ACK of a one-packet message was a
+            // quarter of the sender's instructions per round trip.
+            refresh_every: u32::try_from(n.div_ceil(16)).unwrap_or(1).max(2),
             repath_queue: VecDeque::with_capacity(n),
             min_delay_ns: None,
             delay_target_ns: None,
@@ -1028,9 +1030,10 @@ impl Uniform {
 const GUIDE_MIN_PATHS: usize = 64;
 
 /// Most paths fed between two refreshes for which a median's kept order moves each of them
-/// to its new place; with more, it is built again. One ACK per refresh (up to 16 paths)
-/// feeds one; with hundreds of paths a refresh comes every 16 feedback events, and the moves
-/// then cost more than a new order (measured with callgrind on `braid-fabric`).
+/// to its new place; with more, it is built again. A refresh every two feedback events (up
+/// to 32 paths) feeds one or two; with hundreds of paths a refresh comes every 16 feedback
+/// events, and the moves then cost more than a new order (measured with callgrind on
+/// `braid-fabric`).
 const PLACED_ALONE_MAX: usize = 2;
 
 /// [`PathSet::orders`] of the delay, ECN and loss medians.
