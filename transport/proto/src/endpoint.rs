@@ -549,12 +549,12 @@ impl Endpoint {
         self.qps.get(qpn).map(|q| (q.req.sq.len(), q.rsp.rq.len()))
     }
 
-    fn resolve(&self, pd: u32, sges: &[Sge], need: Access) -> Result<(Vec<Seg>, u32), PostError> {
+    fn resolve(&self, pd: u32, sges: &[Sge], need: Access) -> Result<(Segs, u32), PostError> {
         if sges.len() > MAX_SGE {
             return Err(PostError::TooManySges);
         }
         let mut total: u64 = 0;
-        let mut segs = Vec::with_capacity(sges.len());
+        let mut segs = Segs::with_capacity(sges.len());
         for s in sges {
             let mr = self.sh.mrs.get(&s.lkey).ok_or(PostError::InvalidLkey)?;
             if mr.pd != pd {
@@ -702,7 +702,7 @@ impl Endpoint {
         };
         qp.rsp.rq.push_back(RecvWqe {
             wr_id,
-            segs: Vec::new(),
+            segs: Segs::new(),
             cap: 0,
             msg: None,
             placed: Coverage::default(),

@@ -1,5 +1,6 @@
 //! Hash maps keyed by the engine's own 32-bit identifiers (QP numbers, local and remote
-//! keys), looked up for every received packet.
+//! keys, completion queue ids), looked up for every received packet and every post (the
+//! runtime's tables of regions and completion queues use them too).
 //!
 //! The standard library's SipHash costs about a hundred instructions per lookup, which is a
 //! noticeable share of a packet; it buys resistance to keys an attacker chooses. Here the
@@ -13,7 +14,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// A map from an engine-drawn 32-bit identifier to `V`.
-pub(crate) type KeyMap<V> = HashMap<u32, V, BuildHasherDefault<KeyHasher>>;
+pub type KeyMap<V> = HashMap<u32, V, BuildHasherDefault<KeyHasher>>;
 
 /// A new, empty [`KeyMap`].
 pub(crate) fn key_map<V>() -> KeyMap<V> {
@@ -22,7 +23,7 @@ pub(crate) fn key_map<V>() -> KeyMap<V> {
 
 /// Fibonacci hashing of one `u32` (see the module documentation for why it is enough).
 #[derive(Default, Clone, Copy)]
-pub(crate) struct KeyHasher(u64);
+pub struct KeyHasher(u64);
 
 /// 2^64 divided by the golden ratio, odd: multiplying by it spreads every input bit upward.
 const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;

@@ -40,5 +40,6 @@ pub use braid_time::Timestamp;
 pub use coverage::MAX_TRACKED_RANGES;
 pub use endpoint::{ECN_CE, ECN_ECT0, Endpoint, QpStats, Transmit};
 pub use hist::{RttHistogram, RttSummary};
+pub use keymap::{KeyHasher, KeyMap};
 pub use mem::{Access, MemError, Region};
 pub use types::*;

@@ -51,6 +51,7 @@
 //!   about one round trip in a hundred behind one. When nobody polls any more it takes over
 //!   receives, timers and ACKs again, within `POLLER_GRACE_NS` and its current slice.
 use std::collections::{HashMap, VecDeque};
+use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, TryLockError};
 use std::thread::JoinHandle;
@@ -59,8 +60,8 @@ use std::time::{Duration, Instant};
 use braid_datapath::{Datapath, Ecn, RecvBatch, RecvMeta};
 use braid_proto::validate::{self, LocalMr};
 use braid_proto::{
-    Access, Completion, CqId, Endpoint, EndpointConfig, EndpointStats, MrKeys, PathStats, PdId,
-    PostError, RecvWr, Region, ResourceError, RttSummary, SendWr, Timestamp,
+    Access, Completion, CqId, Endpoint, EndpointConfig, EndpointStats, KeyHasher, KeyMap, MrKeys,
+    PathStats, PdId, PostError, RecvWr, Region, ResourceError, RttSummary, SendWr, Timestamp,
 };
 use braid_sync::{Consumer, Doorbell, Event, Mpsc, Pool, Producer, Ring};
 use smallvec::SmallVec;
@@ -328,7 +329,7 @@ impl QpGate {
 /// What the engine lock guards.
 pub(super) struct Core {
     pub(super) ep: Endpoint,
-    cqs: HashMap<CqId, CqSink>,
+    cqs: HashMap<CqId, CqSink, BuildHasherDefault<KeyHasher>>,
     /// The hand-off ring's consumer end: whoever holds the engine lock consumes.
     posts: Consumer<Post>,
     /// The connection handshake, once enabled (`crate::handshake`).
@@ -388,7 +389,7 @@ impl Core {
 
 /// The regions of a device by local key, shared by its shards, for checking posts without
 /// an engine lock.
-type MrTable = RwLock<HashMap<u32, LocalMr>>;
+type MrTable = RwLock<KeyMap<LocalMr>>;
 
 /// One engine shard of a device: the state its handles and its progress thread share. A
 /// device has one or more (`DeviceConfig::shards`), each with its own engine, lock, datapath
@@ -815,7 +816,7 @@ impl Inner {
         Inner {
             core: Mutex::new(Core {
                 ep,
-                cqs: HashMap::new(),
+                cqs: HashMap::default(),
                 posts: posts_rx,
                 hs: None,
             }),

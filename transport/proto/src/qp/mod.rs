@@ -62,6 +62,10 @@ pub(crate) struct Seg {
     pub(crate) len: u32,
 }
 
+/// A work request's scatter/gather list: most have one or two entries, held inline, so a
+/// post allocates nothing.
+pub(crate) type Segs = smallvec::SmallVec<[Seg; 2]>;
+
 /// Copies message bytes `[off, off + out.len())` out of a gather list.
 ///
 /// With `crc` (the CRC32C of the bytes before `out`), returns the CRC32C through `out`,

@@ -7,7 +7,7 @@ use super::*;
 pub(crate) struct SendWqe {
     pub(crate) wr_id: u64,
     pub(crate) op: Op,
-    pub(crate) segs: Vec<Seg>,
+    pub(crate) segs: Segs,
     pub(crate) len: u32,
     pub(crate) remote: RemoteAddr,
     pub(crate) imm: u32,
@@ -59,7 +59,7 @@ impl SendWqe {
         SendWqe {
             wr_id,
             op,
-            segs: Vec::new(),
+            segs: Segs::new(),
             len: 0,
             remote,
             imm,

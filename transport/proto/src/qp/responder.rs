@@ -12,7 +12,7 @@ pub(crate) const MAX_RESPONSE_JOBS: usize = 1024;
 #[derive(Debug)]
 pub(crate) struct RecvWqe {
     pub(crate) wr_id: u64,
-    pub(crate) segs: Vec<Seg>,
+    pub(crate) segs: Segs,
     pub(crate) cap: u64,
     /// Op and total length of the message matched to it, from its first packet.
     pub(crate) msg: Option<(Op, u32)>,
