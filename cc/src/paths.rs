@@ -413,7 +413,7 @@ impl PathSet {
         if let Some(d) = s.delay_ns() {
             self.min_delay_ns = Some(self.min_delay_ns.map_or(d, |m| m.min(d)));
         }
-        p.loss_rate -= cfg.loss_gain * p.loss_rate;
+        p.loss_rate = flush_tiny(p.loss_rate - cfg.loss_gain * p.loss_rate);
         p.outcomes = p.outcomes.saturating_add(1);
         p.round.acked += 1;
     }
@@ -1125,7 +1125,9 @@ impl Path {
         }
         let x = (m as f64 / d as f64).ln();
         if x.is_finite() {
-            self.balance_log += cfg.balance_gain * (x.clamp(-range, range) - self.balance_log);
+            self.balance_log = flush_tiny(
+                self.balance_log + cfg.balance_gain * (x.clamp(-range, range) - self.balance_log),
+            );
         }
     }
 
@@ -1144,7 +1146,7 @@ impl Path {
         }
         if let Some(ce) = s.ecn_ce {
             let x = if ce { 1.0 } else { 0.0 };
-            self.ecn_frac += cfg.ecn_gain * (x - self.ecn_frac);
+            self.ecn_frac = flush_tiny(self.ecn_frac + cfg.ecn_gain * (x - self.ecn_frac));
             self.ecn_samples = self.ecn_samples.saturating_add(1);
             self.round.ecn_known += 1;
             self.round.marked += u32::from(ce);
@@ -1178,6 +1180,22 @@ impl Round {
         ecn || loss || delay
     }
 }
+
+/// `x`, or 0 where its magnitude is below [`TINY`]: for the averages that decay toward zero
+/// (a loss rate after its last loss, an ECN fraction after its last mark, a balance term at
+/// the median delay). Left alone they decay into subnormal numbers and stay there (a tenth
+/// of the smallest one rounds to nothing), and on x86 each operation on a subnormal takes a
+/// microcode assist of a hundred cycles or more, at every acknowledged packet: `perf` on a
+/// 1 MiB WRITE over a veth pair put 77 % of `on_ack`'s samples on the loss rate's one
+/// subtraction.
+fn flush_tiny(x: f64) -> f64 {
+    if x.abs() < TINY { 0.0 } else { x }
+}
+
+/// Where [`flush_tiny`] takes an average for zero: far below any rate, fraction or log
+/// ratio that could change a share (a loss rate falls from one loss's 1/16 to it in about
+/// 400 acknowledged packets on that path), far above the subnormal range (below 2.2e-308).
+const TINY: f64 = 1e-12;
 
 fn finite_or(x: f64, fallback: f64) -> f64 {
     if x.is_finite() { x } else { fallback }
@@ -1409,6 +1427,37 @@ mod tests {
         feed(&mut ps, 25, 4, |_| 100, |p, k| p == 2 && k % 2 == 0);
         let w = ps.weights().to_vec();
         assert!(w[2] < 0.5 * fair(&ps), "{w:?}");
+    }
+
+    #[test]
+    fn averages_decaying_toward_zero_reach_zero_and_never_go_subnormal() {
+        // One loss, one CE mark and a slow start on path 1, then equal delays and no marks for
+        // long enough that a plain exponential decay would sink into subnormal numbers
+        // (below 2.2e-308: about 11,000 ACKs at a gain of 1/16).
+        let mut ps = PathSet::new(4);
+        ps.on_sent(1, us(0));
+        ps.on_loss(us(1), 1, us(0));
+        let ok = |x: f64| x == 0.0 || x.is_normal();
+        for i in 1..=15_000u64 {
+            for p in 0..4u16 {
+                let t = us(10 * i);
+                send(&mut ps, p, t);
+                let slow = p == 1 && i <= 10;
+                let s = sample(p, t, Some(if slow { 300 } else { 100 }), Some(slow));
+                ps.on_ack(t.add_nanos(1), &s);
+                let q = &ps.paths[usize::from(p)];
+                assert!(
+                    ok(q.loss_rate) && ok(q.ecn_frac) && ok(q.balance_log),
+                    "path {p} after {i} rounds: {} {} {}",
+                    q.loss_rate,
+                    q.ecn_frac,
+                    q.balance_log
+                );
+            }
+        }
+        let q = &ps.paths[1];
+        assert_eq!((q.loss_rate, q.ecn_frac, q.balance_log), (0.0, 0.0, 0.0));
+        assert!(ps.weights().iter().all(|&w| (w - 0.25).abs() < 1e-12));
     }
 
     #[test]
