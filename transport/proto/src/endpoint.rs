@@ -114,7 +114,9 @@ impl core::ops::DerefMut for QpMut<'_> {
 impl Drop for QpMut<'_> {
     fn drop(&mut self) {
         self.timers.set(self.slot, self.qp.next_deadline());
+        // Already marked, it stays so without the look at its queues.
         if let Some(ready) = self.ready.take()
+            && !ready.is_marked(self.slot)
             && self.qp.may_transmit()
         {
             ready.mark(self.slot);

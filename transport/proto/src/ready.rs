@@ -103,8 +103,11 @@ impl ReadySet {
         };
     }
 
-    fn is_marked(&self, i: usize) -> bool {
-        self.marks[i / 64] & (1 << (i % 64)) != 0
+    /// Whether slot `i` is marked (`false` past the last slot).
+    pub(crate) fn is_marked(&self, i: usize) -> bool {
+        self.marks
+            .get(i / 64)
+            .is_some_and(|w| w & (1 << (i % 64)) != 0)
     }
 
     fn first_marked_from(&self, from: usize) -> Option<usize> {
