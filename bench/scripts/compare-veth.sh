@@ -88,6 +88,8 @@
 #              perftest's); next to the kernel 8 B datagram rate; 1: skip those rows
 #   BLAST_PORT (udp-blast / xdp-blast receiver port, default 18700)
 #   RESULTS_NAME (file name of the results without .md/.json, default veth-<date>)
+#   BUILT_FROM  the commit the NO_BUILD=1 binaries were built from, recorded instead of the
+#               checkout's (and its uncommitted files); e.g. a base build in a worktree
 #   MTU=1500   of both veth ends (9000: jumbo frames; AF_XDP then uses multi-buffer frames);
 #              MAX_DGRAM defaults to MTU - 28
 set -euo pipefail
@@ -680,8 +682,8 @@ thread_json=$(printf '%s\n' $THREAD_CONFIGS | jq -R 'select(length > 0)' | jq -s
 
 jq -s \
     --arg date "$(date -Iseconds)" --arg kernel "$(uname -r)" --arg cpus "$(nproc)" \
-    --arg commit "$(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
-    --arg dirty "$(cd "$ROOT" && git status --porcelain -- bench/src bench/Cargo.toml datapath transport cc 2>/dev/null | awk '{print $2}' | paste -sd' ')" \
+    --arg commit "${BUILT_FROM:-$(cd "$ROOT" && git rev-parse --short HEAD 2>/dev/null || echo unknown)}" \
+    --arg dirty "$([ -n "${BUILT_FROM:-}" ] || (cd "$ROOT" && git status --porcelain -- bench/src bench/Cargo.toml datapath transport cc 2>/dev/null | awk '{print $2}' | paste -sd' '))" \
     --arg size "$SIZE" --argjson runs "$RUNS" --argjson duration "$DURATION" --argjson lat_iters "$LAT_ITERS" \
     --argjson paths "$PATHS" --argjson max_datagram "$MAX_DGRAM" \
     --argjson configs "$cfg_json" --argjson busy "$busy_json" --argjson thread "$thread_json" --slurpfile discarded "$DISCARDED" \
