@@ -461,10 +461,25 @@ impl PathSet {
 
     /// The traffic share of each path (summing to 1), recomputed if anything changed.
     pub fn weights(&mut self) -> &[f64] {
-        if self.dirty {
+        self.settle();
+        &self.shares
+    }
+
+    /// Whether feedback came since the weights were last computed.
+    pub fn is_dirty(&self) -> bool {
+        self.dirty
+    }
+
+    /// Recomputes the weights if feedback came since they were last computed, as
+    /// [`weights`](PathSet::weights) does, without reading them: for a caller with time to
+    /// spare, so that the next [`pick`](PathSet::pick) or
+    /// [`cc_delay_ns`](PathSet::cc_delay_ns) finds them fresh. Returns whether it did.
+    pub fn settle(&mut self) -> bool {
+        let was = self.dirty;
+        if was {
             self.refresh();
         }
-        &self.shares
+        was
     }
 
     /// The traffic shares as last computed, without refreshing them (for statistics from

@@ -79,13 +79,17 @@ pub use crate::qp::Transmit;
 /// is dropped and files it in the timer heap ([`crate::deadline`]), so the next deadline is
 /// read in O(1) and `handle_timeout` visits only the QPs that are due. Debug builds check the
 /// cache against a fresh computation on every `next_deadline`. The same drop queues the QP in
-/// the ready set that `poll_transmit` serves ([`crate::ready`]).
+/// the ready set that `poll_transmit` serves ([`crate::ready`]), and in the set of QPs whose
+/// path weights [`Endpoint::tidy`] may refresh.
 #[derive(Default)]
 struct QpTable {
     qps: Vec<Qp>,
     timers: Deadlines,
     index: KeyMap<usize>,
     ready: ReadySet,
+    /// The QPs whose path weights are out of date (feedback since their last refresh), for
+    /// [`Endpoint::tidy`]. A bit set like `ready`, for the same cheap search.
+    unsettled: ReadySet,
 }
 
 /// Mutable access to one QP of a [`QpTable`]; refreshes its cached deadline when dropped, and
@@ -96,6 +100,7 @@ struct QpMut<'a> {
     slot: usize,
     timers: &'a mut Deadlines,
     ready: Option<&'a mut ReadySet>,
+    unsettled: &'a mut ReadySet,
 }
 
 impl core::ops::Deref for QpMut<'_> {
@@ -114,6 +119,9 @@ impl core::ops::DerefMut for QpMut<'_> {
 impl Drop for QpMut<'_> {
     fn drop(&mut self) {
         self.timers.set(self.slot, self.qp.next_deadline());
+        if self.qp.route.paths.is_dirty() {
+            self.unsettled.mark(self.slot);
+        }
         // Already marked, it stays so without the look at its queues.
         if let Some(ready) = self.ready.take()
             && !ready.is_marked(self.slot)
@@ -138,12 +146,14 @@ impl QpTable {
         self.timers.push_slot(qp.next_deadline());
         self.qps.push(qp);
         self.ready.add_slot();
+        self.unsettled.add_slot();
     }
 
     fn remove(&mut self, qpn: u32) -> Option<Qp> {
         let i = self.index.remove(&qpn)?;
         self.timers.remove_slot(i);
         self.ready.remove_slot(i);
+        self.unsettled.remove_slot(i);
         let qp = self.qps.remove(i);
         for slot in self.index.values_mut() {
             if *slot > i {
@@ -169,6 +179,7 @@ impl QpTable {
             slot: i,
             timers: &mut self.timers,
             ready: Some(&mut self.ready),
+            unsettled: &mut self.unsettled,
         }
     }
 
@@ -185,6 +196,7 @@ impl QpTable {
             slot: i,
             timers: &mut self.timers,
             ready: None,
+            unsettled: &mut self.unsettled,
         };
         (qp, &self.ready)
     }
@@ -966,6 +978,23 @@ impl Endpoint {
         true
     }
 
+    /// Work for a caller with nothing else to do (its poll found nothing to receive, or it is
+    /// about to sleep): brings up to date the path weights of the QPs that had feedback since
+    /// their last refresh. Without it a QP refreshes them when feedback has piled up
+    /// (`PathConfig` amortizes it over a few events), which falls on the path of an ACK or a
+    /// post; called in idle time, the refresh is already done when they come. The weights are
+    /// those a refresh computes at any moment, so nothing but their timing changes. Returns
+    /// whether any QP's weights were refreshed.
+    pub fn tidy(&mut self) -> bool {
+        let mut any = false;
+        while let Some(i) = self.qps.unsettled.take_next() {
+            if let Some(qp) = self.qps.qps.get_mut(i) {
+                any |= qp.route.paths.settle();
+            }
+        }
+        any
+    }
+
     /// How many times, in all, `poll_transmit` asked a QP for a datagram: a measure of its
     /// work for tests (it grows with the datagrams sent and the QPs that had events, not with
     /// idle QPs).
@@ -1336,6 +1365,83 @@ mod host_wait_tests {
         // taken for lost before 470 µs, and is by 480 µs (before the retransmit timeout).
         assert!(!second_packet_resent(Some(150_000), 460_000));
         assert!(second_packet_resent(Some(150_000), 480_000));
+    }
+}
+
+#[cfg(test)]
+mod tidy_tests {
+    use super::*;
+
+    #[test]
+    fn tidy_refreshes_the_path_weights_that_feedback_left_stale_and_only_those() {
+        let (ea, eb): (SocketAddr, SocketAddr) = (
+            "10.0.0.1:4791".parse().unwrap(),
+            "10.0.0.2:4791".parse().unwrap(),
+        );
+        let cfg = |seed| EndpointConfig {
+            seed,
+            ..EndpointConfig::default()
+        };
+        let (mut a, mut b) = (Endpoint::new(cfg(1), ea), Endpoint::new(cfg(2), eb));
+        let (apd, bpd) = (a.alloc_pd(), b.alloc_pd());
+        let (acq, bcq) = (a.create_cq(), b.create_cq());
+        let src = a.register(apd, Region::new(64), Access::NONE).unwrap();
+        let dst = b
+            .register(bpd, Region::new(64), Access::REMOTE_WRITE)
+            .unwrap();
+        // Three QPs; only the first two WRITE (one packet each), so only they get feedback.
+        let mut qpns = Vec::new();
+        for _ in 0..3 {
+            let qa = a.create_qp(apd, acq, acq).unwrap();
+            let qb = b.create_qp(bpd, bcq, bcq).unwrap();
+            a.connect(qa.qpn, qb).unwrap();
+            b.connect(qb.qpn, qa).unwrap();
+            qpns.push(qa.qpn);
+        }
+        let settled = |a: &Endpoint| -> Vec<bool> {
+            qpns.iter()
+                .map(|&q| !a.qps.get(q).unwrap().route.paths.is_dirty())
+                .collect()
+        };
+        // Fresh path sets were refreshed at creation.
+        assert!(!a.tidy() && settled(&a) == [true, true, true]);
+        for (k, &q) in qpns[..2].iter().enumerate() {
+            let wr = SendWr {
+                wr_id: k as u64,
+                op: SendOp::Write(RemoteAddr {
+                    rkey: dst.rkey,
+                    offset: 0,
+                }),
+                sges: vec![Sge {
+                    lkey: src.lkey,
+                    offset: 0,
+                    len: 8,
+                }],
+                signaled: true,
+            };
+            a.post_send(q, wr).unwrap();
+        }
+        let mut buf = vec![0u8; 2048];
+        let mut now = Timestamp::from_micros(1_000);
+        let mut relay = |from: &mut Endpoint, to: &mut Endpoint, src, now: Timestamp| {
+            while let Some(t) = from.poll_transmit(now, &mut buf) {
+                to.handle_received(now.add_nanos(10_000), 0, src, 0, &buf[..t.len]);
+            }
+        };
+        relay(&mut a, &mut b, ea, now);
+        now = now.add_nanos(10_000);
+        relay(&mut b, &mut a, eb, now);
+        assert_eq!(
+            std::iter::from_fn(|| a.poll_completion()).count(),
+            2,
+            "both WRITEs acknowledged"
+        );
+        // One ACK each is one feedback event: fewer than a refresh waits for, so the weights
+        // of the two QPs that had feedback are stale, the third's are not.
+        assert_eq!(settled(&a), [false, false, true]);
+        assert!(a.tidy());
+        assert_eq!(settled(&a), [true, true, true]);
+        assert!(!a.tidy(), "nothing left to refresh");
     }
 }
 

@@ -1275,6 +1275,10 @@ impl Inner {
             }
             stamp = self.now();
         }
+        if received == 0 {
+            // Nothing came: spare time for the refresh the next ACK or post would pay for.
+            core.ep.tidy();
+        }
         true
     }
 
@@ -1291,7 +1295,9 @@ impl Inner {
             return;
         };
         let wait = {
-            let core = self.lock();
+            let mut core = self.lock();
+            // About to sleep: the refresh the wake-up's ACK would pay for, done now.
+            core.ep.tidy();
             match core.ep.poll_timeout() {
                 Some(t) => t.saturating_since(self.now()).min(left),
                 None => left,
@@ -1391,7 +1397,9 @@ impl Inner {
         if self.busy_poll {
             return Duration::ZERO;
         }
-        let core = self.lock();
+        let mut core = self.lock();
+        // About to sleep: the refresh the wake-up's ACK would pay for, done now.
+        core.ep.tidy();
         let cap = if core.ep.qp_count() > 0 {
             TIMER_SLACK
         } else {
