@@ -995,6 +995,12 @@ impl Endpoint {
         any
     }
 
+    /// Whether a QP may have something to send: `false` when `poll_transmit` would surely
+    /// return nothing (so a caller need not read its clock to stamp datagrams).
+    pub fn may_transmit(&self) -> bool {
+        !self.qps.ready.is_empty()
+    }
+
     /// How many times, in all, `poll_transmit` asked a QP for a datagram: a measure of its
     /// work for tests (it grows with the datagrams sent and the QPs that had events, not with
     /// idle QPs).

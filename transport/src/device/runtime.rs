@@ -1256,8 +1256,9 @@ impl Inner {
         }
         // A poll that found nothing and ran no timers took no time since `now`: what it
         // sends first (posts handed off meanwhile) is stamped with it, a clock read less
-        // per spin.
-        let mut stamp = if received > 0 || timers_ran {
+        // per spin. Nor is a stamp read when nothing is left to send (an ACK that completed
+        // a WRITE).
+        let mut stamp = if (received > 0 || timers_ran) && core.ep.may_transmit() {
             self.now()
         } else {
             now
