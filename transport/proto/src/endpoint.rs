@@ -4,7 +4,8 @@
 //! # Driving an endpoint
 //!
 //! The endpoint performs no I/O and reads no clock. Its caller (the runtime, or a simulator)
-//! drives it with four families of methods, as quinn-proto's `Connection`:
+//! drives it with four families of methods (and an optional fifth), as quinn-proto's
+//! `Connection`:
 //!
 //! 1. Getters (`&self`): [`Endpoint::qp_info`], [`Endpoint::stats`], ...
 //! 2. Inputs: [`Endpoint::handle_datagram`] for every received datagram and
@@ -15,6 +16,10 @@
 //!    [`Endpoint::poll_transmit`] (datagrams to send), [`Endpoint::poll_completion`]
 //!    (completions for the application), then [`Endpoint::poll_timeout`] (when to call
 //!    `handle_timeout` next).
+//!
+//! 5. Idle work, optional: [`Endpoint::tidy`] when the caller has nothing to do (its poll
+//!    found nothing, or it is about to sleep) does now what the next input would otherwise
+//!    pay for on its way (refreshing path weights).
 //!
 //! Skipping `poll_transmit` stalls the connection; skipping `poll_timeout` loses
 //! retransmissions.
