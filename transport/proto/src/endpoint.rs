@@ -1083,10 +1083,34 @@ mod register_as_tests {
     }
 }
 
+/// What the test modules below share.
+#[cfg(test)]
+mod fixtures {
+    use super::*;
+
+    /// A signaled WRITE (`wr_id` 7) of `len` bytes from the start of `src` to that of `dst`.
+    pub(super) fn write_wr(src: &MrKeys, dst: &MrKeys, len: u32) -> SendWr {
+        SendWr {
+            wr_id: 7,
+            op: SendOp::Write(RemoteAddr {
+                rkey: dst.rkey,
+                offset: 0,
+            }),
+            sges: vec![Sge {
+                lkey: src.lkey,
+                offset: 0,
+                len,
+            }],
+            signaled: true,
+        }
+    }
+}
+
 #[cfg(test)]
 mod host_wait_tests {
     use std::sync::{Arc, Mutex};
 
+    use super::fixtures::write_wr;
     use super::*;
     use crate::cc::{AckSample, Controller, ControllerFactory, FixedWindowConfig};
 
@@ -1144,23 +1168,6 @@ mod host_wait_tests {
         qa: QpInfo,
         src: MrKeys,
         dst: MrKeys,
-    }
-
-    /// A signaled WRITE (`wr_id` 7) of `len` bytes from the start of `src` to that of `dst`.
-    fn write_wr(src: &MrKeys, dst: &MrKeys, len: u32) -> SendWr {
-        SendWr {
-            wr_id: 7,
-            op: SendOp::Write(RemoteAddr {
-                rkey: dst.rkey,
-                offset: 0,
-            }),
-            sges: vec![Sge {
-                lkey: src.lkey,
-                offset: 0,
-                len,
-            }],
-            signaled: true,
-        }
     }
 
     fn two(cc: Arc<dyn ControllerFactory>, len: usize) -> Two {
@@ -1381,6 +1388,7 @@ mod host_wait_tests {
 
 #[cfg(test)]
 mod tidy_tests {
+    use super::fixtures::write_wr;
     use super::*;
 
     #[test]
@@ -1416,21 +1424,8 @@ mod tidy_tests {
         };
         // Fresh path sets were refreshed at creation.
         assert!(!a.tidy() && settled(&a) == [true, true, true]);
-        for (k, &q) in qpns[..2].iter().enumerate() {
-            let wr = SendWr {
-                wr_id: k as u64,
-                op: SendOp::Write(RemoteAddr {
-                    rkey: dst.rkey,
-                    offset: 0,
-                }),
-                sges: vec![Sge {
-                    lkey: src.lkey,
-                    offset: 0,
-                    len: 8,
-                }],
-                signaled: true,
-            };
-            a.post_send(q, wr).unwrap();
+        for &q in &qpns[..2] {
+            a.post_send(q, write_wr(&src, &dst, 8)).unwrap();
         }
         let mut buf = vec![0u8; 2048];
         let mut now = Timestamp::from_micros(1_000);
@@ -1458,6 +1453,7 @@ mod tidy_tests {
 
 #[cfg(test)]
 mod transmit_batch_tests {
+    use super::fixtures::write_wr;
     use super::*;
 
     /// Every datagram both endpoints sent, in order, and how many QP visits each side's
@@ -1490,16 +1486,7 @@ mod transmit_batch_tests {
                 .unwrap();
             let wr = SendWr {
                 wr_id: q,
-                op: SendOp::Write(RemoteAddr {
-                    rkey: dst.rkey,
-                    offset: 0,
-                }),
-                sges: vec![Sge {
-                    lkey: src.lkey,
-                    offset: 0,
-                    len: len as u32,
-                }],
-                signaled: true,
+                ..write_wr(&src, &dst, len as u32)
             };
             a.post_send(qa.qpn, wr).unwrap();
         }
