@@ -154,6 +154,9 @@ struct Cli {
     /// Override Swift's initial window, packets.
     #[arg(long)]
     swift_init_cwnd: Option<f64>,
+    /// Override Swift's largest window, packets.
+    #[arg(long)]
+    swift_max_cwnd: Option<f64>,
     /// Override Swift's additive increase, packets per round trip.
     #[arg(long)]
     swift_ai: Option<f64>,
@@ -446,6 +449,9 @@ impl Cli {
                     }
                     if let Some(w) = self.swift_init_cwnd {
                         s.init_cwnd = w;
+                    }
+                    if let Some(w) = self.swift_max_cwnd {
+                        s.max_cwnd = w;
                     }
                     if let Some(ai) = self.swift_ai {
                         s.ai = ai;
