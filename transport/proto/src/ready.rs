@@ -4,9 +4,10 @@
 //! every idle QP. Now a QP is marked here whenever something may have given it work: any
 //! mutable access to it (a post, a received packet, a timer, a connect, an error) marks it
 //! unless a look at its queues shows it surely has nothing to send (`Qp::may_transmit`: an
-//! ACK that leaves the send queue empty), and `poll_transmit` asks only marked QPs. A QP that has nothing to send, or is held by its
-//! window or pacer, is unmarked until the next event concerning it (an ACK opens the window;
-//! the pacer's time is a deadline, so its timer marks it again).
+//! ACK that leaves the send queue empty), and `poll_transmit` asks only marked QPs. A QP
+//! that has nothing to send, or is held by its window or pacer, is unmarked until the next
+//! event concerning it (an ACK opens the window; the pacer's time is a deadline, so its timer
+//! marks it again).
 //!
 //! The order is the table's, from a rotating cursor: the first marked QP at or after the
 //! cursor is asked first, and the cursor moves past the QP that sent (or stays on it while it
