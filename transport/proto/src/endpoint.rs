@@ -1458,9 +1458,9 @@ mod transmit_batch_tests {
 
     /// Every datagram both endpoints sent, in order, and how many QP visits each side's
     /// transmits took, when each of A's `qps` QPs WRITEs 42 packets to B in bursts of
-    /// `burst` (with 4, a message ends mid-burst) and both sides take their datagrams `batch` at a time (0: one
-    /// `poll_transmit` call each), each side's output handed to the other 50 µs later, with
-    /// one datagram in 13 from A lost (retransmissions interrupt bursts).
+    /// `burst` (with 4, a message ends mid-burst) and both sides take their datagrams `batch`
+    /// at a time (0: one `poll_transmit` call each), each side's output handed to the other
+    /// 50 µs later, with one datagram in 13 from A lost (retransmissions interrupt bursts).
     fn exchange(qps: u64, burst: u16, batch: usize) -> (Vec<Vec<u8>>, u64, u64) {
         let (ea, eb): (SocketAddr, SocketAddr) = (
             "10.0.0.1:4791".parse().unwrap(),
