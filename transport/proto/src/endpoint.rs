@@ -1088,6 +1088,44 @@ mod register_as_tests {
 mod fixtures {
     use super::*;
 
+    /// The addresses of the two endpoints A and B.
+    pub(super) fn addrs() -> (SocketAddr, SocketAddr) {
+        (
+            "10.0.0.1:4791".parse().unwrap(),
+            "10.0.0.2:4791".parse().unwrap(),
+        )
+    }
+
+    /// A QP on `a` (in `apd`, both queues on `acq`) connected to a new one on `b` (in
+    /// `bpd`, on `bcq`): A's.
+    pub(super) fn connected_qp(
+        a: &mut Endpoint,
+        b: &mut Endpoint,
+        (apd, acq): (PdId, CqId),
+        (bpd, bcq): (PdId, CqId),
+    ) -> QpInfo {
+        let qa = a.create_qp(apd, acq, acq).unwrap();
+        let qb = b.create_qp(bpd, bcq, bcq).unwrap();
+        a.connect(qa.qpn, qb).unwrap();
+        b.connect(qb.qpn, qa).unwrap();
+        qa
+    }
+
+    /// A `len`-byte source region at A and a remotely writable one at B.
+    pub(super) fn write_regions(
+        a: &mut Endpoint,
+        b: &mut Endpoint,
+        apd: PdId,
+        bpd: PdId,
+        len: usize,
+    ) -> (MrKeys, MrKeys) {
+        let src = a.register(apd, Region::new(len), Access::NONE).unwrap();
+        let dst = b
+            .register(bpd, Region::new(len), Access::REMOTE_WRITE)
+            .unwrap();
+        (src, dst)
+    }
+
     /// A signaled WRITE (`wr_id` 7) of `len` bytes from the start of `src` to that of `dst`.
     pub(super) fn write_wr(src: &MrKeys, dst: &MrKeys, len: u32) -> SendWr {
         SendWr {
@@ -1110,7 +1148,7 @@ mod fixtures {
 mod host_wait_tests {
     use std::sync::{Arc, Mutex};
 
-    use super::fixtures::write_wr;
+    use super::fixtures::{addrs, connected_qp, write_regions, write_wr};
     use super::*;
     use crate::cc::{AckSample, Controller, ControllerFactory, FixedWindowConfig};
 
@@ -1171,10 +1209,7 @@ mod host_wait_tests {
     }
 
     fn two(cc: Arc<dyn ControllerFactory>, len: usize) -> Two {
-        let (ea, eb): (SocketAddr, SocketAddr) = (
-            "10.0.0.1:4791".parse().unwrap(),
-            "10.0.0.2:4791".parse().unwrap(),
-        );
+        let (ea, eb) = addrs();
         let mut a = Endpoint::new(
             EndpointConfig {
                 seed: 1,
@@ -1192,18 +1227,8 @@ mod host_wait_tests {
         );
         let (apd, bpd) = (a.alloc_pd(), b.alloc_pd());
         let (acq, bcq) = (a.create_cq(), b.create_cq());
-        let qa = a
-            .create_qp_with(apd, acq, acq, QpOptions::default())
-            .unwrap();
-        let qb = b
-            .create_qp_with(bpd, bcq, bcq, QpOptions::default())
-            .unwrap();
-        a.connect(qa.qpn, qb).unwrap();
-        b.connect(qb.qpn, qa).unwrap();
-        let src = a.register(apd, Region::new(len), Access::NONE).unwrap();
-        let dst = b
-            .register(bpd, Region::new(len), Access::REMOTE_WRITE)
-            .unwrap();
+        let qa = connected_qp(&mut a, &mut b, (apd, acq), (bpd, bcq));
+        let (src, dst) = write_regions(&mut a, &mut b, apd, bpd, len);
         Two {
             a,
             b,
@@ -1388,15 +1413,12 @@ mod host_wait_tests {
 
 #[cfg(test)]
 mod tidy_tests {
-    use super::fixtures::write_wr;
+    use super::fixtures::{addrs, connected_qp, write_regions, write_wr};
     use super::*;
 
     #[test]
     fn tidy_refreshes_the_path_weights_that_feedback_left_stale_and_only_those() {
-        let (ea, eb): (SocketAddr, SocketAddr) = (
-            "10.0.0.1:4791".parse().unwrap(),
-            "10.0.0.2:4791".parse().unwrap(),
-        );
+        let (ea, eb) = addrs();
         let cfg = |seed| EndpointConfig {
             seed,
             ..EndpointConfig::default()
@@ -1404,19 +1426,11 @@ mod tidy_tests {
         let (mut a, mut b) = (Endpoint::new(cfg(1), ea), Endpoint::new(cfg(2), eb));
         let (apd, bpd) = (a.alloc_pd(), b.alloc_pd());
         let (acq, bcq) = (a.create_cq(), b.create_cq());
-        let src = a.register(apd, Region::new(64), Access::NONE).unwrap();
-        let dst = b
-            .register(bpd, Region::new(64), Access::REMOTE_WRITE)
-            .unwrap();
+        let (src, dst) = write_regions(&mut a, &mut b, apd, bpd, 64);
         // Three QPs; only the first two WRITE (one packet each), so only they get feedback.
-        let mut qpns = Vec::new();
-        for _ in 0..3 {
-            let qa = a.create_qp(apd, acq, acq).unwrap();
-            let qb = b.create_qp(bpd, bcq, bcq).unwrap();
-            a.connect(qa.qpn, qb).unwrap();
-            b.connect(qb.qpn, qa).unwrap();
-            qpns.push(qa.qpn);
-        }
+        let qpns: Vec<u32> = (0..3)
+            .map(|_| connected_qp(&mut a, &mut b, (apd, acq), (bpd, bcq)).qpn)
+            .collect();
         let settled = |a: &Endpoint| -> Vec<bool> {
             qpns.iter()
                 .map(|&q| !a.qps.get(q).unwrap().route.paths.is_dirty())
@@ -1453,7 +1467,7 @@ mod tidy_tests {
 
 #[cfg(test)]
 mod transmit_batch_tests {
-    use super::fixtures::write_wr;
+    use super::fixtures::{addrs, connected_qp, write_regions, write_wr};
     use super::*;
 
     /// Every datagram both endpoints sent, in order, and how many QP visits each side's
@@ -1462,10 +1476,7 @@ mod transmit_batch_tests {
     /// at a time (0: one `poll_transmit` call each), each side's output handed to the other
     /// 50 µs later, with one datagram in 13 from A lost (retransmissions interrupt bursts).
     fn exchange(qps: u64, burst: u16, batch: usize) -> (Vec<Vec<u8>>, u64, u64) {
-        let (ea, eb): (SocketAddr, SocketAddr) = (
-            "10.0.0.1:4791".parse().unwrap(),
-            "10.0.0.2:4791".parse().unwrap(),
-        );
+        let (ea, eb) = addrs();
         let cfg = |seed| EndpointConfig {
             seed,
             burst,
@@ -1476,14 +1487,8 @@ mod transmit_batch_tests {
         let (acq, bcq) = (a.create_cq(), b.create_cq());
         let len = 42 * 1400;
         for q in 0..qps {
-            let qa = a.create_qp(apd, acq, acq).unwrap();
-            let qb = b.create_qp(bpd, bcq, bcq).unwrap();
-            a.connect(qa.qpn, qb).unwrap();
-            b.connect(qb.qpn, qa).unwrap();
-            let src = a.register(apd, Region::new(len), Access::NONE).unwrap();
-            let dst = b
-                .register(bpd, Region::new(len), Access::REMOTE_WRITE)
-                .unwrap();
+            let qa = connected_qp(&mut a, &mut b, (apd, acq), (bpd, bcq));
+            let (src, dst) = write_regions(&mut a, &mut b, apd, bpd, len);
             let wr = SendWr {
                 wr_id: q,
                 ..write_wr(&src, &dst, len as u32)
