@@ -771,11 +771,11 @@ pub(crate) struct RecvMmsg<const C: usize, const CTRL: usize> {
     /// again, and rewriting all `C` headers per call was most of its own time.
     prepared: usize,
     prepared_at: usize,
-    /// Buffers of its own ([`own`](Self::own), [`recv_owned`](Self::recv_owned)), and
-    /// whether the first headers point at them (nobody else can move or replace them, so a
+    /// Buffers of its own ([`own`](Self::own), [`recv_owned`](Self::recv_owned)), and how
+    /// many of the first headers point at them (nobody else can move or replace them, so a
     /// call need not compare every iovec to find out, as `recv` must).
     owned: Vec<Box<[u8]>>,
-    owned_prepared: bool,
+    owned_prepared: usize,
 }
 
 // SAFETY: the raw pointers in the headers and iovecs point into this struct's own arrays or
@@ -797,7 +797,7 @@ impl<const C: usize, const CTRL: usize> RecvMmsg<C, CTRL> {
             prepared: 0,
             prepared_at: 0,
             owned: Vec::new(),
-            owned_prepared: false,
+            owned_prepared: 0,
         }
     }
 
@@ -810,7 +810,7 @@ impl<const C: usize, const CTRL: usize> RecvMmsg<C, CTRL> {
             self.owned = (0..n.min(C))
                 .map(|_| vec![0u8; len].into_boxed_slice())
                 .collect();
-            self.owned_prepared = false;
+            self.owned_prepared = 0;
         }
     }
 
@@ -820,32 +820,35 @@ impl<const C: usize, const CTRL: usize> RecvMmsg<C, CTRL> {
         self.owned.get(i).map(|b| &b[..])
     }
 
-    /// [`recv`](Self::recv) into the scratch's own buffers: when the headers point at them
-    /// already (the scratch did not move), only those the kernel wrote last time are reset.
-    pub(crate) fn recv_owned(&mut self, fd: RawFd) -> io::Result<usize> {
+    /// [`recv`](Self::recv) into the first `want` of the scratch's own buffers (all of them
+    /// if it has fewer): when the headers point at them already (the scratch did not move),
+    /// only those the kernel wrote last time are reset.
+    pub(crate) fn recv_owned(&mut self, fd: RawFd, want: usize) -> io::Result<usize> {
+        let want = want.clamp(1, self.owned.len().min(C).max(1));
         let moved = self.prepared_at != self.hdrs.as_ptr() as usize;
-        if moved || !self.owned_prepared {
+        if moved || self.owned_prepared < want {
             let mut bufs = mem::take(&mut self.owned);
-            let r = self.recv(fd, &mut bufs);
+            let want = want.min(bufs.len());
+            let r = self.recv(fd, &mut bufs[..want]);
+            self.owned_prepared = want;
             self.owned = bufs;
-            self.owned_prepared = true;
             return r;
         }
-        let want = self.owned.len().min(C);
-        self.reset_written(want);
+        self.reset_written();
         // SAFETY: as in `recv`: the first `want` headers were prepared by the `recv` of an
-        // earlier call with these very buffers (`owned_prepared`, cleared by any `recv` with
-        // others), which only this scratch holds and nobody moved or resized (they are
-        // boxes behind `&mut self`), and the arrays the headers point into are where they
-        // were then (`moved` is false).
+        // earlier call with these very buffers (`owned_prepared ≥ want`, cleared by any
+        // `recv` with others), which only this scratch holds and nobody moved or resized
+        // (they are boxes behind `&mut self`), and the arrays the headers point into are
+        // where they were then (`moved` is false).
         unsafe { self.call(fd, want) }
     }
 
     /// Resets the headers the kernel wrote at the last call (the lengths and flags of the
-    /// ones it filled, and maybe of the first even when nothing came), among the first
-    /// `want`.
-    fn reset_written(&mut self, want: usize) {
-        let written = self.received.max(1).min(want);
+    /// ones it filled, and maybe of the first even when nothing came), whatever this call
+    /// asks for: a call for fewer datagrams than the last one received must not leave the
+    /// others' lengths for a later, larger call.
+    fn reset_written(&mut self) {
+        let written = self.received.max(1).min(C);
         self.received = 0;
         for m in &mut self.hdrs[..written] {
             m.msg_hdr.msg_namelen = mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
@@ -865,8 +868,8 @@ impl<const C: usize, const CTRL: usize> RecvMmsg<C, CTRL> {
             self.prepared_at = at;
         }
         // The headers may stop pointing at the own buffers (`recv_owned` checks them again).
-        self.owned_prepared = false;
-        self.reset_written(want);
+        self.owned_prepared = 0;
+        self.reset_written();
         for (i, buf) in bufs.iter_mut().take(want).enumerate() {
             let iov = libc::iovec {
                 iov_base: buf.as_mut_ptr().cast(),
