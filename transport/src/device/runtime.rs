@@ -434,6 +434,9 @@ pub(super) struct Inner {
     progress_asleep: AtomicBool,
     /// The progress thread of an inline device is backing off (out of the datapath).
     progress_parked: AtomicBool,
+    /// The progress thread of an inline device holds the driver slot (set a little after it
+    /// takes it and cleared a little after it gives it back: a hint for pollers).
+    progress_driving: AtomicBool,
 }
 
 /// The receive and transmit buffers of the thread driving an inline-progress device.
@@ -836,6 +839,7 @@ impl Inner {
             sleeper: Doorbell::new(),
             progress_asleep: AtomicBool::new(false),
             progress_parked: AtomicBool::new(false),
+            progress_driving: AtomicBool::new(false),
         }
     }
 }
@@ -1222,10 +1226,19 @@ impl Inner {
         let now = self.now();
         self.seen_poller(now);
         let Some(mut drv) = try_lock(&self.driver) else {
-            // The progress thread may be asleep in the datapath with the slot: wake it, so
-            // that it sees the poller, backs off and leaves the slot to pollers.
-            if self.progress_asleep.swap(false, Ordering::AcqRel) {
-                self.datapath.wake();
+            // The progress thread may hold the slot, maybe asleep in the datapath: wake it,
+            // so that it sees the poller, backs off and leaves the slot to pollers. It needs
+            // a CPU to get there, and where pollers keep every CPU busy it waited for one for
+            // milliseconds (the first WRITE of most `braid-perf write_lat` runs, its ACK held
+            // by both sides' progress threads, met its retransmission timeout): the poller
+            // waits for the slot off the CPU instead of spinning beside it. Only this
+            // hand-over blocks; a poller finding the slot held by another poller (or by a
+            // waiter) still just looks again.
+            if self.progress_driving.load(Ordering::Acquire) {
+                if self.progress_asleep.swap(false, Ordering::AcqRel) {
+                    self.datapath.wake();
+                }
+                drop(self.driver.lock().unwrap_or_else(|e| e.into_inner()));
             }
             return false;
         };
@@ -1335,6 +1348,8 @@ impl Inner {
         let threaded = own.is_some();
         let mut parked_slice = INLINE_SLICE;
         while !self.stop.load(Ordering::Acquire) {
+            // Last round's slot (if any) is back.
+            self.progress_driving.store(false, Ordering::Release);
             let mut slot;
             let drv = match own.as_mut() {
                 Some(d) => d,
@@ -1349,6 +1364,7 @@ impl Inner {
                     parked_slice = INLINE_SLICE;
                     self.progress_parked.store(false, Ordering::Release);
                     slot = self.driver.lock().unwrap_or_else(|e| e.into_inner());
+                    self.progress_driving.store(true, Ordering::Release);
                     &mut *slot
                 }
             };
