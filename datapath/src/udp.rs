@@ -494,8 +494,11 @@ impl UdpDatapath {
 
 /// The coalesced-receive state of a datapath with UDP GRO on.
 pub(crate) struct GroRx {
-    /// Receives into [`RECV_CHUNK`] buffers of [`GRO_BUFFER_BYTES`] of its own, allocated at
-    /// the first receive.
+    /// Receives into [`RECV_CHUNK`] buffers of [`GRO_BUFFER_BYTES`] of its own, allocated
+    /// when the datapath is bound: at the first receive, the allocation (4 MiB, mapped a
+    /// page at a time as the kernel writes, but grown into a thread's heap with an
+    /// `mprotect` per buffer) fell on the first round trip of a new connection, on both
+    /// sides.
     scratch: Box<RecvMmsg<RECV_CHUNK, RECV_CONTROL_BYTES>>,
     /// Per filled buffer: its metadata (`len` is the whole buffer) and GRO segment size.
     metas: Vec<(RecvMeta, Option<usize>)>,
@@ -523,8 +526,10 @@ impl core::fmt::Debug for GroRx {
 
 impl GroRx {
     fn new() -> Self {
+        let mut scratch = Box::new(RecvMmsg::new());
+        scratch.own(RECV_CHUNK, GRO_BUFFER_BYTES);
         GroRx {
-            scratch: Box::new(RecvMmsg::new()),
+            scratch,
             metas: Vec::new(),
             received: 0,
             next: (0, 0),
@@ -540,7 +545,6 @@ impl GroRx {
     /// `recvmmsg` into the buffers (all handed over before): returns (buffers kept,
     /// datagrams in them).
     fn fill(&mut self, fd: RawFd) -> io::Result<(usize, usize)> {
-        self.scratch.own(RECV_CHUNK, GRO_BUFFER_BYTES);
         self.metas.clear();
         self.next = (0, 0);
         self.received = 0;
