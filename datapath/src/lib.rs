@@ -25,6 +25,14 @@ pub mod xdp;
 /// The largest datagram any backend carries (UDP payload bytes).
 pub const MAX_DATAGRAM: usize = 65_507;
 
+/// `CLOCK_MONOTONIC` now, ns: the clock a runtime driving a datapath stamps its engine's
+/// events with (the clock `std::time::Instant` reads, without the `Instant` arithmetic
+/// around it: a runtime reads it several times per round trip). 0 if the clock cannot be
+/// read.
+pub fn monotonic_ns() -> u64 {
+    sys::monotonic_ns().unwrap_or(0)
+}
+
 /// ECN codepoint of an IP packet; it lives in `braid-time` so that crates without a datapath
 /// (the engine, congestion control) can name it too.
 pub use braid_time::Ecn;

@@ -513,9 +513,18 @@ fn timespec_ns(ts: &libc::timespec) -> Option<u64> {
 
 /// `CLOCK_REALTIME` now, ns (the clock of the kernel's receive timestamps).
 pub(crate) fn realtime_ns() -> Option<u64> {
+    clock_ns(libc::CLOCK_REALTIME)
+}
+
+/// `CLOCK_MONOTONIC` now, ns.
+pub(crate) fn monotonic_ns() -> Option<u64> {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+fn clock_ns(clock: libc::clockid_t) -> Option<u64> {
     let mut ts: libc::timespec = zeroed();
     // SAFETY: `ts` is a valid, exclusively borrowed timespec the call writes.
-    let r = unsafe { libc::clock_gettime(libc::CLOCK_REALTIME, &mut ts) };
+    let r = unsafe { libc::clock_gettime(clock, &mut ts) };
     if r == 0 { timespec_ns(&ts) } else { None }
 }
 

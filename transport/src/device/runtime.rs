@@ -55,7 +55,7 @@ use std::hash::BuildHasherDefault;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, TryLockError};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use braid_datapath::{Datapath, Ecn, RecvBatch, RecvMeta};
 use braid_proto::validate::{self, LocalMr};
@@ -397,7 +397,9 @@ type MrTable = RwLock<KeyMap<LocalMr>>;
 pub(super) struct Inner {
     core: Mutex<Core>,
     pub(super) datapath: Box<dyn Datapath>,
-    epoch: Instant,
+    /// `braid_datapath::monotonic_ns()` when the shard was made: its timestamps count from
+    /// there.
+    epoch_ns: u64,
     stop: AtomicBool,
     /// Held from stamping datagrams (in the engine) to handing them to the datapath, so they
     /// leave in the order of their timestamps; otherwise two threads sending batches out of
@@ -824,7 +826,7 @@ impl Inner {
                 hs: None,
             }),
             datapath,
-            epoch: Instant::now(),
+            epoch_ns: braid_datapath::monotonic_ns(),
             stop: AtomicBool::new(false),
             tx_order: Mutex::new(()),
             report,
@@ -898,7 +900,7 @@ impl TxBatch {
 
 impl Inner {
     pub(super) fn now(&self) -> Timestamp {
-        Timestamp::from_nanos(self.epoch.elapsed().as_nanos() as u64)
+        Timestamp::from_nanos(braid_datapath::monotonic_ns().saturating_sub(self.epoch_ns))
     }
 
     /// Takes the engine lock and applies the work requests queued in the hand-off ring, so
@@ -1480,6 +1482,7 @@ mod tests {
         CompletionQueue, Device, DeviceConfig, MemoryRegion, Progress, ProtectionDomain, QueuePair,
     };
     use braid_proto::{SendOp, Sge, WcOpcode, WcStatus};
+    use std::time::Instant;
 
     const WAIT: Duration = Duration::from_secs(20);
 
