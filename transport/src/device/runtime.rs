@@ -37,7 +37,10 @@
 //!   that finds its completion queue empty drives the device itself (`Inner::drive`): it
 //!   *tries* the driver slot (`Inner::driver`, the receive and transmit buffers of whoever
 //!   drives), the transmit order lock and the engine lock, in that order, and if any is
-//!   taken it just looks at its queue again, so a poller never waits on a lock. While it
+//!   taken it just looks at its queue again, so a poller never waits on a lock held by
+//!   another poller (it does wait, off the CPU, for the progress thread to hand the slot
+//!   over: on a machine whose CPUs the pollers keep busy, spinning beside it kept it from
+//!   running for milliseconds). While it
 //!   holds all three it receives one batch without waiting, places it, runs due timers and
 //!   sends what that produced. A thread blocked in `CompletionQueue::wait` with nobody else
 //!   driving sleeps in the datapath itself (`Inner::wait_inline`), woken by the datagram, by
@@ -1221,9 +1224,10 @@ impl Inner {
 
     /// Inline progress from a thread polling a completion queue: if nobody else is driving,
     /// receives one batch without waiting, places it, runs the timers if due (at most every
-    /// `BUSY_TIMER_CHECK_NS`) and sends what the engine has to send. Never waits for a lock:
-    /// if the driver slot, the transmit order or the engine is taken, the thread holding it
-    /// makes the progress, and this returns `false`.
+    /// `BUSY_TIMER_CHECK_NS`) and sends what the engine has to send. Never waits for a lock
+    /// another poller holds: if the driver slot, the transmit order or the engine is taken,
+    /// the thread holding it makes the progress, and this returns `false` (after waiting for
+    /// the slot if the progress thread held it).
     pub(super) fn drive(&self) -> bool {
         let now = self.now();
         self.seen_poller(now);
