@@ -521,6 +521,12 @@ pub(crate) fn monotonic_ns() -> Option<u64> {
     clock_ns(libc::CLOCK_MONOTONIC)
 }
 
+/// `CLOCK_MONOTONIC_COARSE` now, ns: the monotonic clock as of the last timer tick (a few
+/// ms of resolution), read without the time source.
+pub(crate) fn coarse_monotonic_ns() -> Option<u64> {
+    clock_ns(libc::CLOCK_MONOTONIC_COARSE)
+}
+
 fn clock_ns(clock: libc::clockid_t) -> Option<u64> {
     let mut ts: libc::timespec = zeroed();
     // SAFETY: `ts` is a valid, exclusively borrowed timespec the call writes.

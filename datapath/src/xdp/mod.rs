@@ -1117,7 +1117,11 @@ impl XdpDatapath {
 
     /// Kicks until the kernel has taken every TX descriptor, for as long as `deadline`
     /// allows; if some are left, the next `recv` kicks again.
-    fn flush(&self, deadline: Instant) {
+    /// Kicks the TX ring until the kernel has taken every frame, for at most `budget` from
+    /// `since` (from the first time it has to wait, if `None`: a flush that need not wait
+    /// reads no clock).
+    fn flush(&self, since: Option<Instant>, budget: Duration) {
+        let mut deadline = since.map(|s| s + budget);
         loop {
             {
                 let mut tx = lock(&self.tx);
@@ -1130,7 +1134,8 @@ impl XdpDatapath {
                     return;
                 }
             }
-            if Instant::now() >= deadline {
+            let now = Instant::now();
+            if now >= *deadline.get_or_insert(now + budget) {
                 self.tx_pending.store(true, Ordering::Relaxed);
                 return;
             }
@@ -1146,10 +1151,11 @@ impl XdpDatapath {
         f: &mut dyn FnMut(&RecvMeta, &[u8]),
     ) -> io::Result<usize> {
         if self.tx_pending.swap(false, Ordering::Relaxed) {
-            self.flush(Instant::now());
+            self.flush(None, Duration::ZERO);
         }
         let nonblocking = timeout == Some(Duration::ZERO);
-        let deadline = timeout.map(|t| Instant::now() + t);
+        // A spinning poller's look (a zero timeout) reads no clock.
+        let deadline = timeout.filter(|_| !nonblocking).map(|t| Instant::now() + t);
         let mut rx = lock(&self.rx);
         let rx = &mut *rx;
         loop {
@@ -1168,7 +1174,7 @@ impl XdpDatapath {
                 }
                 continue;
             }
-            let wait = if ready {
+            let wait = if ready || nonblocking {
                 Some(Duration::ZERO)
             } else {
                 deadline.map(|d| d.saturating_duration_since(Instant::now()))
@@ -1193,7 +1199,12 @@ impl XdpDatapath {
                 sys::eventfd_drain(self.wake_fd.as_raw_fd());
             }
             let n = rx.drain(limit, self.local, &self.counters, f);
-            if n > 0 || woken || limit == 0 || deadline.is_some_and(|d| Instant::now() >= d) {
+            if n > 0
+                || woken
+                || limit == 0
+                || nonblocking
+                || deadline.is_some_and(|d| Instant::now() >= d)
+            {
                 return Ok(n);
             }
             // Only rejected frames arrived: wait again for the rest of the timeout.
@@ -1285,7 +1296,7 @@ impl Datapath for XdpDatapath {
                 std::thread::yield_now();
             }
         }
-        self.flush(blocked_since.unwrap_or_else(Instant::now) + budget);
+        self.flush(blocked_since, budget);
         Ok(done)
     }
 
