@@ -55,7 +55,7 @@
 //!   receives, timers and ACKs again, within `POLLER_GRACE_NS` and its current slice.
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasherDefault;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering, fence};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, TryLockError};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -1241,6 +1241,9 @@ impl Inner {
             // hand-over blocks; a poller finding the slot held by another poller (or by a
             // waiter) still just looks again.
             if self.progress_driving.load(Ordering::Acquire) {
+                // Ordered after this poller's mark (`seen_poller` above), against the progress
+                // thread's flag-then-look before it sleeps.
+                fence(Ordering::SeqCst);
                 if self.progress_asleep.swap(false, Ordering::AcqRel) {
                     self.datapath.wake();
                 }
@@ -1376,7 +1379,7 @@ impl Inner {
             };
             let Driver { rx, tx, .. } = drv;
             let spinning = threaded && self.now().nanos_since(received_at) < SPIN_BEFORE_SLEEP_NS;
-            let wait = if spinning {
+            let mut wait = if spinning {
                 Duration::ZERO
             } else {
                 self.next_wait()
@@ -1384,6 +1387,14 @@ impl Inner {
             let asleep = self.inline() && !wait.is_zero();
             if asleep {
                 self.progress_asleep.store(true, Ordering::Release);
+                // A poller that came since the look at the top of the loop found the slot
+                // taken and this flag maybe still clear, and waits for the slot without
+                // waking us (`drive`): then do not sleep. Each side writes its flag, fences,
+                // then reads the other's, so at least one sees the other.
+                fence(Ordering::SeqCst);
+                if self.pollers_active(self.now()) {
+                    wait = Duration::ZERO;
+                }
             }
             let received = self.receive_batches(rx, tx, wait);
             if asleep {
