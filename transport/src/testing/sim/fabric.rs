@@ -129,6 +129,7 @@ const RECV_TAG: u64 = 1 << 63;
 /// | `rtt_fair_max`, `rtt_fair_exp` | 16, 2 | off, 1 | the increase grows rates, not windows, alike: a longer round trip no longer means a lower rate at the same bottleneck |
 /// | `rtt_fair_hop_ref` | on | off | the stretch is the round trip over the delay Swift acts on (base + bottleneck hop queue), not over the base: an incast, whose round trips are all stretched by the one queue, is not made 16 times as aggressive (bench/results/fabric-tail-2026-12-05-s2.md) |
 /// | `beta` | 0.4 | 0.8 | a gentler decrease, with the faster increase above |
+/// | `ai` | 1.5 packets | 1 | the flows between two full leaves, cut at every crossing of the target, finish last; a faster increase brings them back sooner: the 64-host permutation's job 89.4 -> 90.1 % (mean of seeds 1-8; 9-16, the check, 89.3 -> 89.9), 1,024 hosts 84.6 -> 86.3 % (seed 1); the 32-sender incast's job 0.35 and the ring all-reduce's 0.3 points lower, both within their seeds' spread (bench/results/fabric-ai-2026-12-07-s33.md) |
 /// | `validate_cwnd` | 1.05 | off | a flow held back by its own host link (one full end) otherwise grows a window it does not use, and a decrease at the full leaves' uplinks then takes nothing from its rate: the reduction falls on the flows between two full leaves, which finish last (bench/results/fabric-tail-2026-12-06.md) |
 /// | `fast_start`, `fast_start_once_after_first_round` | on, on | off, off | those flows also start slowest; the delay-gated start opens their windows from the second round trip on (the first round's ACKs cannot show an incast's queue) and not again after idle (a tree all-reduce's next step meets a fan-in) |
 ///
@@ -149,6 +150,7 @@ pub fn fabric_swift() -> SwiftConfig {
         rtt_fair_exp: 2.0,
         rtt_fair_hop_ref: true,
         beta: 0.4,
+        ai: 1.5,
         validate_cwnd: 1.05,
         fast_start: true,
         fast_start_once_after_first_round: true,
