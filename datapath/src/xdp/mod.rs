@@ -1115,11 +1115,9 @@ impl XdpDatapath {
         consumed
     }
 
-    /// Kicks until the kernel has taken every TX descriptor, for as long as `deadline`
-    /// allows; if some are left, the next `recv` kicks again.
-    /// Kicks the TX ring until the kernel has taken every frame, for at most `budget` from
+    /// Kicks until the kernel has taken every TX descriptor, for at most `budget` from
     /// `since` (from the first time it has to wait, if `None`: a flush that need not wait
-    /// reads no clock).
+    /// reads no clock); if some are left, the next `recv` kicks again.
     fn flush(&self, since: Option<Instant>, budget: Duration) {
         let mut deadline = since.map(|s| s + budget);
         loop {

@@ -337,7 +337,9 @@ impl Neighbours {
     fn lookup(&self, inner: &mut Inner, ip: Ipv4Addr, poke: &socket2::Socket) -> Option<Mac> {
         // The coarse clock (a few ns, where the precise one costs about 22 here: this runs
         // for every send); ticks of a few ms are nothing against the intervals it times.
-        let now = crate::sys::coarse_monotonic_ns().unwrap_or(0);
+        let now = crate::sys::coarse_monotonic_ns()
+            .or_else(crate::sys::monotonic_ns)
+            .unwrap_or(0);
         match inner.cache.get(&ip).copied() {
             Some(Entry::Known { mac, checked })
                 if now.saturating_sub(checked) < NEIGH_REFRESH_NS =>
