@@ -508,10 +508,10 @@ pub(crate) struct GroRx {
     next: (usize, usize),
     /// How many buffers the next `fill` asks the kernel for: one after a call that found the
     /// socket empty, else all [`RECV_CHUNK`]. `recvmmsg` goes on to the next buffer after
-    /// each datagram until the socket is empty, and that last, failing look costs about
-    /// 0.2 µs: for a poller taking one datagram at a time (a round trip's reply) it is the
-    /// price of every receive, for a burst (where the call that found one asks for all next)
-    /// once per call.
+    /// each datagram until the socket is empty, and that last, failing look is a cost: for a
+    /// poller taking one datagram at a time (a round trip's reply) it is paid on every
+    /// receive, for a burst (where the call that found one asks for all next) once per call
+    /// (measured in bench/results/session-2026-12-07-s33.md).
     ask: usize,
 }
 

@@ -335,8 +335,8 @@ impl Neighbours {
     }
 
     fn lookup(&self, inner: &mut Inner, ip: Ipv4Addr, poke: &socket2::Socket) -> Option<Mac> {
-        // The coarse clock (a few ns, where the precise one costs about 22 here: this runs
-        // for every send); ticks of a few ms are nothing against the intervals it times.
+        // The coarse clock, much cheaper than the precise one (this runs for every send); its
+        // ticks of a few ms are nothing against the intervals it times.
         let now = crate::sys::coarse_monotonic_ns()
             .or_else(crate::sys::monotonic_ns)
             .unwrap_or(0);
