@@ -714,7 +714,8 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
 
     /// `sendmmsg` of the queued messages on `fd`: how many messages the kernel took
     /// (possibly 0; [`datagrams_in`](Self::datagrams_in) counts their datagrams), or the OS
-    /// error, which concerns the first message. The queue is left as it is.
+    /// error, which concerns the first message. The queue is left as it is. A bare system
+    /// call, as [`RecvMmsg`]'s receive is, without the wrapper's cancellation bookkeeping.
     pub(crate) fn send(&mut self, fd: RawFd) -> io::Result<usize> {
         for i in 0..self.len {
             let span = self.a.spans[i];
@@ -749,8 +750,15 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
         // are built by `push`/`add_segment`, which stop at C), which stay put while `&mut
         // self` is held, and the iovecs at payloads borrowed for `'a`; `len <= C`. The kernel
         // only reads them.
-        let r =
-            unsafe { libc::sendmmsg(fd, self.a.hdrs.as_mut_ptr(), self.len as libc::c_uint, 0) };
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_sendmmsg,
+                fd,
+                self.a.hdrs.as_mut_ptr(),
+                self.len as libc::c_uint,
+                0 as libc::c_int,
+            )
+        };
         if r < 0 {
             Err(io::Error::last_os_error())
         } else {
@@ -918,7 +926,10 @@ impl<const C: usize, const CTRL: usize> RecvMmsg<C, CTRL> {
         unsafe { self.call(fd, want) }
     }
 
-    /// The `recvmmsg(MSG_DONTWAIT)` itself, into the first `want` headers.
+    /// The `recvmmsg(MSG_DONTWAIT)` itself, into the first `want` headers. A bare system
+    /// call, not glibc's wrapper: the wrapper is a cancellation point, which in a process
+    /// with threads brackets the call with two atomic updates of the thread's cancellation
+    /// state (Rust never cancels threads), on every poll of a spinning receiver.
     ///
     /// # Safety
     /// The first `want <= C` headers point at this scratch's own address storage and control
@@ -929,12 +940,13 @@ impl<const C: usize, const CTRL: usize> RecvMmsg<C, CTRL> {
         debug_assert!(want <= C && want <= self.prepared);
         // SAFETY: the caller's contract.
         let n = unsafe {
-            libc::recvmmsg(
+            libc::syscall(
+                libc::SYS_recvmmsg,
                 fd,
                 self.hdrs.as_mut_ptr(),
                 want as libc::c_uint,
                 libc::MSG_DONTWAIT,
-                std::ptr::null_mut(),
+                std::ptr::null_mut::<libc::timespec>(),
             )
         };
         if n < 0 {
@@ -948,6 +960,13 @@ impl<const C: usize, const CTRL: usize> RecvMmsg<C, CTRL> {
     /// The metadata of received datagram `i`, or `None` if it is to be dropped (truncated,
     /// from an address family we do not know, or not received).
     pub(crate) fn meta(&self, i: usize) -> Option<RecvMeta> {
+        self.meta_gro(i).map(|(meta, _)| meta)
+    }
+
+    /// Like [`meta`](Self::meta), and the GRO segment size of received buffer `i` (`None`
+    /// when it holds one datagram): `len` is then the whole coalesced buffer. The control
+    /// messages are read once for both.
+    pub(crate) fn meta_gro(&self, i: usize) -> Option<(RecvMeta, Option<usize>)> {
         if i >= self.received {
             return None;
         }
@@ -960,23 +979,13 @@ impl<const C: usize, const CTRL: usize> RecvMmsg<C, CTRL> {
         #[allow(clippy::unnecessary_cast)]
         let control = self.control[i].bytes(m.msg_hdr.msg_controllen as usize);
         let c = read_control(control, m.msg_hdr.msg_flags);
-        Some(RecvMeta {
+        let meta = RecvMeta {
             src,
             len: m.msg_len as usize,
             ecn: c.ecn,
             queued_ns: queued_ns(c.rx_realtime_ns, self.received_at),
-        })
-    }
-
-    /// Like [`meta`](Self::meta), and the GRO segment size of received buffer `i` (`None`
-    /// when it holds one datagram): `len` is then the whole coalesced buffer.
-    pub(crate) fn meta_gro(&self, i: usize) -> Option<(RecvMeta, Option<usize>)> {
-        let meta = self.meta(i)?;
-        let m = &self.hdrs[i];
-        // `msg_controllen` is a size_t on glibc and a socklen_t on musl.
-        #[allow(clippy::unnecessary_cast)]
-        let control = self.control[i].bytes(m.msg_hdr.msg_controllen as usize);
-        Some((meta, read_control(control, m.msg_hdr.msg_flags).segment))
+        };
+        Some((meta, c.segment))
     }
 }
 
