@@ -103,6 +103,9 @@ const POST_RING: usize = 1024;
 const POLLER_GRACE_NS: u64 = 2_000_000;
 /// How stale the recorded poller time may get before a poller updates it, ns.
 const POLLER_SEEN_STEP_NS: u64 = 100_000;
+/// A spinning poller's looks that receive nothing read the clock once in this many (for the
+/// timers and the poller mark): a clock read is a sizeable part of a look that finds nothing.
+const CLOCK_EVERY_POLLS: u32 = 8;
 /// How long the backed-off progress thread first sleeps before it looks again, and the
 /// longest an inline waiter sleeps in the datapath or on its CQ's event before it looks again.
 const INLINE_SLICE: Duration = Duration::from_millis(1);
@@ -450,6 +453,11 @@ pub(super) struct Driver {
     tx: TxBatch,
     /// When a poller last ran the timers.
     timers_checked: Timestamp,
+    /// Polls that receive nothing left before one reads the clock (see `Inner::drive`).
+    clock_in: u32,
+    /// The next poll that receives nothing still has engine work: sending what a poll could
+    /// not (the transmit order was taken), or the idle refresh after feedback.
+    engine_owed: bool,
 }
 
 impl Driver {
@@ -458,6 +466,8 @@ impl Driver {
             rx: RecvBatch::new(rx_slots(max_payload), max_payload),
             tx: TxBatch::new(max_payload),
             timers_checked: Timestamp::ZERO,
+            clock_in: 0,
+            engine_owed: false,
         }
     }
 }
@@ -1112,15 +1122,30 @@ impl Inner {
     /// or after the last one), so the delay its congestion controller gets starts at the
     /// departure (`braid_proto::Endpoint::departed`).
     fn flush(&self, batch: &mut TxBatch) {
+        self.flush_after_timers(batch, None);
+    }
+
+    /// [`flush`](Self::flush), first running the engine's and the handshake's timers due at
+    /// `timers_at` (if given) under its first engine lock, whose batch is stamped with that
+    /// time: the timers and the sends they cause for one lock and one clock read.
+    fn flush_after_timers(&self, batch: &mut TxBatch, timers_at: Option<Timestamp>) {
         let _order = self.tx_order.lock().unwrap_or_else(|e| e.into_inner());
         let mut departed = None;
+        let mut timers_at = timers_at;
         loop {
             let (more, number) = {
                 let mut core = self.lock();
                 if let Some((b, at)) = departed.take() {
                     core.ep.departed(b, at);
                 }
-                let more = self.drain(&mut core, self.now(), batch);
+                let now = match timers_at.take() {
+                    Some(t) => {
+                        self.timers_locked(&mut core, t);
+                        t
+                    }
+                    None => self.now(),
+                };
+                let more = self.drain(&mut core, now, batch);
                 (more, core.ep.end_tx_batch())
             };
             if !batch.metas.is_empty() {
@@ -1225,13 +1250,19 @@ impl Inner {
     /// Inline progress from a thread polling a completion queue: if nobody else is driving,
     /// receives one batch without waiting, places it, runs the timers if due (at most every
     /// `BUSY_TIMER_CHECK_NS`) and sends what the engine has to send. Never waits for a lock
-    /// another poller holds: if the driver slot, the transmit order or the engine is taken,
-    /// the thread holding it makes the progress, and this returns `false` (after waiting for
-    /// the slot if the progress thread held it).
+    /// another poller holds: if the driver slot or the transmit order is taken, the thread
+    /// holding it makes the progress, and this returns `false` (after waiting for the slot if
+    /// the progress thread held it).
+    ///
+    /// A spinning poller's look that finds nothing is this function's common case, and the
+    /// time it takes is how late, on average half of it, a datagram is seen: such a look
+    /// reads the clock only every `CLOCK_EVERY_POLLS` (for the timers and the poller mark)
+    /// and takes neither the engine nor the transmit order unless posts wait in the hand-off
+    /// ring, the timers are due, or an earlier look left engine work (`Driver::engine_owed`).
+    /// A datagram takes the engine (waiting for it, as a receive does) and the clock.
     pub(super) fn drive(&self) -> bool {
-        let now = self.now();
-        self.seen_poller(now);
         let Some(mut drv) = try_lock(&self.driver) else {
+            self.seen_poller(self.now());
             // The progress thread may hold the slot, maybe asleep in the datapath: wake it,
             // so that it sees the poller, backs off and leaves the slot to pollers. It needs
             // a CPU to get there, and where pollers keep every CPU busy it waited for one for
@@ -1251,39 +1282,67 @@ impl Inner {
             }
             return false;
         };
-        let Some(_order) = try_lock(&self.tx_order) else {
-            return false;
-        };
-        let Some(mut core) = try_lock(&self.core) else {
-            return false;
-        };
-        core.take_posts();
         let Driver {
             rx,
             tx,
             timers_checked,
+            clock_in,
+            engine_owed,
         } = &mut *drv;
-        let core = &mut *core;
+        let mut now = None;
+        if *clock_in == 0 {
+            *clock_in = CLOCK_EVERY_POLLS;
+            let t = self.now();
+            self.seen_poller(t);
+            now = Some(t);
+        } else {
+            *clock_in -= 1;
+        }
+        let mut engine = None;
         let received = self
             .datapath
             .recv_with(rx, Some(Duration::ZERO), &mut |meta, bytes| {
-                self.deliver(core, now, meta, bytes);
+                let (core, at) = engine.get_or_insert_with(|| (self.lock(), self.now()));
+                self.deliver(core, *at, meta, bytes);
             })
             .unwrap_or(0);
+        let now = engine.as_ref().map(|(_, at)| *at).or(now);
+        let timers_due = now.is_some_and(|t| t.nanos_since(*timers_checked) >= BUSY_TIMER_CHECK_NS);
+        let mut core = match engine {
+            Some((core, _)) => core,
+            None if timers_due || *engine_owed || !self.posts.is_empty() => {
+                match try_lock(&self.core) {
+                    Some(mut core) => {
+                        core.take_posts();
+                        core
+                    }
+                    None => return false,
+                }
+            }
+            // Nothing came and nothing waits for the engine.
+            None => return true,
+        };
+        let core = &mut *core;
         let mut timers_ran = false;
-        if now.nanos_since(*timers_checked) >= BUSY_TIMER_CHECK_NS {
-            *timers_checked = now;
-            self.timers_locked(core, now);
+        if let Some(t) = now.filter(|_| timers_due) {
+            *timers_checked = t;
+            self.timers_locked(core, t);
             timers_ran = true;
         }
-        // A poll that found nothing and ran no timers took no time since `now`: what it
-        // sends first (posts handed off meanwhile) is stamped with it, a clock read less
-        // per spin. Nor is a stamp read when nothing is left to send (an ACK that completed
-        // a WRITE).
-        let mut stamp = if (received > 0 || timers_ran) && core.ep.may_transmit() {
-            self.now()
-        } else {
-            now
+        // Taken with the engine held (a flush takes the order first, then the engine): only
+        // tried, so the two cannot wait for each other. Whoever holds it sends next, and
+        // sends what this round produced if it drains after it; else the next look does.
+        let Some(_order) = try_lock(&self.tx_order) else {
+            *engine_owed = true;
+            return true;
+        };
+        // Nothing is stamped before a datagram is taken from the engine: a poll that ran no
+        // timers and received nothing stamps with the look's time (when it read one), and a
+        // poll with nothing to send reads no clock.
+        let mut stamp = match now {
+            Some(t) if !(received > 0 || timers_ran) => t,
+            _ if core.ep.may_transmit() => self.now(),
+            _ => now.unwrap_or(Timestamp::ZERO),
         };
         loop {
             let more = self.drain(core, stamp, tx);
@@ -1298,8 +1357,10 @@ impl Inner {
             }
             stamp = self.now();
         }
+        // Nothing came: spare time for the refresh the next ACK or post would pay for. After
+        // a datagram, the next look that finds nothing does it.
+        *engine_owed = received > 0;
         if received == 0 {
-            // Nothing came: spare time for the refresh the next ACK or post would pay for.
             core.ep.tidy();
         }
         true
@@ -1312,7 +1373,8 @@ impl Inner {
     /// caller looks at its queue again afterwards.
     pub(super) fn wait_inline(&self, cq: &CqShared, left: Duration) {
         let left = left.min(INLINE_SLICE);
-        self.seen_poller(self.now());
+        let looked = self.now();
+        self.seen_poller(looked);
         let Some(mut drv) = try_lock(&self.driver) else {
             cq.ready.wait_until(|| !cq.is_empty(), Some(left));
             return;
@@ -1322,7 +1384,7 @@ impl Inner {
             // About to sleep: the refresh the wake-up's ACK would pay for, done now.
             core.ep.tidy();
             match core.ep.poll_timeout() {
-                Some(t) => t.saturating_since(self.now()).min(left),
+                Some(t) => t.saturating_since(looked).min(left),
                 None => left,
             }
         };
@@ -1337,9 +1399,9 @@ impl Inner {
             self.posts.disarm();
         }
         self.sleeper.disarm();
-        self.seen_poller(self.now());
-        self.run_timers();
-        self.flush(tx);
+        let now = self.now();
+        self.seen_poller(now);
+        self.flush_after_timers(tx, Some(now));
     }
 
     /// The progress thread: until the device closes, it sleeps in the datapath until a
@@ -1420,8 +1482,7 @@ impl Inner {
                 continue;
             }
             timers_checked = now;
-            self.run_timers();
-            self.flush(tx);
+            self.flush_after_timers(tx, Some(now));
         }
     }
 
@@ -1471,13 +1532,6 @@ impl Inner {
             self.flush(tx);
         }
         received
-    }
-
-    /// Runs the engine's timers if its deadline has passed.
-    fn run_timers(&self) {
-        let mut core = self.lock();
-        let now = self.now();
-        self.timers_locked(&mut core, now);
     }
 
     /// Runs the engine's and the handshake's timers, if due, with the engine lock held.
