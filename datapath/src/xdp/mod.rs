@@ -1148,7 +1148,10 @@ impl XdpDatapath {
         timeout: Option<Duration>,
         f: &mut dyn FnMut(&RecvMeta, &[u8]),
     ) -> io::Result<usize> {
-        if self.tx_pending.swap(false, Ordering::Relaxed) {
+        // Read before it is cleared: the swap is an atomic read-modify-write, on every look of
+        // a spinning poller, for a flag that is rarely set.
+        if self.tx_pending.load(Ordering::Relaxed) && self.tx_pending.swap(false, Ordering::Relaxed)
+        {
             self.flush(None, Duration::ZERO);
         }
         let nonblocking = timeout == Some(Duration::ZERO);
