@@ -527,6 +527,11 @@ impl RxState {
         self.queues.iter_mut().any(|q| !q.rx.is_empty())
     }
 
+    /// Whether frames wait to go back on a fill ring (`RxQueue::spare`).
+    fn any_spare(&self) -> bool {
+        self.queues.iter().any(|q| !q.spare.is_empty())
+    }
+
     /// Whether the kernel asked for a system call to see new fill-ring entries.
     fn fill_needs_wakeup(&self) -> bool {
         self.queues.iter().any(|q| q.fill.needs_wakeup())
@@ -1165,6 +1170,11 @@ impl XdpDatapath {
             // wait, need no system call (a poll per look was most of a spinning poller's
             // round), unless a fill ring asks for a wake-up.
             if (ready || nonblocking) && !rx.fill_needs_wakeup() {
+                // A look that finds nothing: nothing to drain, unless frames wait to go back
+                // on a fill ring (drain walked every queue's rings again to find that out).
+                if !ready && !rx.any_spare() {
+                    return Ok(0);
+                }
                 let n = rx.drain(limit, self.local, &self.counters, f);
                 if n > 0
                     || nonblocking
