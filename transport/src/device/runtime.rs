@@ -1249,10 +1249,12 @@ impl Inner {
 
     /// Inline progress from a thread polling a completion queue: if nobody else is driving,
     /// receives one batch without waiting, places it, runs the timers if due (at most every
-    /// `BUSY_TIMER_CHECK_NS`) and sends what the engine has to send. Never waits for a lock
-    /// another poller holds: if the driver slot or the transmit order is taken, the thread
-    /// holding it makes the progress, and this returns `false` (after waiting for the slot if
-    /// the progress thread held it).
+    /// `BUSY_TIMER_CHECK_NS`) and sends what the engine has to send. Waits for no lock another
+    /// poller holds but the engine once a datagram is in hand (as a receive does): if the
+    /// driver slot is taken, or the engine when nothing came, the thread holding it makes the
+    /// progress and this returns `false` (after waiting for the slot if the progress thread
+    /// held it); if the transmit order is taken, its holder or the next look sends what this
+    /// one produced.
     ///
     /// A spinning poller's look that finds nothing is this function's common case, and the
     /// time it takes is how late, on average half of it, a datagram is seen: such a look
