@@ -1128,10 +1128,9 @@ impl Inner {
     /// [`flush`](Self::flush), first running the engine's and the handshake's timers due at
     /// `timers_at` (if given) under its first engine lock, whose batch is stamped with that
     /// time: the timers and the sends they cause for one lock and one clock read.
-    fn flush_after_timers(&self, batch: &mut TxBatch, timers_at: Option<Timestamp>) {
+    fn flush_after_timers(&self, batch: &mut TxBatch, mut timers_at: Option<Timestamp>) {
         let _order = self.tx_order.lock().unwrap_or_else(|e| e.into_inner());
         let mut departed = None;
-        let mut timers_at = timers_at;
         loop {
             let (more, number) = {
                 let mut core = self.lock();
