@@ -270,6 +270,7 @@ impl Endpoint {
         cfg.paths = cfg.paths.clamp(1, MAX_PATHS);
         cfg.max_send_wr = cfg.max_send_wr.clamp(1, MAX_SEND_WR);
         cfg.max_recv_wr = cfg.max_recv_wr.clamp(1, MAX_RECV_WR);
+        cfg.ack_every = cfg.ack_every.max(1);
         let min_dgram = wire::HEADER_LEN + wire::MAX_BODY_LEN + wire::TRAILER_LEN + 64;
         cfg.max_datagram = cfg.max_datagram.clamp(min_dgram, 65_507);
         let overhead =
@@ -1218,9 +1219,11 @@ mod host_wait_tests {
             },
             ea,
         );
+        // B acknowledges each packet it is handed: these tests time single acknowledgements.
         let mut b = Endpoint::new(
             EndpointConfig {
                 seed: 2,
+                ack_every: 1,
                 ..EndpointConfig::default()
             },
             eb,

@@ -28,6 +28,8 @@ pub enum Class {
 #[derive(Clone, Debug)]
 pub struct RecvTracker {
     cum: u32,
+    /// One past the highest PSN accepted (`cum` when nothing above it has been).
+    top: u32,
     /// Bit `psn % WINDOW` is set when `psn` in `[cum, cum + WINDOW)` has been accepted.
     bits: [u64; WORDS],
 }
@@ -37,6 +39,7 @@ impl RecvTracker {
     pub fn new(initial_psn: u32) -> Self {
         RecvTracker {
             cum: initial_psn,
+            top: initial_psn,
             bits: [0; WORDS],
         }
     }
@@ -44,6 +47,11 @@ impl RecvTracker {
     /// Every PSN before this one has been accepted.
     pub fn cum(&self) -> u32 {
         self.cum
+    }
+
+    /// Whether a PSN above `cum` has been accepted, so some before it are missing.
+    pub fn has_holes(&self) -> bool {
+        self.top != self.cum
     }
 
     fn bit(&self, psn: u32) -> bool {
@@ -78,10 +86,20 @@ impl RecvTracker {
 
     /// Records `psn` as accepted. Returns false (and changes nothing) unless it is `New`.
     pub fn accept(&mut self, psn: u32) -> bool {
+        if psn == self.cum && self.top == self.cum {
+            // The next PSN, nothing accepted beyond it (so no bit set): the usual case.
+            self.cum = (Psn(psn) + 1).get();
+            self.top = self.cum;
+            return true;
+        }
         if self.classify(psn) != Class::New {
             return false;
         }
         self.set(psn, true);
+        let next = Psn(psn) + 1;
+        if next.ge(Psn(self.top)) {
+            self.top = next.get();
+        }
         while self.bit(self.cum) {
             let c = self.cum;
             self.set(c, false);
@@ -133,11 +151,17 @@ mod tests {
         let mut t = RecvTracker::new(u32::MAX - 1);
         assert!(t.accept(u32::MAX - 1));
         assert!(!t.accept(u32::MAX - 1));
+        assert!(!t.has_holes());
         assert!(t.accept(1)); // across the wrap, a hole at u32::MAX and 0
         assert_eq!(t.cum(), u32::MAX);
+        assert!(t.has_holes());
         assert!(t.accept(u32::MAX));
+        assert!(t.has_holes());
         assert!(t.accept(0));
         assert_eq!(t.cum(), 2);
+        assert!(!t.has_holes());
+        assert!(t.accept(2) && t.accept(3) && !t.accept(3));
+        assert_eq!(t.cum(), 4);
         assert_eq!(t.classify(5 + WINDOW), Class::OutOfWindow);
         assert_eq!(t.classify(0), Class::Duplicate);
     }
@@ -182,6 +206,7 @@ mod tests {
                 }
                 let cum = oracle_cum(&seen);
                 prop_assert_eq!(t.cum(), start.wrapping_add(cum));
+                prop_assert_eq!(t.has_holes(), seen.iter().any(|&rel| rel > cum));
                 let sack = t.sack();
                 prop_assert_eq!(sack, t.sack_bit_by_bit());
                 for i in 0..SACK_BITS {

@@ -70,6 +70,21 @@ pub struct EndpointConfig {
     /// kernel as one UDP GSO send. 0 is read as 1. Retransmissions, ACKs and NAKs always draw
     /// their own path. A QP may override it with [`QpOptions::burst`].
     pub burst: u16,
+    /// Acknowledgement coalescing: the receiver of a QP's packets acknowledges after this
+    /// many new packets in order, or at once for a packet flagged [`Flags::ACK_NOW`] (its
+    /// sender can send nothing more until it hears back), a packet out of order (a hole
+    /// before it, or it fills one) or a duplicate; otherwise the acknowledgement waits at
+    /// most [`ack_delay_ns`](Self::ack_delay_ns). An ACK never goes more than once
+    /// per receive batch (the datapath's batch between two [`Endpoint::poll_transmit`]
+    /// rounds), so where batches are long (UDP GRO) this changes nothing; where they are
+    /// short (AF_XDP, a simulated host taking packets one at a time) it spares the sender
+    /// most ACKs. 1 acknowledges every batch; 0 is read as 1.
+    ///
+    /// [`Flags::ACK_NOW`]: crate::wire::Flags::ACK_NOW
+    /// [`Endpoint::poll_transmit`]: crate::Endpoint::poll_transmit
+    pub ack_every: u16,
+    /// The longest an acknowledgement waits for [`ack_every`](Self::ack_every) packets, ns.
+    pub ack_delay_ns: u64,
     /// Congestion controller factory. The default is Swift (delay-based, `braid_cc::Swift`)
     /// with `SwiftConfig::software_host()` settings.
     pub cc: Arc<dyn ControllerFactory>,
@@ -95,6 +110,8 @@ impl Default for EndpointConfig {
             max_send_wr: 4096,
             max_recv_wr: 4096,
             burst: 1,
+            ack_every: 8,
+            ack_delay_ns: 20_000,
             cc: Arc::new(SwiftConfig::software_host()),
             path: PathConfig::default(),
         }

@@ -137,7 +137,7 @@ pub use ack::{Ack, Nak};
 pub use body::Body;
 pub use codes::{Kind, Op, Syndrome};
 pub use error::Error;
-pub use flags::{FLAG_DUPLICATE, FLAG_RETRANSMIT, FLAG_SEALED, Flags};
+pub use flags::{FLAG_ACK_NOW, FLAG_DUPLICATE, FLAG_RETRANSMIT, FLAG_SEALED, Flags};
 pub use header::Header;
 pub use packet::{Packet, emit, emit_for_seal, emit_with_crc, packet_len, verify_crc};
 pub use repr::Repr;

@@ -222,6 +222,7 @@ impl Qp {
         // every event of the QP.
         let mut next = earlier(nak, self.rec.rto_deadline);
         next = earlier(next, self.rec.reorder_deadline);
+        next = earlier(next, self.rsp.ack_due);
         if self.route.paced_out {
             next = earlier(next, Some(self.pace_at()));
         }
@@ -288,6 +289,8 @@ impl Qp {
         self.rec.rto_deadline = None;
         self.rec.reorder_deadline = None;
         self.rsp.ack_pending = false;
+        self.rsp.unacked = 0;
+        self.rsp.ack_due = None;
     }
 }
 

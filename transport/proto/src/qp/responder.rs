@@ -94,6 +94,11 @@ pub(crate) struct Responder {
     pub(crate) resp: VecDeque<RespJob>,
     pub(crate) rx: RecvTracker,
     pub(crate) ack_pending: bool,
+    /// New packets accepted since the last ACK went ([`EndpointConfig::ack_every`]).
+    pub(crate) unacked: u16,
+    /// When an ACK owed for fewer than `ack_every` packets becomes due
+    /// ([`EndpointConfig::ack_delay_ns`]).
+    pub(crate) ack_due: Option<Timestamp>,
     /// A duplicate arrived since the last ACK was sent (reported with `FLAG_DUPLICATE`).
     pub(crate) dup_since_ack: bool,
     pub(crate) echo: Option<(u32, u64, Timestamp)>,
@@ -123,6 +128,8 @@ impl Responder {
             resp: VecDeque::new(),
             rx: RecvTracker::new(0),
             ack_pending: false,
+            unacked: 0,
+            ack_due: None,
             dup_since_ack: false,
             echo: None,
             echo_ce: false,
@@ -145,8 +152,13 @@ impl Qp {
     /// holding time counts) is unknown, and the peer would take this host's stall for fabric
     /// delay ([`crate::stall`]); the previous echo, whose receipt time is known, stays.
     pub(crate) fn accepted(&mut self, now: Timestamp, h: &Header, ecn: Ecn, sh: &Shared) {
+        // The next PSN with nothing accepted beyond it (so none missing before it after).
+        let in_order = self.rsp.rx.cum() == h.psn && !self.rsp.rx.has_holes();
         self.rsp.rx.accept(h.psn);
-        self.rsp.ack_pending = true;
+        // Out of order (a hole before it, or it filled one): at once, as TCP does; a sender
+        // asking for an ACK may be waiting for exactly the packets that came late.
+        let at_once = !in_order || h.flags & wire::FLAG_ACK_NOW != 0;
+        self.owe_ack(now, at_once, sh);
         let keep_marked = self.rsp.echo_ce && !ecn.is_ce();
         if !keep_marked && (self.rsp.echo.is_none() || !sh.stall.catching_up(now)) {
             // Held from its arrival at this host, not from when the engine got to it.
@@ -159,6 +171,24 @@ impl Qp {
             self.rsp.ce_count += 1;
         }
         self.made_progress();
+    }
+    /// Counts a newly accepted packet towards the next ACK: it is owed `at_once`, or when
+    /// `ack_every` packets wait for one, else by `ack_delay_ns` from the first that waits.
+    fn owe_ack(&mut self, now: Timestamp, at_once: bool, sh: &Shared) {
+        let r = &mut self.rsp;
+        r.unacked = r.unacked.saturating_add(1);
+        if at_once || r.unacked >= sh.cfg.ack_every {
+            r.ack_pending = true;
+        } else if !r.ack_pending && r.ack_due.is_none() {
+            r.ack_due = Some(now.add_nanos(sh.cfg.ack_delay_ns));
+        }
+    }
+    /// The ACK owed since `ack_due` is due by `now`.
+    pub(crate) fn ack_timer(&mut self, now: Timestamp) {
+        if self.rsp.ack_due.is_some_and(|d| d <= now) {
+            self.rsp.ack_due = None;
+            self.rsp.ack_pending = true;
+        }
     }
     /// Classifies a sequenced packet from the peer; true if it is new and should be processed.
     pub(crate) fn admit(&mut self, h: &Header, sh: &mut Shared) -> bool {
@@ -291,7 +321,8 @@ impl Qp {
                 .iter()
                 .all(|p| p.acked || matches!(p.what, SentWhat::Req { .. }));
         if delivered {
-            let ack = self.rsp.ack_pending;
+            // An ACK coalescing was holding back goes now too.
+            let ack = self.rsp.ack_pending || self.rsp.unacked > 0;
             self.enter_error(sh);
             self.rsp.ack_pending = ack;
         }

@@ -229,6 +229,8 @@ impl Qp {
         sh: &mut Shared,
     ) -> Option<Transmit> {
         self.rsp.ack_pending = false;
+        self.rsp.unacked = 0;
+        self.rsp.ack_due = None;
         self.rsp.echo_ce = false;
         let (echo_psn, echo_ts, at) = self.rsp.echo.unwrap_or((0, 0, now));
         let ack = wire::Ack {
@@ -291,7 +293,8 @@ impl Qp {
                 len: 0,
             };
             let path = self.next_path(sh);
-            let Some(len) = self.emit(&what, psn, path, wire::FLAG_RETRANSMIT, now, buf) else {
+            let flags = wire::FLAG_RETRANSMIT | wire::FLAG_ACK_NOW;
+            let Some(len) = self.emit(&what, psn, path, flags, now, buf) else {
                 continue;
             };
             self.count_retransmit(path, sh);
@@ -351,7 +354,7 @@ impl Qp {
                 &self.rec.sent[i].what,
                 psn,
                 path,
-                wire::FLAG_RETRANSMIT,
+                wire::FLAG_RETRANSMIT | wire::FLAG_ACK_NOW,
                 now,
                 buf,
             ) else {
@@ -411,9 +414,11 @@ impl Qp {
         if span >= wire::SACK_BITS {
             return None;
         }
-        if self.rec.in_flight_bytes > 0
-            && self.rec.in_flight_bytes + sh.cfg.max_datagram as u64 > self.cc.window()
-        {
+        let max = sh.cfg.max_datagram as u64;
+        let in_flight = self.rec.in_flight_bytes;
+        // The window is read only with something in flight (the first packet always goes).
+        let window = (in_flight > 0).then(|| self.cc.window());
+        if window.is_some_and(|w| in_flight + max > w) {
             return None;
         }
         if !self.has_new_work() || self.defers_burst(sh) {
@@ -425,13 +430,32 @@ impl Qp {
         }
         let what = self.next_new_packet(sh)?;
         let psn = self.rec.next_psn.get();
+        // The last packet of a request that completes on its acknowledgement (not a READ or
+        // atomic: their response completes them) asks for it at once, as InfiniBand's
+        // requester sets AckReq on a message's last packet: the ACK should not wait for the
+        // next message's packets.
+        let mut ends_message = false;
         if let SentWhat::Req { msn, .. } = what
             && let Some(wi) = self.wqe_index(msn)
         {
-            self.req.sq[wi].req_psn = psn;
+            let w = &mut self.req.sq[wi];
+            w.req_psn = psn;
+            ends_message = w.packetized && w.op != wire::Op::Read && !w.op.is_atomic();
         }
+        // So does a packet after which this QP can send nothing new until it hears from the
+        // peer (no work left, or the SACK span or the window full, counting this packet at
+        // the largest size): the receiver would otherwise hold the ACK for packets that will
+        // not come.
+        let stops = !self.has_new_work()
+            || span + 1 >= wire::SACK_BITS
+            || in_flight + 2 * max > window.unwrap_or_else(|| self.cc.window());
         let path = self.next_burst_path(sh);
-        let len = self.emit(&what, psn, path, 0, now, buf)?;
+        let flags = if ends_message || stops {
+            wire::FLAG_ACK_NOW
+        } else {
+            0
+        };
+        let len = self.emit(&what, psn, path, flags, now, buf)?;
         self.rec.next_psn += 1;
         self.rec.sent.push_back(SentPkt {
             psn,
@@ -481,22 +505,27 @@ mod tests {
         Timestamp, WcStatus,
     };
 
-    /// One 400 KB WRITE from A to B, A's window fixed at `window` packets and its bursts
-    /// `burst` long, B acknowledging every `ack_every` data packets (each ACK goes back to A
-    /// before B takes the next packet): the number of new packets A sent each time it was
-    /// polled, in order, after checking that the WRITE completed.
-    fn rounds(burst: u16, window: u32, ack_every: usize) -> Vec<usize> {
-        const LEN: usize = 400_000;
+    /// A and B connected, A's window fixed at `window` packets and its bursts `burst` long,
+    /// B acknowledging after `b_ack_every` packets; `writes` WRITEs of `len` bytes from A to
+    /// B posted.
+    fn write_pair(
+        burst: u16,
+        window: u32,
+        b_ack_every: u16,
+        len: usize,
+        writes: u64,
+    ) -> (Endpoint, Endpoint, SocketAddr, SocketAddr) {
         let at = |s: &str| s.parse::<SocketAddr>().expect("address");
         let (ea, eb) = (at("10.0.0.1:4791"), at("10.0.0.2:4791"));
-        let cfg = |seed| EndpointConfig {
+        let cfg = |seed, ack_every| EndpointConfig {
             seed,
             burst,
+            ack_every,
             cc: Arc::new(FixedWindowConfig { packets: window }),
             ..EndpointConfig::default()
         };
-        let mut a = Endpoint::new(cfg(1), ea);
-        let mut b = Endpoint::new(cfg(2), eb);
+        let mut a = Endpoint::new(cfg(1, 1), ea);
+        let mut b = Endpoint::new(cfg(2, b_ack_every), eb);
         let (apd, bpd) = (a.alloc_pd(), b.alloc_pd());
         let (acq, bcq) = (a.create_cq(), b.create_cq());
         let qa = a
@@ -508,25 +537,37 @@ mod tests {
         a.connect(qa.qpn, qb).expect("connect a");
         b.connect(qb.qpn, qa).expect("connect b");
         let sk = a
-            .register(apd, Region::new(LEN), Access::NONE)
+            .register(apd, Region::new(len), Access::NONE)
             .expect("src");
         let dk = b
-            .register(bpd, Region::new(LEN), Access::REMOTE_WRITE)
+            .register(bpd, Region::new(len), Access::REMOTE_WRITE)
             .expect("dst");
-        let wr = SendWr {
-            wr_id: 1,
-            op: SendOp::Write(RemoteAddr {
-                rkey: dk.rkey,
-                offset: 0,
-            }),
-            sges: vec![Sge {
-                lkey: sk.lkey,
-                offset: 0,
-                len: LEN as u32,
-            }],
-            signaled: true,
-        };
-        a.post_send(qa.qpn, wr).expect("post");
+        for wr_id in 0..writes {
+            let wr = SendWr {
+                wr_id,
+                op: SendOp::Write(RemoteAddr {
+                    rkey: dk.rkey,
+                    offset: 0,
+                }),
+                sges: vec![Sge {
+                    lkey: sk.lkey,
+                    offset: 0,
+                    len: len as u32,
+                }],
+                signaled: true,
+            };
+            a.post_send(qa.qpn, wr).expect("post");
+        }
+        (a, b, ea, eb)
+    }
+
+    /// One 400 KB WRITE from A to B, A's window fixed at `window` packets and its bursts
+    /// `burst` long, B acknowledging every `ack_every` data packets (each ACK goes back to A
+    /// before B takes the next packet): the number of new packets A sent each time it was
+    /// polled, in order, after checking that the WRITE completed.
+    fn rounds(burst: u16, window: u32, ack_every: usize) -> Vec<usize> {
+        // B's acknowledgements follow `ack_every` here, not its own coalescing.
+        let (mut a, mut b, ea, eb) = write_pair(burst, window, 1, 400_000, 1);
         let mut now = Timestamp::ZERO;
         let mut buf = vec![0u8; 2048];
         let mut wire = std::collections::VecDeque::new();
@@ -587,5 +628,160 @@ mod tests {
             );
             assert!(sent.len() > 30, "{sent:?}");
         }
+    }
+
+    /// Payload bytes per packet of `write_pair`'s WRITE (1472-byte datagrams).
+    const CHUNK: usize = 1408;
+
+    /// Drives `write_pair`'s WRITEs to their completion with B handed A's packets one per
+    /// receive batch (B is polled after each, and its ACKs reach A at once); time stands
+    /// still except that when nothing moves both sides' next timer fires. Returns, for each
+    /// data packet in order, whether it asked for an ACK at once ([`wire::Flags::ACK_NOW`])
+    /// and whether B acknowledged right after it; and how many times a timer had to fire.
+    fn one_per_batch(
+        (mut a, mut b, ea, eb): (Endpoint, Endpoint, SocketAddr, SocketAddr),
+        writes: usize,
+    ) -> (Vec<(bool, bool)>, u32) {
+        assert_eq!(a.chunk_size() as usize, CHUNK);
+        let mut now = Timestamp::from_micros(1);
+        let mut buf = vec![0u8; 2048];
+        let mut packets = Vec::new();
+        let mut timers = 0;
+        let mut done = 0;
+        for _ in 0..10_000 {
+            let mut moved = false;
+            while let Some(t) = a.poll_transmit(now, &mut buf) {
+                moved = true;
+                let flags = crate::wire::view::Packet::new_checked(&buf[..t.len])
+                    .expect("a packet")
+                    .flags();
+                b.handle_datagram(now, ea, 0, &buf[..t.len]);
+                let mut acked = false;
+                let mut ack = vec![0u8; 2048];
+                while let Some(t) = b.poll_transmit(now, &mut ack) {
+                    acked = true;
+                    a.handle_datagram(now, eb, 0, &ack[..t.len]);
+                }
+                packets.push((flags.contains(crate::wire::Flags::ACK_NOW), acked));
+            }
+            while let Some((_, wc)) = a.poll_completion() {
+                assert_eq!(wc.status, WcStatus::Success);
+                done += 1;
+            }
+            if done == writes {
+                return (packets, timers);
+            }
+            if !moved {
+                let next = [a.poll_timeout(), b.poll_timeout()]
+                    .into_iter()
+                    .flatten()
+                    .min();
+                now = next.expect("nothing to send and no timer");
+                a.handle_timeout(now);
+                b.handle_timeout(now);
+                timers += 1;
+            }
+        }
+        panic!("the WRITEs never completed");
+    }
+
+    #[test]
+    fn a_receiver_acknowledges_every_ack_every_packets_and_the_last_at_once() {
+        // 20 packets, a window wider than the message: only the last asks for an ACK (A has
+        // nothing more to send), and B acknowledges after the 8th, the 16th and that one.
+        let (packets, timers) = one_per_batch(write_pair(1, 64, 8, 20 * CHUNK, 1), 1);
+        let asked: Vec<usize> = (packets.iter().enumerate())
+            .filter(|(_, p)| p.0)
+            .map(|(i, _)| i + 1)
+            .collect();
+        let acked: Vec<usize> = (packets.iter().enumerate())
+            .filter(|(_, p)| p.1)
+            .map(|(i, _)| i + 1)
+            .collect();
+        assert_eq!((asked, acked, timers), (vec![20], vec![8, 16, 20], 0));
+        // Acknowledging every batch, as before coalescing: every packet.
+        let (packets, _) = one_per_batch(write_pair(1, 64, 1, 20 * CHUNK, 1), 1);
+        assert!(packets.iter().all(|p| p.1), "{packets:?}");
+    }
+
+    #[test]
+    fn the_last_packet_a_window_lets_out_asks_for_an_ack_at_once() {
+        // Window 5 packets, B coalescing 8: each window's last packet asks and is
+        // acknowledged at once, so the 12 packets go without waiting for any timer.
+        let (packets, timers) = one_per_batch(write_pair(1, 5, 8, 12 * CHUNK, 1), 1);
+        assert_eq!(packets.len(), 12);
+        let asked: Vec<usize> = (packets.iter().enumerate())
+            .filter(|(_, p)| p.0)
+            .map(|(i, _)| i + 1)
+            .collect();
+        assert_eq!(asked, [5, 10, 12], "{packets:?}");
+        assert!(packets.iter().all(|p| p.0 == p.1), "{packets:?}");
+        assert_eq!(timers, 0);
+    }
+
+    #[test]
+    fn an_ack_held_back_goes_when_its_delay_is_over() {
+        // B gets the first 3 of 20 packets; the rest are lost. Its ACK for those waits
+        // `ack_delay_ns` from the first, then goes.
+        let (mut a, mut b, ea, _) = write_pair(1, 64, 8, 20 * CHUNK, 1);
+        let delay = b.config().ack_delay_ns;
+        let t0 = Timestamp::from_micros(1);
+        let mut buf = vec![0u8; 2048];
+        for k in 0..3 {
+            let t = a.poll_transmit(t0, &mut buf).expect("a packet");
+            b.handle_datagram(t0.add_nanos(k * 100), ea, 0, &buf[..t.len]);
+            assert!(b.poll_transmit(t0, &mut buf).is_none(), "no ACK after {k}");
+        }
+        assert_eq!(b.poll_timeout(), Some(t0.add_nanos(delay)));
+        let early = t0.add_nanos(delay - 1);
+        b.handle_timeout(early);
+        assert!(b.poll_transmit(early, &mut buf).is_none(), "early");
+        let due = t0.add_nanos(delay);
+        b.handle_timeout(due);
+        let t = b.poll_transmit(due, &mut buf).expect("the ACK leaves");
+        let p = crate::wire::Packet::parse(&buf[..t.len]).expect("a packet");
+        let crate::wire::Body::Ack(ack) = p.body else {
+            panic!("not an ACK: {p:?}");
+        };
+        // It covers the three: every PSN before the one after the third (the echoed one).
+        assert_eq!(ack.cum_psn.wrapping_sub(ack.echo_psn), 1, "{ack:?}");
+        assert!(b.poll_timeout().is_none_or(|t| t > due));
+    }
+
+    #[test]
+    fn a_packet_out_of_order_is_acknowledged_at_once() {
+        // 20 packets, B given the second first: that one (a hole before it) and the first
+        // (filling it) are acknowledged at once; then B coalesces again: after 8 more in
+        // order, 8 more, and the last (which asks).
+        let (mut a, mut b, ea, _) = write_pair(1, 64, 8, 20 * CHUNK, 1);
+        let t0 = Timestamp::from_micros(1);
+        let mut buf = vec![0u8; 2048];
+        let mut packets = Vec::new();
+        while let Some(t) = a.poll_transmit(t0, &mut buf) {
+            packets.push(buf[..t.len].to_vec());
+        }
+        assert_eq!(packets.len(), 20);
+        packets.swap(0, 1);
+        let mut acked = Vec::new();
+        for (k, p) in packets.iter().enumerate() {
+            b.handle_datagram(t0, ea, 0, p);
+            if b.poll_transmit(t0, &mut buf).is_some() {
+                acked.push(k + 1);
+            }
+        }
+        assert_eq!(acked, [1, 2, 10, 18, 20]);
+    }
+
+    #[test]
+    fn the_last_packet_of_a_write_asks_for_an_ack_though_more_follow() {
+        // Three WRITEs of 5 packets queued at once: each one's last packet asks, so each
+        // completes without waiting for the next one's packets.
+        let (packets, timers) = one_per_batch(write_pair(1, 64, 8, 5 * CHUNK, 3), 3);
+        let asked: Vec<usize> = (packets.iter().enumerate())
+            .filter(|(_, p)| p.0)
+            .map(|(i, _)| i + 1)
+            .collect();
+        assert_eq!((asked, timers), (vec![5, 10, 15], 0));
+        assert!(packets.iter().all(|p| p.0 == p.1), "{packets:?}");
     }
 }

@@ -19,6 +19,13 @@ impl Flags {
     /// The packet is sealed (encrypted and authenticated, see [`crate::seal`]); a sealing
     /// sequence number follows the header and a tag ends it.
     pub const SEALED: Flags = Flags(0x04);
+    /// In sequenced packets (requests and responses): acknowledge at once instead of
+    /// coalescing the acknowledgement with later packets (see `EndpointConfig::ack_every`),
+    /// as InfiniBand's AckReq. Set on the last packet of a request that completes on its
+    /// acknowledgement (WRITE, SEND), on a packet after which its sender can send nothing
+    /// more until it hears from the receiver (its window or SACK span full, or no more
+    /// work), and on retransmissions.
+    pub const ACK_NOW: Flags = Flags(0x08);
 
     /// The flags of a flags byte, unknown bits included.
     pub const fn from_bits(bits: u8) -> Flags {
@@ -67,6 +74,7 @@ impl fmt::Display for Flags {
             (Flags::RETRANSMIT, "rtx "),
             (Flags::DUPLICATE, "dup "),
             (Flags::SEALED, "sealed "),
+            (Flags::ACK_NOW, "ack-now "),
         ] {
             if self.contains(flag) {
                 f.write_str(name)?;
@@ -82,3 +90,5 @@ pub const FLAG_RETRANSMIT: u8 = Flags::RETRANSMIT.bits();
 pub const FLAG_DUPLICATE: u8 = Flags::DUPLICATE.bits();
 /// Common header flag: the packet is sealed ([`Flags::SEALED`]).
 pub const FLAG_SEALED: u8 = Flags::SEALED.bits();
+/// Common header flag: acknowledge this packet at once ([`Flags::ACK_NOW`]).
+pub const FLAG_ACK_NOW: u8 = Flags::ACK_NOW.bits();
