@@ -234,12 +234,10 @@ fn an_all_reduce_spans_two_sites() {
     }
     let (near, far) = (&reports[0], &reports[1]);
     // The bytes are the same, so is the bound; but the ring's 30 steps are latency-bound:
-    // at least every other one waits for a slice that crossed 10 km (50 µs) of fibre, which
-    // takes longer than the whole ring within one site. (Not `near + 15 x 50 µs`: the far
-    // ring's sending overlaps those waits.)
+    // at least every other one waits for a slice that crossed 10 km (50 µs) of fibre.
     assert_eq!(near.ideal_ns, far.ideal_ns, "seed {s}");
     assert!(
-        far.finish_ns > 15 * 50_000 && near.finish_ns < 15 * 50_000 / 2,
+        far.finish_ns > near.finish_ns + 15 * 50_000,
         "seed {s}:\n{}\n{}",
         row(near),
         row(far)

@@ -262,14 +262,10 @@ fn spurious_loss_proofs_name_losses_the_controller_heard_of_at_most_once_each() 
 /// (At 400 us, as when this was written, the window has covered the delay since it may grow
 /// to its cap: 33-48 retransmits a seed instead of 127-145, and the same time with or without
 /// undo, 22.3 ms for the four seeds, where it was 21.2 ms with undo and 38.1 without.)
-/// The receiver acknowledges every packet: with the default ACK coalescing (one ACK per 8
-/// packets in order) the transfer loses less to spurious decreases in the first place (144
-/// ms with undo, 150 without, when coalescing came in), which leaves the undo little to show.
 fn reordered_write_ns(seed: u64, undo: bool) -> (u64, u64) {
     use braid::datapath::sim::LinkConfig;
     use braid::proto::cc::SwiftConfig;
     let mut cfg = config(8, 10);
-    cfg.ack_every = 1;
     cfg.cc = std::sync::Arc::new(SwiftConfig {
         undo_spurious_losses: undo,
         ..SwiftConfig::software_host()

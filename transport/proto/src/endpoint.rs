@@ -1219,11 +1219,9 @@ mod host_wait_tests {
             },
             ea,
         );
-        // B acknowledges each packet it is handed: these tests time single acknowledgements.
         let mut b = Endpoint::new(
             EndpointConfig {
                 seed: 2,
-                ack_every: 1,
                 ..EndpointConfig::default()
             },
             eb,

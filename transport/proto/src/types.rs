@@ -78,7 +78,12 @@ pub struct EndpointConfig {
     /// per receive batch (the datapath's batch between two [`Endpoint::poll_transmit`]
     /// rounds), so where batches are long (UDP GRO) this changes nothing; where they are
     /// short (AF_XDP, a simulated host taking packets one at a time) it spares the sender
-    /// most ACKs. 1 acknowledges every batch; 0 is read as 1.
+    /// most ACKs. 1 acknowledges every batch. 0, the default, leaves it to the runtime: a
+    /// device on AF_XDP coalesces 8 (`braid::DeviceConfig`), anything else (the engine on
+    /// its own, the simulated network) reads it as 1: on the simulated fabric, where the
+    /// network and not the host is the bottleneck, coalescing made the ACK clock burstier
+    /// and the last completions of a permutation later (bench/results/
+    /// ack-coalescing-2026-12-07-s35.md).
     ///
     /// [`Flags::ACK_NOW`]: crate::wire::Flags::ACK_NOW
     /// [`Endpoint::poll_transmit`]: crate::Endpoint::poll_transmit
@@ -110,7 +115,7 @@ impl Default for EndpointConfig {
             max_send_wr: 4096,
             max_recv_wr: 4096,
             burst: 1,
-            ack_every: 8,
+            ack_every: 0,
             ack_delay_ns: 20_000,
             cc: Arc::new(SwiftConfig::software_host()),
             path: PathConfig::default(),

@@ -41,6 +41,24 @@ const PAGE: usize = if cfg!(target_arch = "x86_64") {
     65536
 };
 
+/// ACK coalescing ([`EndpointConfig::ack_every`](braid_proto::EndpointConfig::ack_every)) of a
+/// device on AF_XDP when its configuration leaves it to the device (0). In copy mode a
+/// receiver takes the frames about as fast as they come, a few per receive batch, so
+/// acknowledging every batch costs both hosts nearly a frame per data frame; the figures are
+/// in bench/results/ack-coalescing-2026-12-07-s35.md.
+const XDP_ACK_EVERY: u16 = 8;
+
+/// The ACK coalescing a device's engine runs with: `configured` unless it is 0 (left to the
+/// device), then [`XDP_ACK_EVERY`] on AF_XDP (`kinds` are its datapaths' kinds), else 0 (read
+/// by the engine as 1: every receive batch).
+fn device_ack_every<'a>(configured: u16, mut kinds: impl Iterator<Item = &'a str>) -> u16 {
+    if configured == 0 && kinds.any(|k| k == "xdp") {
+        XDP_ACK_EVERY
+    } else {
+        configured
+    }
+}
+
 /// An open device: an endpoint bound to a local address over a datapath, or an RDMA device
 /// (see [`Backend`](crate::Backend)).
 #[derive(Clone)]
@@ -91,6 +109,7 @@ impl Device {
         for d in &datapaths {
             engine.max_datagram = engine.max_datagram.min(d.max_payload());
         }
+        engine.ack_every = device_ack_every(engine.ack_every, datapaths.iter().map(|d| d.kind()));
         let owner = Owner::start(engine, datapaths, report, cfg.busy_poll, cfg.progress)?;
         Ok(Device {
             imp: DeviceImp::Software(Arc::new(owner)),
@@ -897,5 +916,25 @@ impl QueuePair {
             return None;
         }
         self.shard().lock().ep.qp_stats(self.info.qpn)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{XDP_ACK_EVERY, device_ack_every};
+
+    #[test]
+    fn a_device_coalesces_acks_on_af_xdp_only_when_left_to_it() {
+        assert_eq!(device_ack_every(0, ["xdp"].into_iter()), XDP_ACK_EVERY);
+        assert_eq!(
+            device_ack_every(0, ["udp", "xdp"].into_iter()),
+            XDP_ACK_EVERY
+        );
+        for kind in ["udp", "uring", "sim"] {
+            assert_eq!(device_ack_every(0, [kind].into_iter()), 0, "{kind}");
+        }
+        // Configured: kept, whatever the datapath.
+        assert_eq!(device_ack_every(1, ["xdp"].into_iter()), 1);
+        assert_eq!(device_ack_every(3, ["udp"].into_iter()), 3);
     }
 }
