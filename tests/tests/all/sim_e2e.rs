@@ -626,25 +626,7 @@ fn coalesced_acks_on_a_clean_path_are_fewer_and_the_write_is_exact() {
             ..LinkConfig::default()
         };
         let mut sim = Sim::new(s, &cfg, link);
-        let mut rng = rng(s);
-        let len = 4 * MIB;
-        let src = sim.random_mr(sim.a, len as usize, Access::NONE, &mut rng);
-        let b = sim.b;
-        let dst = sim.c.alloc_mr(&b, len as usize, Access::REMOTE_WRITE);
-        sim.post_send(
-            sim.a,
-            SendWr {
-                wr_id: 1,
-                op: SendOp::Write(RemoteAddr {
-                    rkey: dst.keys.rkey,
-                    offset: 0,
-                }),
-                sges: vec![sge(&src, 0, len)],
-                signaled: true,
-            },
-        );
-        let wc = sim.wait_cq(sim.a, 1, 3_000_000);
-        assert_eq!(wc[0].status, WcStatus::Success, "seed {s}");
+        let (src, dst) = sim.write(4 * MIB);
         assert!(
             snapshot(&dst.region) == snapshot(&src.region),
             "seed {s}: ack_every {ack_every}: the bytes differ"

@@ -6,7 +6,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use braid::datapath::sim::LinkConfig;
-use braid::proto::{Access, Completion, EndpointConfig, PostError, RecvWr, Region, SendWr, Sge};
+use braid::proto::{
+    Access, Completion, EndpointConfig, PostError, RecvWr, Region, RemoteAddr, SendOp, SendWr, Sge,
+    WcStatus,
+};
 use braid::testing::{Cluster, Mr, Side};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
@@ -99,6 +102,30 @@ impl Sim {
         rng.fill_bytes(&mut bytes);
         mr.region.write(0, &bytes).expect("in bounds");
         mr
+    }
+
+    /// `a` WRITEs `len` seeded random bytes into a region on `b` and waits for the
+    /// completion (a success); returns the source and destination regions.
+    pub fn write(&mut self, len: u32) -> (Mr, Mr) {
+        let mut rng = rng(self.seed);
+        let src = self.random_mr(self.a, len as usize, Access::NONE, &mut rng);
+        let b = self.b;
+        let dst = self.c.alloc_mr(&b, len as usize, Access::REMOTE_WRITE);
+        self.post_send(
+            self.a,
+            SendWr {
+                wr_id: 1,
+                op: SendOp::Write(RemoteAddr {
+                    rkey: dst.keys.rkey,
+                    offset: 0,
+                }),
+                sges: vec![sge(&src, 0, len)],
+                signaled: true,
+            },
+        );
+        let wc = self.wait_cq(self.a, 1, 3_000_000);
+        assert_eq!(wc[0].status, WcStatus::Success, "seed {}", self.seed);
+        (src, dst)
     }
 
     pub fn try_post_send(&mut self, side: Side, wr: SendWr) -> Result<(), PostError> {

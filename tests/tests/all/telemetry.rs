@@ -1,36 +1,12 @@
 //! Telemetry: the counters `qp_stats` and the endpoint expose after real transfers on the
 //! simulated network (RTT percentiles, per-path counters, loss and spurious-loss counts).
-use braid::proto::{Access, RemoteAddr, SendOp, SendWr, WcStatus};
-
-use crate::support::{Sim, config, hostile_link, rng, seed, sge};
-
-/// a WRITEs `len` bytes into a region on b and waits for the completion.
-fn write(sim: &mut Sim, len: u32) {
-    let mut rng = rng(sim.seed);
-    let src = sim.random_mr(sim.a, len as usize, Access::NONE, &mut rng);
-    let b = sim.b;
-    let dst = sim.c.alloc_mr(&b, len as usize, Access::REMOTE_WRITE);
-    sim.post_send(
-        sim.a,
-        SendWr {
-            wr_id: 1,
-            op: SendOp::Write(RemoteAddr {
-                rkey: dst.keys.rkey,
-                offset: 0,
-            }),
-            sges: vec![sge(&src, 0, len)],
-            signaled: true,
-        },
-    );
-    let wc = sim.wait_cq(sim.a, 1, 3_000_000);
-    assert_eq!(wc[0].status, WcStatus::Success, "seed {}", sim.seed);
-}
+use crate::support::{Sim, config, hostile_link, seed};
 
 #[test]
 fn qp_stats_report_rtt_percentiles_and_per_path_counters() {
     let seed = seed(41);
     let mut sim = Sim::new(seed, &config(8, 10), hostile_link(0.01));
-    write(&mut sim, 4 << 20);
+    sim.write(4 << 20);
     let ep = &sim.c.ep_mut(0);
     let st = ep.qp_stats(sim.a.qp.qpn).expect("the QP exists");
     let r = st.rtt;
@@ -84,7 +60,7 @@ fn plb_moves_a_lossy_path_onto_a_spare_port_and_its_losses_end() {
     assert_eq!(sim.c.ep(0).config().ports, 16);
     let a = sim.c.addr(0);
     sim.c.net.link_mut(a, 2).loss = 0.2;
-    write(&mut sim, 4 << 20);
+    sim.write(4 << 20);
     let st = sim.c.ep(0).qp_stats(sim.a.qp.qpn).expect("the QP exists");
     assert!(st.repaths > 0, "seed {seed}: no re-path: {st:?}");
     assert_ne!(
@@ -106,7 +82,7 @@ fn plb_moves_a_lossy_path_onto_a_spare_port_and_its_losses_end() {
     // Once moved, nothing more is lost: a second transfer crosses only clean links.
     let lossy = |sim: &Sim| sim.c.net.stats().link(a, 2).map_or(0, |l| l.sent);
     let (sent_before, lost_before) = (lossy(&sim), st.paths.iter().map(|p| p.lost).sum::<u64>());
-    write(&mut sim, 4 << 20);
+    sim.write(4 << 20);
     let st2 = sim.c.ep(0).qp_stats(sim.a.qp.qpn).expect("the QP exists");
     let lost_after = st2.paths.iter().map(|p| p.lost).sum::<u64>();
     assert_eq!(
@@ -136,7 +112,7 @@ fn without_spare_ports_a_lossy_path_stays_put() {
     let mut sim = Sim::new(seed, &cfg, LinkConfig::default());
     let a = sim.c.addr(0);
     sim.c.net.link_mut(a, 2).loss = 0.2;
-    write(&mut sim, 4 << 20);
+    sim.write(4 << 20);
     let st = sim.c.ep(0).qp_stats(sim.a.qp.qpn).expect("the QP exists");
     assert_eq!(st.repaths, 0, "seed {seed}: {st:?}");
     assert_eq!(st.path_ports, (0..8).collect::<Vec<u16>>());
@@ -153,7 +129,7 @@ fn reordering_beyond_the_window_shows_up_as_spurious_losses() {
         ..LinkConfig::default()
     };
     let mut sim = Sim::new(seed, &config(8, 10), link);
-    write(&mut sim, 4 << 20);
+    sim.write(4 << 20);
     let st = sim.c.ep(0).qp_stats(sim.a.qp.qpn).expect("the QP exists");
     assert_eq!(sim.c.net.stats().lost, 0);
     assert!(
@@ -232,7 +208,7 @@ fn spurious_loss_proofs_name_losses_the_controller_heard_of_at_most_once_each() 
         ..LinkConfig::default()
     };
     let mut sim = Sim::new(seed, &cfg, link);
-    write(&mut sim, 4 << 20);
+    sim.write(4 << 20);
     assert_eq!(sim.c.net.stats().lost, 0);
     let h = heard.lock().unwrap();
     assert!(
@@ -277,7 +253,7 @@ fn reordered_write_ns(seed: u64, undo: bool) -> (u64, u64) {
         ..LinkConfig::default()
     };
     let mut sim = Sim::new(seed, &cfg, link);
-    write(&mut sim, 4 << 20);
+    sim.write(4 << 20);
     let st = sim.c.ep(0).qp_stats(sim.a.qp.qpn).expect("the QP exists");
     (sim.c.now.as_nanos(), st.retransmits)
 }

@@ -74,16 +74,15 @@ pub struct EndpointConfig {
     /// many new packets in order, or at once for a packet flagged [`Flags::ACK_NOW`] (its
     /// sender can send nothing more until it hears back), a packet out of order (a hole
     /// before it, or it fills one) or a duplicate; otherwise the acknowledgement waits at
-    /// most [`ack_delay_ns`](Self::ack_delay_ns). An ACK never goes more than once
-    /// per receive batch (the datapath's batch between two [`Endpoint::poll_transmit`]
-    /// rounds), so where batches are long (UDP GRO) this changes nothing; where they are
-    /// short (AF_XDP, a simulated host taking packets one at a time) it spares the sender
-    /// most ACKs. 1 acknowledges every batch. 0, the default, leaves it to the runtime: a
-    /// device on AF_XDP coalesces 8 (`braid::DeviceConfig`), anything else (the engine on
-    /// its own, the simulated network) reads it as 1: on the simulated fabric, where the
-    /// network and not the host is the bottleneck, coalescing made the ACK clock burstier
-    /// and the last completions of a permutation later (bench/results/
-    /// ack-coalescing-2026-12-07-s35.md).
+    /// most [`ack_delay_ns`](Self::ack_delay_ns). An ACK never goes more than once per
+    /// receive batch (the datapath's batch between two [`Endpoint::poll_transmit`] rounds),
+    /// so where batches are long (UDP GRO) this changes nothing; where they are short (AF_XDP
+    /// in copy mode) it spares both hosts most ACK frames. 1 acknowledges every batch. 0, the
+    /// default, leaves it to the runtime: a device on AF_XDP coalesces 8, anything else (the
+    /// engine on its own, the simulated network) reads it as 1. On the simulated fabric,
+    /// where the network and not the host is the bottleneck, coalescing made the ACK clock
+    /// burstier and the last completions of a permutation later
+    /// (bench/results/ack-coalescing-2026-12-07-s35.md).
     ///
     /// [`Flags::ACK_NOW`]: crate::wire::Flags::ACK_NOW
     /// [`Endpoint::poll_transmit`]: crate::Endpoint::poll_transmit

@@ -754,8 +754,7 @@ impl Qp {
             (self.rec.in_flight_pkts > 0 || waiting).then(|| now.add_nanos(self.rto_ns(&sh.cfg)));
     }
     /// The QP's timers at `now`: an ACK coalescing held back that is due, RNR holds that
-    /// ended, the reorder timer of loss detection,
-    /// then the retransmit timeout.
+    /// ended, the reorder timer of loss detection, then the retransmit timeout.
     pub(crate) fn on_timeout(&mut self, now: Timestamp, sh: &mut Shared) {
         if self.state != QpState::Connected {
             return;

@@ -685,19 +685,21 @@ mod tests {
         panic!("the WRITEs never completed");
     }
 
+    /// The 1-based numbers of the packets `one_per_batch` reported for which `pick` holds.
+    fn numbers(packets: &[(bool, bool)], pick: impl Fn(&(bool, bool)) -> bool) -> Vec<usize> {
+        (packets.iter().enumerate())
+            .filter(|(_, p)| pick(p))
+            .map(|(i, _)| i + 1)
+            .collect()
+    }
+
     #[test]
     fn a_receiver_acknowledges_every_ack_every_packets_and_the_last_at_once() {
         // 20 packets, a window wider than the message: only the last asks for an ACK (A has
         // nothing more to send), and B acknowledges after the 8th, the 16th and that one.
         let (packets, timers) = one_per_batch(write_pair(1, 64, 8, 20 * CHUNK, 1), 1);
-        let asked: Vec<usize> = (packets.iter().enumerate())
-            .filter(|(_, p)| p.0)
-            .map(|(i, _)| i + 1)
-            .collect();
-        let acked: Vec<usize> = (packets.iter().enumerate())
-            .filter(|(_, p)| p.1)
-            .map(|(i, _)| i + 1)
-            .collect();
+        let asked = numbers(&packets, |p| p.0);
+        let acked = numbers(&packets, |p| p.1);
         assert_eq!((asked, acked, timers), (vec![20], vec![8, 16, 20], 0));
         // Acknowledging every batch, as before coalescing: every packet.
         let (packets, _) = one_per_batch(write_pair(1, 64, 1, 20 * CHUNK, 1), 1);
@@ -710,10 +712,7 @@ mod tests {
         // acknowledged at once, so the 12 packets go without waiting for any timer.
         let (packets, timers) = one_per_batch(write_pair(1, 5, 8, 12 * CHUNK, 1), 1);
         assert_eq!(packets.len(), 12);
-        let asked: Vec<usize> = (packets.iter().enumerate())
-            .filter(|(_, p)| p.0)
-            .map(|(i, _)| i + 1)
-            .collect();
+        let asked = numbers(&packets, |p| p.0);
         assert_eq!(asked, [5, 10, 12], "{packets:?}");
         assert!(packets.iter().all(|p| p.0 == p.1), "{packets:?}");
         assert_eq!(timers, 0);
@@ -777,10 +776,7 @@ mod tests {
         // Three WRITEs of 5 packets queued at once: each one's last packet asks, so each
         // completes without waiting for the next one's packets.
         let (packets, timers) = one_per_batch(write_pair(1, 64, 8, 5 * CHUNK, 3), 3);
-        let asked: Vec<usize> = (packets.iter().enumerate())
-            .filter(|(_, p)| p.0)
-            .map(|(i, _)| i + 1)
-            .collect();
+        let asked = numbers(&packets, |p| p.0);
         assert_eq!((asked, timers), (vec![5, 10, 15], 0));
         assert!(packets.iter().all(|p| p.0 == p.1), "{packets:?}");
     }
