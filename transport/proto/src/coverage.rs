@@ -18,7 +18,7 @@ pub(crate) const MAX_GAPS: usize = 4 * crate::tracker::WINDOW as usize;
 
 /// The most separate ranges one QP tracks at once, over all its messages (its posted RECVs
 /// and its READs awaiting responses). Without it, a peer could fragment every one of up to
-/// [`MAX_RECV_WR`](crate::types::MAX_RECV_WR) RECVs into [`MAX_GAPS`] ranges, about a GiB of
+/// [`MAX_RECV_WR`](crate::types::MAX_RECV_WR) RECVs into `MAX_GAPS` ranges, about a GiB of
 /// tracking per QP. An honest peer stays far below: every packet it has outstanding lies
 /// within the receive tracker's window of [`WINDOW`](crate::tracker::WINDOW) PSNs past the
 /// cumulative point, so at most that many holes are open, and at most that many messages are

@@ -900,7 +900,7 @@ impl Endpoint {
     /// `at`: the fabric delay the congestion controller gets for its packets starts then, not
     /// when they were written, so the time this host took to send them (on a veth pair, the
     /// receiver's kernel work done inside the send) is not taken for network queueing
-    /// ([`crate::departure`]). Optional: without it, delays start at the write.
+    /// (see the `departure` module). Optional: without it, delays start at the write.
     pub fn departed(&mut self, batch: u32, at: Timestamp) {
         self.sh.departures.departed(batch, at);
     }
@@ -912,7 +912,7 @@ impl Endpoint {
     /// back, so the datapath can send them as one GSO message (taking turns, two QPs' bursts
     /// would interleave datagram by datagram and every message would hold one). A turn kept
     /// so lasts at most a burst. Only QPs that had an event since they last sent are
-    /// asked ([`crate::ready`]), so idle QPs cost nothing here.
+    /// asked (the `ready` module's set), so idle QPs cost nothing here.
     pub fn poll_transmit(&mut self, now: Timestamp, buf: &mut [u8]) -> Option<Transmit> {
         while let Some(i) = self.qps.ready.take_next() {
             let mut qp = self.qps.at_mut_quiet(i);

@@ -89,7 +89,7 @@ pub const ACK_LEN: usize = 24 + SACK_BITS as usize / 8;
 /// Bytes of an ACK's telemetry extension ([`field::ack_ext`]), which follows the ACK body
 /// in the payload's place when the echoed packet carried hop telemetry.
 pub const ACK_EXT_LEN: usize = 4;
-/// Unit of the hop telemetry fields ([`field::request::HOP_QUEUE`], [`field::ack::HOP_QUEUE`]),
+/// Unit of the hop telemetry fields ([`field::request::HOP_QUEUE`], [`field::ack_ext::HOP_QUEUE`]),
 /// ns: 64 ns, so the 16-bit field spans up to about 4.2 ms of queueing.
 pub const HOP_QUEUE_UNIT_NS: u64 = 64;
 /// Bytes of a NAK body.
