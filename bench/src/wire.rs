@@ -67,6 +67,9 @@ pub struct Hello {
     /// responses leave in bursts as WRITEs do). Absent from older clients: 1.
     #[serde(default = "one")]
     pub burst: u16,
+    /// ACK coalescing of both sides (`--ack-every`); absent: each device's default.
+    #[serde(default)]
+    pub ack_every: Option<u16>,
     /// The client's QP.
     pub qp: WireQp,
     /// The client device's engine shards; the server opens its device with as many

@@ -105,6 +105,11 @@ struct Engine {
     /// server uses its client's setting.
     #[arg(long, default_value_t = 1)]
     burst: u16,
+    /// ACK coalescing: new packets arriving in order per acknowledgement (1: one per receive
+    /// batch; default: the device's, 8 on AF_XDP and every batch elsewhere). A server uses
+    /// its client's setting.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    ack_every: Option<u16>,
     /// Engine shards of the device, each with its own lock, sockets and progress thread
     /// (default: BRAID_SHARDS, else 1); QPs are spread over them round robin. A server uses
     /// its client's setting.
@@ -371,6 +376,9 @@ fn open_device(engine: &Engine, local: SocketAddr) -> Result<Device, String> {
     }
     cfg.engine.cc = engine.controller();
     cfg.engine.burst = engine.burst;
+    if let Some(n) = engine.ack_every {
+        cfg.engine.ack_every = n;
+    }
     if let Some(n) = engine.shards {
         cfg = cfg.shards(usize::from(n));
     }
@@ -701,6 +709,7 @@ fn serve_one(a: &ServerArgs, stream: TcpStream) -> Result<String, String> {
         fixed_packets: 256,
         swift_headroom_us: None,
         burst: hello.burst,
+        ack_every: hello.ack_every,
         shards: hello.shards,
     };
     if a.engine_dp.encrypt && !engine.encrypt {
@@ -1048,6 +1057,7 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
         paths: a.engine.paths,
         max_datagram: a.engine.max_datagram,
         burst: a.engine.burst,
+        ack_every: a.engine.ack_every,
         qp: qp.info().into(),
         shards: u16::try_from(dev.shards()).ok(),
         more_qps: more.iter().map(|(q, _, _)| q.info().into()).collect(),
