@@ -645,6 +645,7 @@ mod tests {
         assert_eq!(a.chunk_size() as usize, CHUNK);
         let mut now = Timestamp::from_micros(1);
         let mut buf = vec![0u8; 2048];
+        let mut ack = vec![0u8; 2048];
         let mut packets = Vec::new();
         let mut timers = 0;
         let mut done = 0;
@@ -657,7 +658,6 @@ mod tests {
                     .flags();
                 b.handle_datagram(now, ea, 0, &buf[..t.len]);
                 let mut acked = false;
-                let mut ack = vec![0u8; 2048];
                 while let Some(t) = b.poll_transmit(now, &mut ack) {
                     acked = true;
                     a.handle_datagram(now, eb, 0, &ack[..t.len]);
