@@ -77,6 +77,11 @@ const BATCH: usize = 64;
 /// Payload bytes one receive batch may hold at most, so that the acknowledgements of its
 /// first datagrams do not wait for the placement of many large ones behind them.
 const RX_BATCH_BYTES: usize = 256 << 10;
+/// Payload bytes one transmit batch may hold at most: the engine writes a batch's datagrams
+/// (payload gathered and its CRC folded in the same pass) before the datapath sends any of
+/// them, so a batch of large datagrams would delay the first one's departure by all the
+/// others' gathering, and would leave the cache before the kernel copies it out.
+const TX_BATCH_BYTES: usize = 128 << 10;
 /// Longest the progress thread sleeps. Posting threads never wake it for timers, so a
 /// retransmit timeout armed by a post fires at most this late; the floor of the timeout is
 /// 500 µs by default, so the slack stays within the same order.
@@ -115,7 +120,7 @@ const INLINE_SLICE: Duration = Duration::from_millis(1);
 const PARKED_SLICE_MAX: Duration = Duration::from_millis(16);
 /// Datagrams of one UDP GSO message at most (the kernel's limit before Linux 6.9).
 const GSO_RUN_MAX: usize = 64;
-/// Transmit batches kept for reuse (each is `BATCH` datagram buffers): one per thread that
+/// Transmit batches kept for reuse (each is up to `BATCH` datagram buffers): one per thread that
 /// sends at the same time is enough; more are allocated and freed.
 const TX_POOL: usize = 4;
 
@@ -873,17 +878,20 @@ impl Drop for Owner {
     }
 }
 
-/// Datagrams taken from the engine for one `Datapath::send`: `BATCH`, and past that the rest
+/// Datagrams taken from the engine for one `Datapath::send`: `max`, and past that the rest
 /// of a run of same-path datagrams that reached the end of the batch (see `Inner::drain`).
 struct TxBatch {
-    /// `BATCH + run_max` slots of `size` bytes, back to back: a run of up to `run_max`
-    /// datagrams that starts in the last slot of the first `BATCH` still fits. Full-size
+    /// `max + run_max` slots of `size` bytes, back to back: a run of up to `run_max`
+    /// datagrams that starts in the last slot of the first `max` still fits. Full-size
     /// datagrams in consecutive slots are one contiguous range, which the UDP datapath sends
     /// as one iovec per GSO run.
     bufs: Box<[u8]>,
     size: usize,
+    /// Datagrams taken before a run is topped up: `BATCH`, fewer for large datagrams
+    /// (`TX_BATCH_BYTES`).
+    max: usize,
     metas: Vec<braid_proto::Transmit>,
-    /// Longest run topped up past `BATCH`: as many datagrams of the largest size as one GSO
+    /// Longest run topped up past `max`: as many datagrams of the largest size as one GSO
     /// message holds (44 of 1472 bytes; 1 for datagrams above 32 KiB, where nothing is
     /// coalesced).
     run_max: usize,
@@ -901,10 +909,12 @@ impl TxBatch {
     fn new(size: usize) -> TxBatch {
         let size = size.max(1);
         let run_max = (braid_datapath::MAX_DATAGRAM / size).clamp(1, GSO_RUN_MAX);
+        let max = (TX_BATCH_BYTES / size).clamp(1, BATCH);
         TxBatch {
-            bufs: vec![0u8; (BATCH + run_max) * size].into_boxed_slice(),
+            bufs: vec![0u8; (max + run_max) * size].into_boxed_slice(),
             size,
-            metas: Vec::with_capacity(BATCH + run_max),
+            max,
+            metas: Vec::with_capacity(max + run_max),
             run_max,
             carry: None,
         }
@@ -1014,10 +1024,10 @@ impl Inner {
         (r, true)
     }
 
-    /// Hands completions to their queues and fills `batch` with up to `BATCH` datagrams, led
+    /// Hands completions to their queues and fills `batch` with up to `max` datagrams, led
     /// by the one the last call carried over. If the batch fills up, the run of same-path
     /// datagrams at its end is topped up until it ends (at most `run_max` in all past
-    /// `BATCH`), so the datapath sends it as one GSO message instead of two; the datagram
+    /// `max`), so the datapath sends it as one GSO message instead of two; the datagram
     /// that ends it is carried over to the next batch. Returns whether the engine may have
     /// more to send (always when a datagram was carried over).
     fn drain(&self, core: &mut Core, now: Timestamp, batch: &mut TxBatch) -> bool {
@@ -1041,15 +1051,18 @@ impl Inner {
                 .copy_within(i * batch.size..i * batch.size + t.len, 0);
             batch.metas.push(t);
         }
-        if !core
-            .ep
-            .poll_transmit_batch(now, &mut batch.bufs, batch.size, &mut batch.metas, BATCH)
-        {
+        if !core.ep.poll_transmit_batch(
+            now,
+            &mut batch.bufs,
+            batch.size,
+            &mut batch.metas,
+            batch.max,
+        ) {
             return false;
         }
         // The run that reached the end of the batch: its first datagram's index.
-        let last = batch.metas[BATCH - 1];
-        let run_start = batch.metas[..BATCH]
+        let last = batch.metas[batch.max - 1];
+        let run_start = batch.metas[..batch.max]
             .iter()
             .rposition(|t| {
                 (t.path, t.dest, t.ecn, t.len) != (last.path, last.dest, last.ecn, last.len)
