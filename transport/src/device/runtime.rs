@@ -77,15 +77,11 @@ const BATCH: usize = 64;
 /// Payload bytes one receive batch may hold at most, so that the acknowledgements of its
 /// first datagrams do not wait for the placement of many large ones behind them.
 const RX_BATCH_BYTES: usize = 256 << 10;
-/// Payload bytes of the first transmit batch of a flush: the engine writes a batch's
-/// datagrams (payload gathered and its CRC folded in the same pass) before the datapath sends
-/// any of them, so a first batch of many large datagrams would hold the first one back by all
-/// the others' gathering while the receiver waits for it.
-const TX_FIRST_BATCH_BYTES: usize = 128 << 10;
-/// Payload bytes one transmit batch may hold at most: each batch of a flush may hold twice as
-/// many datagrams as the one before (the receiver has the earlier ones to work on meanwhile),
-/// up to this, where a batch still stays in the cache until the kernel copies it out.
-const TX_BATCH_BYTES: usize = 512 << 10;
+/// Payload bytes one transmit batch may hold at most: the engine writes a batch's datagrams
+/// (payload gathered and its CRC folded in the same pass) before the datapath sends any of
+/// them, so a batch of large datagrams would delay the first one's departure by all the
+/// others' gathering, and would leave the cache before the kernel copies it out.
+const TX_BATCH_BYTES: usize = 128 << 10;
 /// Longest the progress thread sleeps. Posting threads never wake it for timers, so a
 /// retransmit timeout armed by a post fires at most this late; the floor of the timeout is
 /// 500 µs by default, so the slack stays within the same order.
@@ -891,13 +887,9 @@ struct TxBatch {
     /// as one iovec per GSO run.
     bufs: Box<[u8]>,
     size: usize,
-    /// Datagrams taken before a run is topped up in the current batch: `first` in a flush's
-    /// first batch, twice as many in each next one up to `most`.
+    /// Datagrams taken before a run is topped up: `BATCH`, fewer for large datagrams
+    /// (`TX_BATCH_BYTES`).
     max: usize,
-    /// `BATCH`, fewer for large datagrams (`TX_FIRST_BATCH_BYTES`).
-    first: usize,
-    /// `BATCH`, fewer for large datagrams (`TX_BATCH_BYTES`).
-    most: usize,
     metas: Vec<braid_proto::Transmit>,
     /// Longest run topped up past `max`: as many datagrams of the largest size as one GSO
     /// message holds (44 of 1472 bytes; 1 for datagrams above 32 KiB, where nothing is
@@ -909,16 +901,6 @@ struct TxBatch {
 }
 
 impl TxBatch {
-    /// A flush starts: its first batch is the small one.
-    fn restart(&mut self) {
-        self.max = self.first;
-    }
-
-    /// A batch was sent: the next may hold twice as many datagrams.
-    fn grow(&mut self) {
-        self.max = (self.max * 2).min(self.most);
-    }
-
     /// Slot `i`, to write a datagram into.
     fn slot_mut(bufs: &mut [u8], size: usize, i: usize) -> &mut [u8] {
         &mut bufs[i * size..(i + 1) * size]
@@ -927,15 +909,12 @@ impl TxBatch {
     fn new(size: usize) -> TxBatch {
         let size = size.max(1);
         let run_max = (braid_datapath::MAX_DATAGRAM / size).clamp(1, GSO_RUN_MAX);
-        let first = (TX_FIRST_BATCH_BYTES / size).clamp(1, BATCH);
-        let most = (TX_BATCH_BYTES / size).clamp(1, BATCH);
+        let max = (TX_BATCH_BYTES / size).clamp(1, BATCH);
         TxBatch {
-            bufs: vec![0u8; (most + run_max) * size].into_boxed_slice(),
+            bufs: vec![0u8; (max + run_max) * size].into_boxed_slice(),
             size,
-            max: first,
-            first,
-            most,
-            metas: Vec::with_capacity(most + run_max),
+            max,
+            metas: Vec::with_capacity(max + run_max),
             run_max,
             carry: None,
         }
@@ -1165,7 +1144,6 @@ impl Inner {
     fn flush_after_timers(&self, batch: &mut TxBatch, mut timers_at: Option<Timestamp>) {
         let _order = self.tx_order.lock().unwrap_or_else(|e| e.into_inner());
         let mut departed = None;
-        batch.restart();
         loop {
             let (more, number) = {
                 let mut core = self.lock();
@@ -1185,7 +1163,6 @@ impl Inner {
             if !batch.metas.is_empty() {
                 self.send(batch);
                 departed = Some((number, self.now()));
-                batch.grow();
             }
             if !more {
                 break;
@@ -1381,11 +1358,9 @@ impl Inner {
             _ if core.ep.may_transmit() => self.now(),
             _ => now.unwrap_or(Timestamp::ZERO),
         };
-        tx.restart();
         loop {
             let more = self.drain(core, stamp, tx);
             self.send(tx);
-            tx.grow();
             if !more {
                 // Posts handed off while this thread held the engine go now, not at the next
                 // poll.
