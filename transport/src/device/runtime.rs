@@ -77,11 +77,15 @@ const BATCH: usize = 64;
 /// Payload bytes one receive batch may hold at most, so that the acknowledgements of its
 /// first datagrams do not wait for the placement of many large ones behind them.
 const RX_BATCH_BYTES: usize = 256 << 10;
-/// Payload bytes one transmit batch may hold at most: the engine writes a batch's datagrams
-/// (payload gathered and its CRC folded in the same pass) before the datapath sends any of
-/// them, so a batch of large datagrams would delay the first one's departure by all the
-/// others' gathering, and would leave the cache before the kernel copies it out.
-const TX_BATCH_BYTES: usize = 128 << 10;
+/// Payload bytes one transmit batch of datagrams above 32 KiB may hold at most. The engine
+/// writes a batch's datagrams (payload gathered and its CRC folded in the same pass) before
+/// the datapath sends any of them, so a batch of such datagrams would delay the first one's
+/// departure by all the others' gathering, and would leave the cache before the kernel
+/// copies it out; and as no two of them fit one GSO message, a larger batch saves only
+/// system calls, each cheap next to the copy of one. Smaller datagrams keep `BATCH`: their
+/// batches feed GSO messages of many, and bulk transfers of jumbo datagrams lose when they
+/// are cut smaller.
+const TX_LARGE_BATCH_BYTES: usize = 128 << 10;
 /// Longest the progress thread sleeps. Posting threads never wake it for timers, so a
 /// retransmit timeout armed by a post fires at most this late; the floor of the timeout is
 /// 500 µs by default, so the slack stays within the same order.
@@ -887,8 +891,8 @@ struct TxBatch {
     /// as one iovec per GSO run.
     bufs: Box<[u8]>,
     size: usize,
-    /// Datagrams taken before a run is topped up: `BATCH`, fewer for large datagrams
-    /// (`TX_BATCH_BYTES`).
+    /// Datagrams taken before a run is topped up: `BATCH`, fewer for datagrams above 32 KiB
+    /// (`TX_LARGE_BATCH_BYTES`).
     max: usize,
     metas: Vec<braid_proto::Transmit>,
     /// Longest run topped up past `max`: as many datagrams of the largest size as one GSO
@@ -909,7 +913,11 @@ impl TxBatch {
     fn new(size: usize) -> TxBatch {
         let size = size.max(1);
         let run_max = (braid_datapath::MAX_DATAGRAM / size).clamp(1, GSO_RUN_MAX);
-        let max = (TX_BATCH_BYTES / size).clamp(1, BATCH);
+        let max = if run_max > 1 {
+            BATCH
+        } else {
+            (TX_LARGE_BATCH_BYTES / size).clamp(1, BATCH)
+        };
         TxBatch {
             bufs: vec![0u8; (max + run_max) * size].into_boxed_slice(),
             size,
