@@ -17,8 +17,8 @@
 # Needs libfabric-bin (installs it with scripts/libfabric.sh deps as root); builds braid-fi in
 # release unless NO_BUILD=1.
 # Settings (environment): RUNS=3 ITERS=1000 (64 B and 4 KiB) BIG_ITERS=1000 (64 KiB, 1 MiB;
-#   fi_pingpong times the first message too, which sets up the connection: 2-6 ms for every
-#   provider here, 10-15 % of Braid's 1 MiB figure at 100 iterations)
+#   fi_pingpong times the first message too, which sets up the connection: enough iterations
+#   that this start-up does not weigh on the figure, bench/results/session-2026-12-07-s37.md)
 #   PROVIDERS="braid tcp;ofi_rxm udp;ofi_rxd net" SIZES="64 4096 65536 1048576"
 #   VETH=1 (0: loopback only) NS=bfab<pid> PORT=47590 (first control port; one per run)
 #   TIMEOUT=120 (seconds per fi_pingpong run) CARGO_TARGET_DIR OUT (the results file)

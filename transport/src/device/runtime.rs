@@ -124,7 +124,7 @@ const INLINE_SLICE: Duration = Duration::from_millis(1);
 const PARKED_SLICE_MAX: Duration = Duration::from_millis(16);
 /// Datagrams of one UDP GSO message at most (the kernel's limit before Linux 6.9).
 const GSO_RUN_MAX: usize = 64;
-/// Transmit batches kept for reuse (each is up to `BATCH` datagram buffers): one per thread that
+/// Transmit batches kept for reuse (each a `TxBatch`'s datagram buffers): one per thread that
 /// sends at the same time is enough; more are allocated and freed.
 const TX_POOL: usize = 4;
 
