@@ -38,9 +38,9 @@
 //!   *tries* the driver slot (`Inner::driver`, the receive and transmit buffers of whoever
 //!   drives), the transmit order lock and the engine lock, in that order, and if any is
 //!   taken it just looks at its queue again, so a poller never waits on a lock held by
-//!   another poller (it does wait, off the CPU, for the progress thread to hand the slot
-//!   over: on a machine whose CPUs the pollers keep busy, spinning beside it kept it from
-//!   running for milliseconds). While it
+//!   another poller (it does wait, off the CPU, for the progress thread, or a waiter asleep
+//!   in the datapath, to hand the slot over: on a machine whose CPUs the pollers keep busy,
+//!   spinning beside it kept it from running for milliseconds). While it
 //!   holds all three it receives one batch without waiting, places it, runs due timers and
 //!   sends what that produced. A thread blocked in `CompletionQueue::wait` with nobody else
 //!   driving sleeps in the datapath itself (`Inner::wait_inline`), woken by the datagram, by
@@ -86,6 +86,10 @@ const RX_BATCH_BYTES: usize = 256 << 10;
 /// batches feed GSO messages of many, and bulk transfers of jumbo datagrams lose when they
 /// are cut smaller.
 const TX_LARGE_BATCH_BYTES: usize = 128 << 10;
+/// How long a poller's wish for the driver slot holds (`Inner::slot_wanted`): a poller
+/// renews it at every look that finds the slot with a waiter asleep, so an older one is left
+/// from a poller that is gone.
+const SLOT_WISH_NS: u64 = 100_000;
 /// Longest the progress thread sleeps. Posting threads never wake it for timers, so a
 /// retransmit timeout armed by a post fires at most this late; the floor of the timeout is
 /// 500 µs by default, so the slack stays within the same order.
@@ -454,6 +458,10 @@ pub(super) struct Inner {
     /// The progress thread of an inline device holds the driver slot (set a little after it
     /// takes it and cleared a little after it gives it back: a hint for pollers).
     progress_driving: AtomicBool,
+    /// When a poller last found the driver slot held by an inline waiter asleep in the
+    /// datapath (ns, 0 for never): the waiter's next `wait_inline` within `SLOT_WISH_NS`
+    /// gives the slot back instead of sleeping with it again (see `drive`).
+    slot_wanted: AtomicU64,
 }
 
 /// The receive and transmit buffers of the thread driving an inline-progress device.
@@ -864,6 +872,7 @@ impl Inner {
             progress_asleep: AtomicBool::new(false),
             progress_parked: AtomicBool::new(false),
             progress_driving: AtomicBool::new(false),
+            slot_wanted: AtomicU64::new(0),
         }
     }
 }
@@ -1290,9 +1299,7 @@ impl Inner {
             // a CPU to get there, and where pollers keep every CPU busy it waited for one for
             // milliseconds (the first WRITE of most `braid-perf write_lat` runs, its ACK held
             // by both sides' progress threads, met its retransmission timeout): the poller
-            // waits for the slot off the CPU instead of spinning beside it. Only this
-            // hand-over blocks; a poller finding the slot held by another poller (or by a
-            // waiter) still just looks again.
+            // waits for the slot off the CPU instead of spinning beside it.
             if self.progress_driving.load(Ordering::Acquire) {
                 // Ordered after this poller's mark (`seen_poller` above), against the progress
                 // thread's flag-then-look before it sleeps.
@@ -1300,6 +1307,22 @@ impl Inner {
                 if self.progress_asleep.swap(false, Ordering::AcqRel) {
                     self.datapath.wake();
                 }
+                drop(self.driver.lock().unwrap_or_else(|e| e.into_inner()));
+                return false;
+            }
+            // Else an inline waiter (`wait_inline`) may hold it asleep in the datapath, as
+            // the libfabric provider's own thread does while the application is away: the
+            // same starvation, the datagram the poller waits for queued for a waiter that
+            // woke but found no CPU. An armed sleeper is such a waiter: it is woken, and the
+            // wish it finds at its next `wait_inline` sends it off the slot, so that it does
+            // not take the slot back and sleep again while this poller waits for it. A poller
+            // finding the slot held by another poller, or by a waiter not yet armed, just
+            // looks again (and finds it armed the next time). The wish is a hint: missed, the
+            // waiter sleeps one more slice and is woken again.
+            if self.sleeper.ring() {
+                self.slot_wanted
+                    .store(self.now().as_nanos().max(1), Ordering::SeqCst);
+                self.datapath.wake();
                 drop(self.driver.lock().unwrap_or_else(|e| e.into_inner()));
             }
             return false;
@@ -1414,6 +1437,18 @@ impl Inner {
         // published or a post handed off from here on wakes the datapath.
         self.sleeper.arm();
         let posts_armed = self.posts.arm();
+        let wish = self.slot_wanted.swap(0, Ordering::SeqCst);
+        if wish != 0 && looked.nanos_since(Timestamp::from_nanos(wish)) < SLOT_WISH_NS {
+            // A poller wants the slot (`drive`): it drives, and this thread waits for the
+            // completions it publishes, as when the slot was taken to begin with.
+            if posts_armed {
+                self.posts.disarm();
+            }
+            self.sleeper.disarm();
+            drop(drv);
+            cq.ready.wait_until(|| !cq.is_empty(), Some(left));
+            return;
+        }
         let sleep = posts_armed && cq.is_empty();
         let Driver { rx, tx, .. } = &mut *drv;
         self.receive(rx, Some(if sleep { wait } else { Duration::ZERO }));
