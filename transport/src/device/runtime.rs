@@ -83,8 +83,7 @@ const RX_BATCH_BYTES: usize = 256 << 10;
 /// departure by all the others' gathering, and would leave the cache before the kernel
 /// copies it out; and as no two of them fit one GSO message, a larger batch saves only
 /// system calls, each cheap next to the copy of one. Smaller datagrams keep `BATCH`: their
-/// batches feed GSO messages of many, and bulk transfers of jumbo datagrams lose when they
-/// are cut smaller.
+/// batches feed GSO messages of many, where a batch's system call carries many datagrams.
 const TX_LARGE_BATCH_BYTES: usize = 128 << 10;
 /// How long a poller's wish for the driver slot holds (`Inner::slot_wanted`): a poller
 /// renews it at every look that finds the slot with a waiter asleep, so an older one is left
@@ -1293,23 +1292,15 @@ impl Inner {
     /// A datagram takes the engine (waiting for it, as a receive does) and the clock.
     pub(super) fn drive(&self) -> bool {
         let Some(mut drv) = try_lock(&self.driver) else {
-            self.seen_poller(self.now());
+            let now = self.now();
+            self.seen_poller(now);
             // The progress thread may hold the slot, maybe asleep in the datapath: wake it,
             // so that it sees the poller, backs off and leaves the slot to pollers. It needs
             // a CPU to get there, and where pollers keep every CPU busy it waited for one for
             // milliseconds (the first WRITE of most `braid-perf write_lat` runs, its ACK held
             // by both sides' progress threads, met its retransmission timeout): the poller
             // waits for the slot off the CPU instead of spinning beside it.
-            if self.progress_driving.load(Ordering::Acquire) {
-                // Ordered after this poller's mark (`seen_poller` above), against the progress
-                // thread's flag-then-look before it sleeps.
-                fence(Ordering::SeqCst);
-                if self.progress_asleep.swap(false, Ordering::AcqRel) {
-                    self.datapath.wake();
-                }
-                drop(self.driver.lock().unwrap_or_else(|e| e.into_inner()));
-                return false;
-            }
+            //
             // Else an inline waiter (`wait_inline`) may hold it asleep in the datapath, as
             // the libfabric provider's own thread does while the application is away: the
             // same starvation, the datagram the poller waits for queued for a waiter that
@@ -1319,10 +1310,23 @@ impl Inner {
             // finding the slot held by another poller, or by a waiter not yet armed, just
             // looks again (and finds it armed the next time). The wish is a hint: missed, the
             // waiter sleeps one more slice and is woken again.
-            if self.sleeper.ring() {
+            let hand_over = if self.progress_driving.load(Ordering::Acquire) {
+                // Ordered after this poller's mark (`seen_poller` above), against the progress
+                // thread's flag-then-look before it sleeps.
+                fence(Ordering::SeqCst);
+                if self.progress_asleep.swap(false, Ordering::AcqRel) {
+                    self.datapath.wake();
+                }
+                true
+            } else if self.sleeper.ring() {
                 self.slot_wanted
-                    .store(self.now().as_nanos().max(1), Ordering::SeqCst);
+                    .store(now.as_nanos().max(1), Ordering::SeqCst);
                 self.datapath.wake();
+                true
+            } else {
+                false
+            };
+            if hand_over {
                 drop(self.driver.lock().unwrap_or_else(|e| e.into_inner()));
             }
             return false;
