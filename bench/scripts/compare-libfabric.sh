@@ -12,6 +12,8 @@
 #   latency  braid / tcp;ofi_rxm        (usec/xfer; target <= 1)
 #   1 MiB    braid / tcp;ofi_rxm        (MB/s; target >= 1)
 #   1 MiB    braid / udp;ofi_rxd        (MB/s; target >= 10)
+# each as the ratio of the medians and as the median of the ratios paired within each run
+# (with every run's), since one run's pair saw the same machine.
 # A provider that fails a run (or is missing) is reported as "-".
 #
 # Needs libfabric-bin (installs it with scripts/libfabric.sh deps as root); builds braid-fi in
@@ -125,6 +127,23 @@ get() { # LINK SIZE PROV FIELD(5=usec,6=MBps)
   awk -F'|' -v l="$1" -v s="$2" -v p="$3" -v f="$4" '$1==l && $2==s && $3==p {print $f}' "$RAW" | median
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a=="-"||b=="-"||b==0) print "-"; else printf "%.2f", a/b }'; }
+# paired LINK SIZE PROV_A PROV_B FIELD → "median [r1, r2, ...]": A/B within each run (the
+# providers take turns inside a run, so a run's pair saw the same machine), then their median.
+paired() {
+  awk -F'|' -v l="$1" -v s="$2" -v a="$3" -v b="$4" -v f="$5" '
+    $1==l && $2==s && $3==a && $f!="-" {x[$4]=$f}
+    $1==l && $2==s && $3==b && $f!="-" {y[$4]=$f}
+    END {
+      n=0
+      for (r=1; r<=1000; r++) if ((r in x) && (r in y) && y[r]>0) v[++n]=x[r]/y[r]
+      if (n==0) { print "-"; exit }
+      list=""
+      for (i=1; i<=n; i++) list=list (i>1 ? ", " : "") sprintf("%.2f", v[i])
+      for (i=2; i<=n; i++) { t=v[i]; j=i-1; while (j>0 && v[j]>t) { v[j+1]=v[j]; j-- } v[j+1]=t }
+      m=(n%2) ? v[(n+1)/2] : (v[n/2]+v[n/2+1])/2
+      printf "%.2f [%s]", m, list
+    }' "$RAW"
+}
 
 {
   echo "# libfabric providers: fi_pingpong -e rdm, $DATE"
@@ -144,17 +163,17 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a=="-"||b=="-"||b==0) print "-"; 
       done
     done
     echo
-    echo "| ratio | value | target |"
-    echo "|---|---|---|"
+    echo "| ratio | of the medians | paired in each run: median [per run] | target |"
+    echo "|---|---|---|---|"
     for size in $SIZES; do
-      echo "| latency $size B: braid / tcp;ofi_rxm | $(ratio "$(get "$link" "$size" braid 5)" "$(get "$link" "$size" 'tcp;ofi_rxm' 5)") | <= 1 |"
+      echo "| latency $size B: braid / tcp;ofi_rxm | $(ratio "$(get "$link" "$size" braid 5)" "$(get "$link" "$size" 'tcp;ofi_rxm' 5)") | $(paired "$link" "$size" braid 'tcp;ofi_rxm' 5) | <= 1 |"
     done
     big=$(echo "$SIZES" | awk '{print $NF}')
-    echo "| $big B MB/s: braid / tcp;ofi_rxm | $(ratio "$(get "$link" "$big" braid 6)" "$(get "$link" "$big" 'tcp;ofi_rxm' 6)") | >= 1 |"
-    echo "| $big B MB/s: braid / udp;ofi_rxd | $(ratio "$(get "$link" "$big" braid 6)" "$(get "$link" "$big" 'udp;ofi_rxd' 6)") | >= 10 |"
+    echo "| $big B MB/s: braid / tcp;ofi_rxm | $(ratio "$(get "$link" "$big" braid 6)" "$(get "$link" "$big" 'tcp;ofi_rxm' 6)") | $(paired "$link" "$big" braid 'tcp;ofi_rxm' 6) | >= 1 |"
+    echo "| $big B MB/s: braid / udp;ofi_rxd | $(ratio "$(get "$link" "$big" braid 6)" "$(get "$link" "$big" 'udp;ofi_rxd' 6)") | $(paired "$link" "$big" braid 'udp;ofi_rxd' 6) | >= 10 |"
     if [[ -n $BASE_SO ]]; then
       for size in $SIZES; do
-        echo "| latency $size B: braid / braid@base | $(ratio "$(get "$link" "$size" braid 5)" "$(get "$link" "$size" braid@base 5)") | (before/after) |"
+        echo "| latency $size B: braid / braid@base | $(ratio "$(get "$link" "$size" braid 5)" "$(get "$link" "$size" braid@base 5)") | $(paired "$link" "$size" braid braid@base 5) | (before/after) |"
       done
     fi
   done
