@@ -259,6 +259,25 @@ pub unsafe fn copy_append(crc: u32, dst: *mut u8, src: *const u8, len: usize) ->
     None
 }
 
+/// [`crc32c_append`] of the `len` bytes at `src` (a multiple of 8), read only by inline
+/// assembly, 64-byte vector loads then 8-byte loads, as [`copy_append`] reads its source: so
+/// `src` may be memory that others access atomically (a registered region's words). Returns
+/// `None`, reading nothing, when this CPU lacks AVX-512 with VPCLMULQDQ or `len` is below
+/// [`COPY_FOLD_MIN`]: the caller reads the words its own way.
+///
+/// # Safety
+/// `src` valid for reads of `len` bytes.
+pub unsafe fn append_words(crc: u32, src: *const u8, len: usize) -> Option<u32> {
+    #[cfg(all(target_arch = "x86_64", not(miri)))]
+    if len >= COPY_FOLD_MIN && len.is_multiple_of(8) && fold_cpu() {
+        // SAFETY: the caller's contract; the CPU has the features (checked above); `len`
+        // is a multiple of 8, so `fold` never reaches its byte loop (plain loads).
+        return Some(unsafe { fold_only(crc, src, len) });
+    }
+    let _ = (crc, src, len);
+    None
+}
+
 /// Whether the CPU has what [`copy_fold`] is compiled for (probed once).
 #[cfg(all(target_arch = "x86_64", not(miri)))]
 fn fold_cpu() -> bool {

@@ -121,6 +121,13 @@ impl Coverage {
         self.ranges.len()
     }
 
+    /// Whether any byte of `[start, start + len)` is placed.
+    pub(crate) fn overlaps(&self, start: u64, len: u64) -> bool {
+        let end = start.saturating_add(len);
+        let i = self.ranges.partition_point(|&(_, e)| e <= start);
+        len > 0 && self.ranges.get(i).is_some_and(|&(s, _)| s < end)
+    }
+
     /// Whether [`insert`](Self::insert) of this range would succeed.
     pub(crate) fn admits(&self, start: u64, len: u64) -> bool {
         if len == 0 || self.ranges.len() < MAX_GAPS {
@@ -182,6 +189,22 @@ impl Coverage {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn overlaps_tells_whether_any_byte_is_placed() {
+        let mut c = Coverage::default();
+        assert!(!c.overlaps(0, 100));
+        c.insert(100, 50).unwrap();
+        c.insert(300, 10).unwrap();
+        assert!(!c.overlaps(0, 100), "ends where the first range starts");
+        assert!(c.overlaps(0, 101));
+        assert!(c.overlaps(120, 5));
+        assert!(c.overlaps(149, 100));
+        assert!(!c.overlaps(150, 150), "between the two");
+        assert!(c.overlaps(150, 151));
+        assert!(!c.overlaps(310, 1000));
+        assert!(!c.overlaps(120, 0), "an empty range overlaps nothing");
+    }
 
     #[test]
     fn overlapping_pieces_do_not_add_up_to_a_whole() {

@@ -58,6 +58,7 @@ use crate::deadline::Deadlines;
 use crate::departure::Departures;
 use crate::hist::{RttHistogram, RttSummary};
 use crate::keymap::{KeyMap, key_map};
+use crate::landing::Landing;
 use crate::mem::{Access, Region};
 use crate::ready::ReadySet;
 use crate::seq::Psn;
@@ -289,6 +290,7 @@ impl Endpoint {
             stall: HostStall::default(),
             rx_at: Timestamp::ZERO,
             departures: Departures::default(),
+            landing: None,
         };
         Endpoint {
             local,
@@ -833,6 +835,112 @@ impl Endpoint {
             return;
         }
         qp.dispatch(now, ecn, wire::hop_queue(datagram), &pkt, &mut self.sh);
+    }
+
+    /// Whether [`landings`](Self::landings) may name any: a READ response stream of large
+    /// datagrams is being received.
+    pub fn wants_landing(&self) -> bool {
+        self.sh.landing.is_some()
+    }
+
+    /// Appends to `out`, up to `max` in all, where the next datagrams of the READ response
+    /// being received are expected to land, in the order they are expected (see
+    /// [`Landing`](crate::Landing)): consecutive payloads of the READ after the last one
+    /// accepted, each of the size its responses have, each in one segment of the READ's
+    /// destination and none over bytes already placed. Names none (and stops looking until
+    /// the next large response) once that READ is finished or gone.
+    pub fn landings(&mut self, out: &mut Vec<Landing>, max: usize) {
+        let Some(hint) = self.sh.landing else {
+            return;
+        };
+        let start = out.len();
+        if let Some(qp) = self.qps.get(hint.qpn)
+            && qp.state == QpState::Connected
+            && !qp.seal.is_on()
+            && let Some(i) = qp.wqe_index(hint.msn)
+        {
+            let w = &qp.req.sq[i];
+            let open = w.op == wire::Op::Read && w.packetized && !w.is_done();
+            let mut off = hint.next;
+            while open && out.len() < max && off < u64::from(w.len) {
+                let len = u64::from(hint.chunk).min(u64::from(w.len) - off);
+                if w.read_placed.overlaps(off, len) {
+                    break;
+                }
+                let Some(l) = Landing::at(&w.segs, (hint.qpn, hint.msn), off, len as usize) else {
+                    break;
+                };
+                out.push(l);
+                off += len;
+            }
+        }
+        if out.len() == start {
+            self.sh.landing = None;
+        }
+    }
+
+    /// Handles a datagram received into `landing` that [`Landing::matches`] found to be the
+    /// one predicted: `head` its headers, `tail` its trailer, its payload in place. Its CRC
+    /// is checked over the three (the payload read where it landed), then it is handled as
+    /// [`handle_received`](Self::handle_received) handles any READ response, except that its
+    /// payload is placed already. Returns false, doing nothing, if the pieces are not what
+    /// `landing` predicted: the caller then puts the datagram back together
+    /// ([`Landing::read_landed`]) and hands it to `handle_received`.
+    pub fn handle_landed(
+        &mut self,
+        now: Timestamp,
+        queued_ns: u32,
+        (src, ecn): (SocketAddr, u8),
+        landing: &Landing,
+        head: &[u8],
+        tail: &[u8],
+    ) -> bool {
+        if !landing.matches(head, landing.len(), tail) {
+            return false;
+        }
+        self.sh.rx_at = Timestamp::from_nanos(now.as_nanos().saturating_sub(u64::from(queued_ns)));
+        self.sh.stats.rx_datagrams += 1;
+        self.sh.stall.note(now, self.qps.timers.earliest());
+        // A landing lies in a live region (the caller holds this endpoint since it was
+        // named), so its CRC is always read; were it not, the flipped value fails the check.
+        let crc = |c: u32| landing.crc(c).unwrap_or(!c);
+        let (h, r) = match wire::parse_pieces(head, landing.len(), crc, tail) {
+            Ok(wire::Repr {
+                header,
+                body: wire::Body::ReadResponse(r),
+            }) => (header, r),
+            Err(wire::Error::BadCrc) => {
+                self.sh.stats.rx_bad_crc += 1;
+                return true;
+            }
+            _ => {
+                self.sh.stats.rx_malformed += 1;
+                return true;
+            }
+        };
+        let Some(mut guard) = self.qps.get_mut(h.dst_qpn) else {
+            self.sh.stats.rx_unknown_qp += 1;
+            return true;
+        };
+        let qp = &mut *guard;
+        match qp.peer {
+            Some(p) if p.addr.ip() == src.ip() && p.qpn == h.src_qpn => {}
+            _ => {
+                self.sh.stats.rx_wrong_peer += 1;
+                return true;
+            }
+        }
+        if qp.seal.is_on() {
+            self.sh.stats.rx_auth_failed += 1;
+            return true;
+        }
+        // READ responses carry no hop telemetry (only requests do).
+        qp.rsp.rx_hop = 0;
+        let ecn = Ecn::from_bits(ecn);
+        if qp.on_landed_read_response(now, (&h, &r), landing, ecn, &mut self.sh) {
+            self.sh.stats.rx_landed += 1;
+        }
+        true
     }
 
     /// [`handle_datagram`](Self::handle_datagram) for a sealed datagram: the QP and peer are

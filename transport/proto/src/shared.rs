@@ -56,6 +56,9 @@ pub(crate) struct Shared {
     pub(crate) rx_at: Timestamp,
     /// The transmit batches and when they left ([`crate::departure`]).
     pub(crate) departures: Departures,
+    /// The READ response stream whose next datagrams may be received straight into place
+    /// ([`crate::landing`]).
+    pub(crate) landing: Option<crate::landing::LandingHint>,
 }
 
 impl Shared {

@@ -528,6 +528,9 @@ pub struct EndpointStats {
     /// Delay samples dropped because they measured a host stall, this host's or the peer's,
     /// rather than the network (see the engine's `stall` module).
     pub stalled_samples: u64,
+    /// READ response datagrams the datapath received straight into place and the engine
+    /// accepted as such ([`crate::Landing`]): their payload was never copied by Braid.
+    pub rx_landed: u64,
 }
 
 /// Counters for one path (summed over the endpoint's QPs).

@@ -139,7 +139,9 @@ pub use codes::{Kind, Op, Syndrome};
 pub use error::Error;
 pub use flags::{FLAG_ACK_NOW, FLAG_DUPLICATE, FLAG_RETRANSMIT, FLAG_SEALED, Flags};
 pub use header::Header;
-pub use packet::{Packet, emit, emit_for_seal, emit_with_crc, packet_len, verify_crc};
+pub use packet::{
+    Packet, emit, emit_for_seal, emit_with_crc, packet_len, parse_pieces, verify_crc,
+};
 pub use repr::Repr;
 pub use request::Request;
 pub use response::{AtomicResponse, ReadResponse};

@@ -26,6 +26,7 @@ use rand_core::RngCore;
 
 use crate::coverage::{Coverage, RangeBudget};
 use crate::hist::RttHistogram;
+use crate::landing::{LANDING_MIN_BYTES, Landing, LandingHint};
 use crate::mem::{Access, Region};
 use crate::nak_repeat::{NakRepeat, Until};
 use crate::rc_order::RcOrder;

@@ -286,38 +286,82 @@ impl Qp {
         ecn: Ecn,
         sh: &mut Shared,
     ) {
+        let place = |segs: &[Seg], off| scatter(segs, off, payload);
+        self.read_response(now, (h, r), payload.len(), ecn, sh, place);
+    }
+    /// A READ response whose payload the datapath received straight into place
+    /// ([`Landing`]): checked as [`on_read_response`](Self::on_read_response) checks any,
+    /// and placed already if the landing is where its bytes go. Returns whether it was
+    /// accepted so.
+    pub(crate) fn on_landed_read_response(
+        &mut self,
+        now: Timestamp,
+        (h, r): (&Header, &wire::ReadResponse),
+        landing: &Landing,
+        ecn: Ecn,
+        sh: &mut Shared,
+    ) -> bool {
+        let place = |segs: &[Seg], off| landing.is_at(segs, off, landing.len());
+        self.read_response(now, (h, r), landing.len(), ecn, sh, place)
+    }
+    /// A READ response of `len` payload bytes: `place` puts them at message offset `off` of
+    /// the READ's destination `segs` (false if it cannot), once the packet is found new and
+    /// consistent with the READ. Returns whether it was accepted (and placed).
+    fn read_response(
+        &mut self,
+        now: Timestamp,
+        (h, r): (&Header, &wire::ReadResponse),
+        len: usize,
+        ecn: Ecn,
+        sh: &mut Shared,
+        place: impl FnOnce(&[Seg], u64) -> bool,
+    ) -> bool {
         if self.state != QpState::Connected {
             self.nak(h, r.msn, Syndrome::RemoteOperation);
-            return;
+            return false;
         }
         if !self.admit(h, sh) {
-            return;
+            return false;
         }
+        let qpn = self.qpn;
         let ok = self.wqe_index(r.msn).is_some_and(|i| {
             let w = &mut self.req.sq[i];
             if w.op != Op::Read || w.len != r.msg_len || !w.packetized || w.is_done() {
                 return false;
             }
             // Parsing bounded offset + length by the message length, which matches ours.
-            let (off, len) = (u64::from(r.offset), payload.len() as u64);
-            if !self.ranges.admits(&w.read_placed, off, len) || !scatter(&w.segs, off, payload) {
+            let off = u64::from(r.offset);
+            if !self.ranges.admits(&w.read_placed, off, len as u64) || !place(&w.segs, off) {
                 return false;
             }
-            let _ = self.ranges.insert(&mut w.read_placed, off, len);
+            let _ = self.ranges.insert(&mut w.read_placed, off, len as u64);
             w.got_resp = true;
             if w.is_done() {
                 self.req.awaited.answered();
+            } else if len >= LANDING_MIN_BYTES {
+                // The next responses of this READ may be received straight into place.
+                let chunk = match sh.landing {
+                    Some(l) if (l.qpn, l.msn) == (qpn, r.msn) => l.chunk.max(len as u32),
+                    _ => len as u32,
+                };
+                sh.landing = Some(LandingHint {
+                    qpn,
+                    msn: r.msn,
+                    next: off + len as u64,
+                    chunk,
+                });
             }
             true
         });
         if !ok {
             sh.stats.rx_bad_response += 1;
-            return;
+            return false;
         }
         self.accepted(now, h, ecn, sh);
         self.after_accept(sh);
         self.complete_sq(sh);
         self.rearm_rto(now, sh);
+        true
     }
     pub(crate) fn on_atomic_response(
         &mut self,

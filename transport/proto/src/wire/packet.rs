@@ -77,6 +77,27 @@ pub fn verify_crc(datagram: &[u8]) -> bool {
     super::telemetry::crc(&datagram[..split]) == get_u32(datagram, split..split + TRAILER_LEN)
 }
 
+/// Parses and checks a plain datagram received in pieces: its headers `head`
+/// ([`Repr::parse_head`]), `payload_len` payload bytes held elsewhere, and its `trailer`.
+/// `payload_crc` gets the CRC32C of `head` (a REQUEST's hop field taken as zeros) and
+/// returns it continued through the payload; the result must match the trailer, else
+/// [`Error::BadCrc`]. The datagram is what [`Packet::parse`] would accept whole.
+pub fn parse_pieces(
+    head: &[u8],
+    payload_len: usize,
+    payload_crc: impl FnOnce(u32) -> u32,
+    trailer: &[u8],
+) -> Result<Repr, Error> {
+    let repr = Repr::parse_head(head, payload_len)?;
+    let Ok(want) = <[u8; TRAILER_LEN]>::try_from(trailer) else {
+        return Err(Error::BadLength);
+    };
+    if !cfg!(fuzzing) && payload_crc(super::telemetry::crc(head)) != u32::from_be_bytes(want) {
+        return Err(Error::BadCrc);
+    }
+    Ok(repr)
+}
+
 /// Writes one packet into `buf` ([`Repr::emit`]). Returns the datagram's length.
 pub fn emit(
     buf: &mut [u8],

@@ -50,6 +50,32 @@ impl Repr {
         Repr::parse_content(plaintext, SEAL_SEQ_LEN)
     }
 
+    /// Parses the headers of a plain datagram received in pieces (`crate::Landing`): `head`
+    /// holds the common and per-kind headers and nothing more; `payload_len` payload bytes
+    /// followed elsewhere. Checks what [`parse`](Self::parse) checks but the CRC32C, which
+    /// covers pieces this function does not see ([`super::parse_pieces`]).
+    pub fn parse_head(head: &[u8], payload_len: usize) -> Result<Repr, Error> {
+        if head.len() < HEADER_LEN {
+            return Err(Error::Truncated);
+        }
+        if is_sealed(head) {
+            return Err(Error::Sealed);
+        }
+        if head[field::VERSION] != VERSION {
+            return Err(Error::BadVersion);
+        }
+        let kind = Kind::from_u8(head[field::KIND])?;
+        let body = Body::parse(kind, &head[HEADER_LEN..])?;
+        if HEADER_LEN + body.len() != head.len() {
+            return Err(Error::BadLength);
+        }
+        body.check_payload(payload_len)?;
+        Ok(Repr {
+            header: Header::read(head, kind),
+            body,
+        })
+    }
+
     /// Parses the common header, `ext_len` bytes after it (skipped), the per-kind header
     /// and the payload of `content` (no trailer), which holds at least [`HEADER_LEN`] bytes.
     fn parse_content(content: &[u8], ext_len: usize) -> Result<(Repr, &[u8]), Error> {

@@ -71,3 +71,41 @@ proptest! {
         prop_assert_eq!((p.header, p.body, p.payload), (h, Body::Request(r), &payload[..]));
     }
 }
+
+/// Every sample, cut into headers, payload and trailer, parses by `parse_pieces` to what
+/// `Packet::parse` gives whole; a flipped payload bit fails the CRC, a head that is not
+/// exactly the headers fails its length, and so does a short trailer.
+#[test]
+fn pieces_parse_as_the_whole_datagram_does() {
+    for (h, body, payload) in samples() {
+        let bytes = emit(&h, &body, &payload);
+        let whole = Packet::parse(&bytes).expect("a sample parses");
+        let head_len = HEADER_LEN + body.len();
+        let (head, rest) = bytes.split_at(head_len);
+        let (data, trailer) = rest.split_at(rest.len() - TRAILER_LEN);
+        let crc = |c| braid_crc::crc32c_append(c, data);
+        let repr = wire::parse_pieces(head, data.len(), crc, trailer).expect("pieces parse");
+        assert_eq!(repr, whole.repr(), "{whole}");
+        if !data.is_empty() {
+            let mut bad = data.to_vec();
+            bad[data.len() / 2] ^= 0x10;
+            let crc = |c| braid_crc::crc32c_append(c, &bad);
+            assert_eq!(
+                wire::parse_pieces(head, bad.len(), crc, trailer),
+                Err(Error::BadCrc),
+                "{whole}"
+            );
+        }
+        let long: Vec<u8> = bytes[..head_len + 1].to_vec();
+        let crc = |c| braid_crc::crc32c_append(c, &data[1..]);
+        assert!(
+            wire::parse_pieces(&long, data.len().saturating_sub(1), crc, trailer).is_err(),
+            "{whole}"
+        );
+        let crc = |c| braid_crc::crc32c_append(c, data);
+        assert_eq!(
+            wire::parse_pieces(head, data.len(), crc, &trailer[..2]),
+            Err(Error::BadLength)
+        );
+    }
+}
