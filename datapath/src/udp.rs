@@ -465,7 +465,7 @@ impl UdpDatapath {
             if handed >= limit || rx.pending() {
                 break;
             }
-            match rx.fill(fd) {
+            match rx.fill(fd, limit - handed) {
                 Ok((messages, datagrams)) => {
                     self.stats.received(messages, datagrams);
                     if messages == 0 {
@@ -542,13 +542,15 @@ impl GroRx {
         self.next.0 < self.metas.len()
     }
 
-    /// `recvmmsg` into the buffers (all handed over before): returns (buffers kept,
-    /// datagrams in them).
-    fn fill(&mut self, fd: RawFd) -> io::Result<(usize, usize)> {
+    /// `recvmmsg` into the buffers (all handed over before), at most `max` of them (the
+    /// datagrams the caller takes now: each buffer holds one or more: what is left
+    /// queued stays in the kernel, not in buffers that go cold before it is handed over):
+    /// returns (buffers kept, datagrams in them).
+    fn fill(&mut self, fd: RawFd, max: usize) -> io::Result<(usize, usize)> {
         self.metas.clear();
         self.next = (0, 0);
         self.received = 0;
-        let got = self.scratch.recv_owned(fd, self.ask);
+        let got = self.scratch.recv_owned(fd, self.ask.min(max));
         self.ask = match &got {
             Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => 1,
             _ => RECV_CHUNK,
