@@ -33,6 +33,12 @@ pub fn monotonic_ns() -> u64 {
     sys::monotonic_ns().unwrap_or(0)
 }
 
+/// The datagrams of a received buffer of `len` bytes whose UDP GRO segment size is
+/// `segment` (`None`: it holds one datagram): the offset and length of each.
+pub fn segments(len: usize, segment: Option<usize>) -> impl Iterator<Item = (usize, usize)> {
+    sys::segments(len, segment)
+}
+
 /// ECN codepoint of an IP packet; it lives in `braid-time` so that crates without a datapath
 /// (the engine, congestion control) can name it too.
 pub use braid_time::Ecn;
@@ -66,6 +72,35 @@ pub struct RecvMeta {
     /// the receive call that took it, ns (0 where the backend cannot tell). The engine
     /// takes it off its delay samples, as Swift takes the host's own delay off the fabric's.
     pub queued_ns: u32,
+}
+
+/// Where one datagram is to be received in pieces ([`Datapath::recv_landing`]): its first
+/// `head` bytes into the datapath's own buffer, the next `len` at `dst`, the rest into the
+/// datapath's own buffer again.
+#[derive(Debug, Clone, Copy)]
+pub struct LandingZone {
+    /// Bytes for the datapath's first buffer (the headers).
+    pub head: usize,
+    /// Where the next `len` bytes go: memory of the caller's.
+    pub dst: *mut u8,
+    /// Bytes at `dst`.
+    pub len: usize,
+}
+
+/// One datagram (or, with UDP GRO, one coalesced buffer) received in pieces by
+/// [`Datapath::recv_landing`].
+#[derive(Debug, Clone, Copy)]
+pub struct LandedPieces<'a> {
+    /// Source, ECN and wait; `len` is the whole datagram (or buffer).
+    pub meta: RecvMeta,
+    /// The GRO segment size when the buffer holds several datagrams.
+    pub segment: Option<usize>,
+    /// The bytes received into the first buffer (at most the zone's `head`).
+    pub head: &'a [u8],
+    /// How many bytes went to the zone's `dst`.
+    pub landed: usize,
+    /// The bytes received into the last buffer.
+    pub tail: &'a [u8],
 }
 
 /// Buffers for one batched receive, owned by the caller and reused across calls.
@@ -140,6 +175,31 @@ pub trait Datapath: Send + Sync + core::fmt::Debug {
     /// against datagrams with segmentation offload. Empty for a backend that counts nothing.
     fn counters(&self) -> Vec<(&'static str, u64)> {
         Vec::new()
+    }
+
+    /// Whether [`recv_landing`](Datapath::recv_landing) can receive at all on this backend.
+    fn lands(&self) -> bool {
+        false
+    }
+
+    /// Receives, without waiting, up to `zones.len()` datagrams, the `i`-th cut over
+    /// `zones[i]` as it is received (the payload of a datagram whose place is known lands
+    /// there, with no copy), and hands each to `f` with its index. Returns how many, or
+    /// `None` if this backend cannot receive so (the default) or cannot now (datagrams of an
+    /// earlier receive still wait to be handed over): the caller then uses
+    /// [`recv_with`](Datapath::recv_with). A datagram cut at other lengths than the zone's
+    /// (not the one the caller expected) is the caller's to put back together.
+    ///
+    /// # Safety
+    /// Each zone's `dst` is valid for writes of its `len` bytes until the call returns, and
+    /// the zones do not overlap each other; what the kernel writes there is any bytes.
+    unsafe fn recv_landing(
+        &self,
+        zones: &[LandingZone],
+        f: &mut dyn FnMut(usize, &LandedPieces<'_>),
+    ) -> io::Result<Option<usize>> {
+        let _ = (zones, f);
+        Ok(None)
     }
 
     /// Like [`recv`](Datapath::recv), but hands each datagram to `f` as a borrowed slice, so

@@ -989,6 +989,159 @@ impl<const C: usize, const CTRL: usize> RecvMmsg<C, CTRL> {
     }
 }
 
+/// Longest head a landing receive takes into its own buffer.
+pub(crate) const LAND_HEAD_MAX: usize = 64;
+
+/// `recvmmsg` scratch for receives in pieces ([`crate::Datapath::recv_landing`]): per
+/// message three iovecs, a head buffer of its own, the caller's landing zone, a tail buffer
+/// of its own large enough for any datagram (so one that is not the expected one is
+/// received whole, for the caller to put back together).
+pub(crate) struct LandMmsg<const K: usize, const CTRL: usize> {
+    hdrs: [libc::mmsghdr; K],
+    iovs: [[libc::iovec; 3]; K],
+    addrs: [libc::sockaddr_storage; K],
+    control: [Control<CTRL>; K],
+    heads: [[u8; LAND_HEAD_MAX]; K],
+    /// Allocated at the first receive (`MAX_DATAGRAM` bytes each, mapped as written).
+    tails: Vec<Box<[u8]>>,
+    received: usize,
+    received_at: Option<u64>,
+}
+
+impl<const K: usize, const CTRL: usize> core::fmt::Debug for LandMmsg<K, CTRL> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("LandMmsg")
+            .field("received", &self.received)
+            .finish_non_exhaustive()
+    }
+}
+
+// SAFETY: the raw pointers in the headers and iovecs point into this struct's own arrays and
+// buffers or at the caller's zones; they are rewritten before every `recvmmsg` in `recv`,
+// which holds `&mut self`, and never dereferenced by us. Moving the scratch shares nothing.
+unsafe impl<const K: usize, const CTRL: usize> Send for LandMmsg<K, CTRL> {}
+
+impl<const K: usize, const CTRL: usize> LandMmsg<K, CTRL> {
+    /// Empty scratch (its tail buffers come at the first receive).
+    pub(crate) fn new() -> Self {
+        LandMmsg {
+            hdrs: [zeroed(); K],
+            iovs: [[zeroed(); 3]; K],
+            addrs: [zeroed(); K],
+            control: [Control::new(); K],
+            heads: [[0; LAND_HEAD_MAX]; K],
+            tails: Vec::new(),
+            received: 0,
+            received_at: None,
+        }
+    }
+
+    /// `recvmmsg(MSG_DONTWAIT)` on `fd` of up to `zones.len()` (at most `K`) datagrams, the
+    /// `i`-th cut over `zones[i]` (its head clamped to [`LAND_HEAD_MAX`]).
+    ///
+    /// # Safety
+    /// As [`crate::Datapath::recv_landing`]: each zone's `dst` valid for writes of `len`
+    /// bytes during the call, the zones not overlapping.
+    pub(crate) unsafe fn recv(
+        &mut self,
+        fd: RawFd,
+        zones: &[crate::LandingZone],
+    ) -> io::Result<usize> {
+        let want = zones.len().min(K);
+        if self.tails.is_empty() {
+            self.tails = (0..K)
+                .map(|_| vec![0u8; crate::MAX_DATAGRAM].into_boxed_slice())
+                .collect();
+        }
+        for (i, z) in zones.iter().take(want).enumerate() {
+            self.iovs[i] = [
+                libc::iovec {
+                    iov_base: self.heads[i].as_mut_ptr().cast(),
+                    iov_len: z.head.min(LAND_HEAD_MAX),
+                },
+                libc::iovec {
+                    iov_base: z.dst.cast(),
+                    iov_len: z.len,
+                },
+                libc::iovec {
+                    iov_base: self.tails[i].as_mut_ptr().cast(),
+                    iov_len: self.tails[i].len(),
+                },
+            ];
+            let mut hdr: libc::msghdr = zeroed();
+            hdr.msg_name = (&mut self.addrs[i] as *mut libc::sockaddr_storage).cast();
+            hdr.msg_namelen = mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+            hdr.msg_iov = self.iovs[i].as_mut_ptr();
+            hdr.msg_iovlen = 3;
+            hdr.msg_control = self.control[i].as_mut_ptr();
+            hdr.msg_controllen = CTRL as _;
+            self.hdrs[i] = libc::mmsghdr {
+                msg_hdr: hdr,
+                msg_len: 0,
+            };
+        }
+        self.received = 0;
+        // SAFETY: the first `want <= K` headers were just written to point at this scratch's
+        // own address storage, control, head and tail buffers (sized as the iovecs say) and
+        // at the caller's zones, valid for writes of their lengths by the caller's contract;
+        // all are exclusively ours until the call returns.
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_recvmmsg,
+                fd,
+                self.hdrs.as_mut_ptr(),
+                want as libc::c_uint,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut::<libc::timespec>(),
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        self.received = (n as usize).min(want);
+        self.received_at = realtime_ns();
+        Ok(self.received)
+    }
+
+    /// Received datagram `i` of the last call, cut over `zone` (the one it was received
+    /// with), or `None` if it is to be dropped (truncated, of an unknown family, not
+    /// received).
+    pub(crate) fn pieces(
+        &self,
+        i: usize,
+        zone: &crate::LandingZone,
+    ) -> Option<crate::LandedPieces<'_>> {
+        if i >= self.received {
+            return None;
+        }
+        let m = &self.hdrs[i];
+        if m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
+            return None;
+        }
+        let src = decode_addr(&self.addrs[i], m.msg_hdr.msg_namelen)?;
+        // `msg_controllen` is a size_t on glibc and a socklen_t on musl.
+        #[allow(clippy::unnecessary_cast)]
+        let control = self.control[i].bytes(m.msg_hdr.msg_controllen as usize);
+        let c = read_control(control, m.msg_hdr.msg_flags);
+        let len = m.msg_len as usize;
+        let head = len.min(zone.head.min(LAND_HEAD_MAX));
+        let landed = (len - head).min(zone.len);
+        let tail = len - head - landed;
+        Some(crate::LandedPieces {
+            meta: RecvMeta {
+                src,
+                len,
+                ecn: c.ecn,
+                queued_ns: queued_ns(c.rx_realtime_ns, self.received_at),
+            },
+            segment: c.segment,
+            head: &self.heads[i][..head],
+            landed,
+            tail: self.tails[i].get(..tail)?,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -42,8 +42,10 @@ use std::time::{Duration, Instant};
 
 use socket2::{Domain, Protocol, Socket, Type};
 
-use crate::sys::{self, EventFd, RecvMmsg, SendArrays, SendMmsg};
-use crate::{Datapath, Ecn, MAX_DATAGRAM, RecvBatch, RecvMeta, Transmit};
+use crate::sys::{self, EventFd, LandMmsg, RecvMmsg, SendArrays, SendMmsg};
+use crate::{
+    Datapath, Ecn, LandedPieces, LandingZone, MAX_DATAGRAM, RecvBatch, RecvMeta, Transmit,
+};
 
 /// The most paths (sockets, source ports) one datapath opens.
 pub const MAX_PATHS: u16 = 256;
@@ -62,6 +64,9 @@ const SEND_CHUNK: usize = 64;
 
 /// Datagrams taken from one `recvmmsg` call at most.
 const RECV_CHUNK: usize = 64;
+
+/// Datagrams one receive in pieces (`recv_landing`) takes at most.
+const LAND_CHUNK: usize = 4;
 
 /// How long one `send` call waits in total for room in a full socket buffer.
 pub(crate) const SEND_BLOCK_NS_MAX: u64 = 10_000_000;
@@ -147,6 +152,8 @@ pub struct UdpDatapath {
     /// not handed over yet. `None` when GRO is off (datagrams go straight into the caller's
     /// batch).
     gro: Option<Mutex<GroRx>>,
+    /// The scratch of receives in pieces (`recv_landing`).
+    land: Mutex<Box<LandMmsg<LAND_CHUNK, RECV_CONTROL_BYTES>>>,
     stats: OffloadCounters,
 }
 
@@ -177,6 +184,7 @@ impl UdpDatapath {
             max_payload: config.max_payload,
             gso: AtomicBool::new(gso),
             gro,
+            land: Mutex::new(Box::new(LandMmsg::new())),
             stats: OffloadCounters::default(),
         })
     }
@@ -391,6 +399,42 @@ impl Datapath for UdpDatapath {
         self.receive_gro(&mut lock(gro), limit, timeout, f)
     }
 
+    fn lands(&self) -> bool {
+        true
+    }
+
+    /// One `recvmmsg` of up to four datagrams, each with three iovecs. Declines (`None`)
+    /// while coalesced buffers of an earlier receive still hold datagrams, which go first.
+    unsafe fn recv_landing(
+        &self,
+        zones: &[LandingZone],
+        f: &mut dyn FnMut(usize, &LandedPieces<'_>),
+    ) -> io::Result<Option<usize>> {
+        // Held through the receive: no coalesced buffer is filled meanwhile.
+        let gro = self.gro.as_ref().map(lock);
+        if gro.as_ref().is_some_and(|g| g.pending()) {
+            return Ok(None);
+        }
+        let mut land = lock(&self.land);
+        // SAFETY: the caller's contract (each zone's `dst` writable for its `len` bytes, the
+        // zones apart) is `LandMmsg::recv`'s.
+        let n = match unsafe { land.recv(self.sockets.rx().as_raw_fd(), zones) } {
+            Ok(n) => n,
+            Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => return Ok(Some(0)),
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => return Ok(Some(0)),
+            Err(e) => return Err(e),
+        };
+        let mut datagrams = 0;
+        for (i, zone) in zones.iter().enumerate().take(n) {
+            if let Some(p) = land.pieces(i, zone) {
+                datagrams += sys::segments(p.meta.len, p.segment).count();
+                f(i, &p);
+            }
+        }
+        self.stats.received(n, datagrams);
+        Ok(Some(n))
+    }
+
     fn wake(&self) {
         self.wake_fd.signal();
     }
@@ -544,7 +588,8 @@ impl GroRx {
 
     /// `recvmmsg` into the buffers (all handed over before), at most `max` of them (the
     /// datagrams the caller takes now: each buffer holds one or more: what is left
-    /// queued stays in the kernel, not in buffers that go cold before it is handed over):
+    /// queued stays in the kernel, not in buffers that go cold before it is handed over,
+    /// and a receive straight into place can take it):
     /// returns (buffers kept, datagrams in them).
     fn fill(&mut self, fd: RawFd, max: usize) -> io::Result<(usize, usize)> {
         self.metas.clear();
@@ -1075,6 +1120,95 @@ mod tests {
             // Each run of three (one per path) went out as one message.
             assert_eq!(a.offload_stats().messages_sent, 2);
         }
+    }
+
+    /// A receive in pieces cuts each datagram over its zone: the head into the datapath's
+    /// buffer, the payload straight into the caller's memory, the rest into the tail; one
+    /// of other lengths is cut the same way (the caller puts it back together); an empty
+    /// socket gives `Some(0)`; coalesced buffers still to hand over make it decline.
+    #[test]
+    fn a_receive_in_pieces_lands_each_payload_in_place() {
+        for gro in [false, true] {
+            let a = loopback(1);
+            let b = UdpDatapath::bind(UdpConfig {
+                gro,
+                ..UdpConfig::new("127.0.0.1:0".parse().unwrap(), 1)
+            })
+            .unwrap();
+            let mut dst = vec![0u8; 3 * 40_000];
+            let zones: Vec<LandingZone> = (0..3)
+                .map(|i| LandingZone {
+                    head: 40,
+                    // SAFETY: inside `dst` (3 zones of 40,000 bytes).
+                    dst: unsafe { dst.as_mut_ptr().add(i * 40_000) },
+                    len: 40_000,
+                })
+                .collect();
+            let mut calls = 0;
+            // SAFETY: each zone is 40,000 bytes of `dst`, apart, alive through the call.
+            let none = unsafe { b.recv_landing(&zones, &mut |_, _| calls += 1) };
+            assert_eq!(
+                (none.unwrap(), calls),
+                (Some(0), 0),
+                "gro {gro}: empty socket"
+            );
+            let fits: Vec<u8> = (0..40_044u32).map(|i| (i * 13) as u8).collect();
+            let short: Vec<u8> = (0..1000u32).map(|i| (i * 7) as u8).collect();
+            send_all(&a, &on_path(b.local_addr(), 0, &[&fits[..], &short[..]]));
+            std::thread::sleep(Duration::from_millis(50));
+            let mut got = Vec::new();
+            // SAFETY: as above.
+            let n = unsafe {
+                b.recv_landing(&zones, &mut |i, p| {
+                    got.push((i, p.meta.len, p.head.to_vec(), p.landed, p.tail.to_vec()));
+                })
+            };
+            assert_eq!(n.unwrap(), Some(2), "gro {gro}");
+            assert_eq!(got[0].0, 0);
+            assert_eq!((got[0].1, got[0].3), (40_044, 40_000));
+            assert_eq!(got[0].2, fits[..40]);
+            assert_eq!(got[0].4, fits[40_040..]);
+            assert_eq!(dst[..40_000], fits[40..40_040]);
+            assert_eq!((got[1].0, got[1].1, got[1].3), (1, 1000, 960));
+            assert_eq!(got[1].2, short[..40]);
+            assert!(got[1].4.is_empty());
+            assert_eq!(dst[40_000..40_960], short[40..]);
+            assert!(
+                dst[40_960..].iter().all(|&x| x == 0),
+                "nothing past what arrived"
+            );
+        }
+        // With GRO, small datagrams coalesce into buffers; while one is half handed over,
+        // the receive in pieces declines.
+        let a = loopback(1);
+        let b = loopback(1);
+        let small = [[1u8; 100], [2u8; 100], [3u8; 100]];
+        send_all(&a, &on_path(b.local_addr(), 0, &small));
+        std::thread::sleep(Duration::from_millis(50));
+        let mut batch = RecvBatch::new(1, 2048);
+        let mut first = 0;
+        b.recv_with(&mut batch, Some(Duration::ZERO), &mut |_, _| first += 1)
+            .unwrap();
+        let mut dst = [0u8; 64];
+        let zone = [LandingZone {
+            head: 8,
+            dst: dst.as_mut_ptr(),
+            len: dst.len(),
+        }];
+        assert!(a.uses_gso() && b.uses_gro(), "loopback has UDP GSO and GRO");
+        assert_eq!(first, 1);
+        assert!(b.gro.as_ref().is_some_and(|g| lock(g).pending()));
+        // SAFETY: `dst` is 64 bytes, alive through the call.
+        let r = unsafe { b.recv_landing(&zone, &mut |_, _| {}) }.unwrap();
+        assert_eq!(r, None, "declines while coalesced datagrams wait");
+        b.recv_with(&mut batch, Some(Duration::ZERO), &mut |_, _| first += 1)
+            .unwrap();
+        b.recv_with(&mut batch, Some(Duration::ZERO), &mut |_, _| first += 1)
+            .unwrap();
+        assert_eq!(first, 3);
+        // SAFETY: as above.
+        let r = unsafe { b.recv_landing(&zone, &mut |_, _| {}) }.unwrap();
+        assert_eq!(r, Some(0), "then receives again");
     }
 
     /// A spinning poller's zero-timeout receive skips the readiness wait: it still returns 0

@@ -60,11 +60,12 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, TryLockError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use braid_datapath::{Datapath, Ecn, RecvBatch, RecvMeta};
+use braid_datapath::{Datapath, Ecn, LandingZone, RecvBatch, RecvMeta};
 use braid_proto::validate::{self, LocalMr};
 use braid_proto::{
-    Access, Completion, CqId, Endpoint, EndpointConfig, EndpointStats, KeyHasher, KeyMap, MrKeys,
-    PathStats, PdId, PostError, RecvWr, Region, ResourceError, RttSummary, SendWr, Timestamp,
+    Access, Completion, CqId, Endpoint, EndpointConfig, EndpointStats, KeyHasher, KeyMap, Landing,
+    MrKeys, PathStats, PdId, PostError, RecvWr, Region, ResourceError, RttSummary, SendWr,
+    Timestamp,
 };
 use braid_sync::{Consumer, Doorbell, Event, Mpsc, Pool, Producer, Ring};
 use smallvec::SmallVec;
@@ -461,6 +462,12 @@ pub(super) struct Inner {
     /// datapath (ns, 0 for never): the waiter's next `wait_inline` within `SLOT_WISH_NS`
     /// gives the slot back instead of sleeping with it again (see `drive`).
     slot_wanted: AtomicU64,
+    /// The engine may name places to receive large READ responses into
+    /// (`Endpoint::wants_landing`, refreshed by whoever receives): receives try
+    /// `receive_landed` first.
+    landing: AtomicBool,
+    /// The scratch of `receive_landed` (taken by whoever receives: uncontended).
+    land: Mutex<LandScratch>,
 }
 
 /// The receive and transmit buffers of the thread driving an inline-progress device.
@@ -486,6 +493,41 @@ impl Driver {
             engine_owed: false,
         }
     }
+}
+
+/// Datagrams one receive straight into place takes at most (`Inner::receive_landed`).
+const LAND_MAX: usize = 4;
+
+/// Header bytes a landed datagram's record keeps (a READ response's headers are 40).
+const LAND_HEAD: usize = 64;
+
+/// The scratch of the receives straight into place (`Inner::receive_landed`).
+#[derive(Default)]
+struct LandScratch {
+    /// Where the engine expects the next datagrams.
+    lands: Vec<Landing>,
+    /// What the receive brought, in order.
+    items: Vec<Landed>,
+    /// The datagrams that were not the ones predicted, put back together.
+    bytes: Vec<u8>,
+}
+
+/// One datagram of a receive straight into place.
+enum Landed {
+    /// The one predicted for landing `i`: its headers and trailer (its payload in place).
+    Placed {
+        i: usize,
+        meta: RecvMeta,
+        head: [u8; LAND_HEAD],
+        head_len: usize,
+        tail: [u8; 4],
+    },
+    /// Another datagram (or coalesced buffer), put back together at `bytes[at..at + len]`.
+    Whole {
+        meta: RecvMeta,
+        segment: Option<usize>,
+        at: usize,
+    },
 }
 
 /// Datagram slots of a receive batch for datagrams of up to `max_payload` bytes: `BATCH`,
@@ -759,6 +801,7 @@ impl Owner {
             sum.rx_auth_failed += s.rx_auth_failed;
             sum.rx_replayed += s.rx_replayed;
             sum.stalled_samples += s.stalled_samples;
+            sum.rx_landed += s.rx_landed;
         }
         sum
     }
@@ -872,6 +915,8 @@ impl Inner {
             progress_parked: AtomicBool::new(false),
             progress_driving: AtomicBool::new(false),
             slot_wanted: AtomicU64::new(0),
+            landing: AtomicBool::new(false),
+            land: Mutex::new(LandScratch::default()),
         }
     }
 }
@@ -1219,6 +1264,16 @@ impl Inner {
     /// datagram, not while waiting, and each payload goes from the datapath's buffer straight
     /// into its memory region.
     fn receive(&self, rx: &mut RecvBatch, timeout: Option<Duration>) -> usize {
+        if self.landing.load(Ordering::Relaxed) {
+            let mut core = self.lock();
+            let now = self.now();
+            match self.receive_landed(&mut core, now) {
+                // Nothing queued and time to wait: the usual receive waits.
+                Some(0) if timeout != Some(Duration::ZERO) => {}
+                Some(n) => return n,
+                None => {}
+            }
+        }
         let mut core = None;
         let mut now = Timestamp::ZERO;
         let r = self.datapath.recv_with(rx, timeout, &mut |meta, bytes| {
@@ -1228,6 +1283,9 @@ impl Inner {
             });
             self.deliver(core, now, meta, bytes);
         });
+        if let Some(core) = &core {
+            self.note_landing(core);
+        }
         match r {
             Ok(n) => n,
             Err(_) => {
@@ -1236,6 +1294,137 @@ impl Inner {
                 0
             }
         }
+    }
+
+    /// Records whether the engine may name landings (after it handled datagrams) that the
+    /// datapath can receive into.
+    fn note_landing(&self, core: &Core) {
+        let wants = core.ep.wants_landing() && self.datapath.lands();
+        if wants != self.landing.load(Ordering::Relaxed) {
+            self.landing.store(wants, Ordering::Relaxed);
+        }
+    }
+
+    /// Receives what is queued straight into place where the engine expects the next
+    /// datagrams of a large READ response (see `braid_proto::Landing`): one receive in
+    /// pieces of up to `LAND_MAX` datagrams, the engine held from naming the places until
+    /// what landed there is handled, so nothing places or frees those bytes meanwhile. The
+    /// datagrams that are not the ones predicted are put back together, all of them before
+    /// any is handled (handling places bytes, maybe where another one landed), and handed
+    /// over as any received datagram. `None` when the engine names no place (the flag is
+    /// cleared) or the datapath declines: the caller receives the usual way.
+    fn receive_landed(&self, core: &mut Core, now: Timestamp) -> Option<usize> {
+        let mut scratch = self.land.lock().unwrap_or_else(|e| e.into_inner());
+        let LandScratch {
+            lands,
+            items,
+            bytes,
+        } = &mut *scratch;
+        lands.clear();
+        core.ep.landings(lands, LAND_MAX);
+        if lands.is_empty() {
+            self.landing.store(false, Ordering::Relaxed);
+            return None;
+        }
+        let empty = LandingZone {
+            head: 0,
+            dst: std::ptr::null_mut(),
+            len: 0,
+        };
+        let mut zones = [empty; LAND_MAX];
+        for (z, l) in zones.iter_mut().zip(lands.iter()) {
+            *z = LandingZone {
+                head: l.head_len(),
+                dst: l.dst(),
+                len: l.len(),
+            };
+        }
+        items.clear();
+        bytes.clear();
+        let mut take = |i: usize, p: &braid_datapath::LandedPieces<'_>| {
+            let l = &lands[i];
+            if p.segment.is_none()
+                && p.head.len() <= LAND_HEAD
+                && l.matches(p.head, p.landed, p.tail)
+            {
+                let mut head = [0u8; LAND_HEAD];
+                head[..p.head.len()].copy_from_slice(p.head);
+                let mut tail = [0u8; 4];
+                tail.copy_from_slice(p.tail);
+                items.push(Landed::Placed {
+                    i,
+                    meta: p.meta,
+                    head,
+                    head_len: p.head.len(),
+                    tail,
+                });
+                return;
+            }
+            let at = bytes.len();
+            bytes.extend_from_slice(p.head);
+            let mid = bytes.len();
+            bytes.resize(mid + p.landed, 0);
+            l.read_landed(&mut bytes[mid..]);
+            bytes.extend_from_slice(p.tail);
+            items.push(Landed::Whole {
+                meta: p.meta,
+                segment: p.segment,
+                at,
+            });
+        };
+        // SAFETY: each landing names `len` bytes of live registered memory that no packet
+        // has placed, apart from the others' (`Endpoint::landings`); this thread holds the
+        // engine from naming them until what landed is handled below, so nothing places,
+        // deregisters or frees them meanwhile.
+        let got = unsafe { self.datapath.recv_landing(&zones[..lands.len()], &mut take) };
+        let n = match got {
+            Ok(Some(n)) => n,
+            // Declined, or an error the usual receive reports.
+            Ok(None) | Err(_) => return None,
+        };
+        for item in items.drain(..) {
+            match item {
+                Landed::Placed {
+                    i,
+                    meta,
+                    head,
+                    head_len,
+                    tail,
+                } => {
+                    let from = (meta.src, meta.ecn as u8);
+                    let head = &head[..head_len];
+                    let l = &lands[i];
+                    if !core
+                        .ep
+                        .handle_landed(now, meta.queued_ns, from, l, head, &tail)
+                    {
+                        // Not what `matches` said (it cannot be): handled as any datagram.
+                        let mut whole = head.to_vec();
+                        let mid = whole.len();
+                        whole.resize(mid + l.len(), 0);
+                        l.read_landed(&mut whole[mid..]);
+                        whole.extend_from_slice(&tail);
+                        self.deliver(
+                            core,
+                            now,
+                            &RecvMeta {
+                                len: whole.len(),
+                                ..meta
+                            },
+                            &whole,
+                        );
+                    }
+                }
+                Landed::Whole { meta, segment, at } => {
+                    for (off, len) in braid_datapath::segments(meta.len, segment) {
+                        let d = &bytes[at + off..at + off + len];
+                        self.deliver(core, now, &RecvMeta { len, ..meta }, d);
+                    }
+                }
+            }
+        }
+        self.note_landing(core);
+        Some(n)
     }
 
     /// Hands one received datagram to the handshake or the engine.
@@ -1348,13 +1537,27 @@ impl Inner {
             *clock_in -= 1;
         }
         let mut engine = None;
-        let received = self
-            .datapath
-            .recv_with(rx, Some(Duration::ZERO), &mut |meta, bytes| {
-                let (core, at) = engine.get_or_insert_with(|| (self.lock(), self.now()));
-                self.deliver(core, *at, meta, bytes);
-            })
-            .unwrap_or(0);
+        let mut landed = None;
+        if self.landing.load(Ordering::Relaxed) {
+            let (core, at) = engine.get_or_insert_with(|| (self.lock(), self.now()));
+            landed = self.receive_landed(core, *at);
+        }
+        let received = match landed {
+            Some(n) => n,
+            None => {
+                let n = self
+                    .datapath
+                    .recv_with(rx, Some(Duration::ZERO), &mut |meta, bytes| {
+                        let (core, at) = engine.get_or_insert_with(|| (self.lock(), self.now()));
+                        self.deliver(core, *at, meta, bytes);
+                    })
+                    .unwrap_or(0);
+                if let Some((core, _)) = &engine {
+                    self.note_landing(core);
+                }
+                n
+            }
+        };
         let now = engine.as_ref().map(|(_, at)| *at).or(now);
         let timers_due = now.is_some_and(|t| t.nanos_since(*timers_checked) >= BUSY_TIMER_CHECK_NS);
         let mut core = match engine {
