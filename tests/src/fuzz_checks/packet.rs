@@ -105,6 +105,41 @@ fn check_parse(d: &[u8]) {
     );
 }
 
+/// The same bytes received in pieces (`wire::parse_pieces`: headers, payload elsewhere,
+/// trailer), cut at every head length up to the body's: never a panic, and a cut is accepted
+/// exactly when it falls where the headers end and the whole datagram parses, to the same
+/// headers.
+fn check_pieces(d: &[u8]) {
+    let Some(body_end) = d.len().checked_sub(wire::TRAILER_LEN) else {
+        return;
+    };
+    let whole = Packet::parse(d);
+    let cuts = (0..=body_end).take(wire::HEADER_LEN + wire::MAX_BODY_LEN + 2);
+    for k in cuts {
+        let (head, rest) = d.split_at(k);
+        let (payload, trailer) = rest.split_at(body_end - k);
+        let crc = |c| crc32c::crc32c_append(c, payload);
+        match (
+            wire::parse_pieces(head, payload.len(), crc, trailer),
+            &whole,
+        ) {
+            (Ok(repr), Ok(p)) => {
+                assert_eq!(k, wire::HEADER_LEN + p.body.len(), "cut at {k}: {p}");
+                assert_eq!(repr, p.repr());
+            }
+            (Ok(repr), Err(e)) => panic!("pieces cut at {k} parse to {repr:?}, the whole: {e}"),
+            (Err(_), Ok(p)) => {
+                assert_ne!(
+                    k,
+                    wire::HEADER_LEN + p.body.len(),
+                    "cut at the headers' end: {p}"
+                )
+            }
+            (Err(_), Err(_)) => {}
+        }
+    }
+}
+
 fn check_sealed(data: &[u8]) {
     assert_eq!(Packet::parse(data), Err(wire::Error::Sealed));
     if let Ok(peek) = wire::peek_sealed(data) {
@@ -134,7 +169,8 @@ fn check_sealed(data: &[u8]) {
     }
 }
 
-/// Raw bytes into the packet parser and printer. Checked on every input: parsing never panics;
+/// Raw bytes into the packet parser and printer. Checked on every input: parsing never panics
+/// (whole, or cut into headers, payload and trailer as a receive straight into place gets it);
 /// a short datagram is `Truncated`; on stable, a wrong trailer is `BadCrc` before any field is
 /// looked at; and for every input that parses (as given, and with its trailer recomputed) the
 /// header, body, payload and trailer make up the datagram exactly, the payload is borrowed
@@ -150,6 +186,7 @@ pub fn packet(data: &[u8]) {
         return;
     }
     check_parse(data);
+    check_pieces(data);
     let mut fixed = data.to_vec();
     fix_crc(&mut fixed);
     if fixed != data {
@@ -157,5 +194,6 @@ pub fn packet(data: &[u8]) {
             assert_eq!(Packet::parse(data), Err(wire::Error::BadCrc));
         }
         check_parse(&fixed);
+        check_pieces(&fixed);
     }
 }

@@ -336,12 +336,16 @@ impl Qp {
             }
             let _ = self.ranges.insert(&mut w.read_placed, off, len as u64);
             w.got_resp = true;
+            let this = |l: &LandingHint| (l.qpn, l.msn) == (qpn, r.msn);
             if w.is_done() {
                 self.req.awaited.answered();
+                if sh.landing.as_ref().is_some_and(this) {
+                    sh.landing = None;
+                }
             } else if len >= LANDING_MIN_BYTES {
                 // The next responses of this READ may be received straight into place.
                 let chunk = match sh.landing {
-                    Some(l) if (l.qpn, l.msn) == (qpn, r.msn) => l.chunk.max(len as u32),
+                    Some(l) if this(&l) => l.chunk.max(len as u32),
                     _ => len as u32,
                 };
                 sh.landing = Some(LandingHint {
