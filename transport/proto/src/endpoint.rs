@@ -219,6 +219,33 @@ impl QpTable {
     }
 }
 
+/// The QP a plain (not sealed) packet with header `h` from `src` is for, if `src` is its
+/// connected peer and it takes plain packets; else the drop is counted and `None`.
+fn plain_qp<'a>(
+    qps: &'a mut QpTable,
+    stats: &mut EndpointStats,
+    h: &wire::Header,
+    src: SocketAddr,
+) -> Option<QpMut<'a>> {
+    let Some(qp) = qps.get_mut(h.dst_qpn) else {
+        stats.rx_unknown_qp += 1;
+        return None;
+    };
+    match qp.peer {
+        Some(p) if p.addr.ip() == src.ip() && p.qpn == h.src_qpn => {}
+        _ => {
+            stats.rx_wrong_peer += 1;
+            return None;
+        }
+    }
+    if qp.seal.is_on() {
+        // A plain packet on an encrypted connection: unauthenticated, so refused.
+        stats.rx_auth_failed += 1;
+        return None;
+    }
+    Some(qp)
+}
+
 /// Asks the QP for its next datagram, written into `buf`, counting the visit in `visits` and
 /// the datagram in the statistics. Returns it with whether the QP keeps its turn: only a new
 /// packet of an unfinished burst does (an ACK or a retransmission in between does not).
@@ -798,10 +825,8 @@ impl Endpoint {
         ecn: u8,
         datagram: &[u8],
     ) {
-        self.sh.rx_at = Timestamp::from_nanos(now.as_nanos().saturating_sub(u64::from(queued_ns)));
+        self.note_arrival(now, queued_ns);
         let ecn = Ecn::from_bits(ecn);
-        self.sh.stats.rx_datagrams += 1;
-        self.sh.stall.note(now, self.qps.timers.earliest());
         if wire::is_sealed(datagram) {
             self.handle_sealed(now, src, ecn, datagram);
             return;
@@ -817,24 +842,18 @@ impl Endpoint {
                 return;
             }
         };
-        let Some(mut guard) = self.qps.get_mut(pkt.header.dst_qpn) else {
-            self.sh.stats.rx_unknown_qp += 1;
+        let Some(mut qp) = plain_qp(&mut self.qps, &mut self.sh.stats, &pkt.header, src) else {
             return;
         };
-        let qp = &mut *guard;
-        match qp.peer {
-            Some(p) if p.addr.ip() == src.ip() && p.qpn == pkt.header.src_qpn => {}
-            _ => {
-                self.sh.stats.rx_wrong_peer += 1;
-                return;
-            }
-        }
-        if qp.seal.is_on() {
-            // A plain packet on an encrypted connection: unauthenticated, so refused.
-            self.sh.stats.rx_auth_failed += 1;
-            return;
-        }
         qp.dispatch(now, ecn, wire::hop_queue(datagram), &pkt, &mut self.sh);
+    }
+
+    /// A datagram reached this host `queued_ns` before `now`: counted, its arrival time kept
+    /// for the delay samples ([`handle_received`](Self::handle_received)).
+    fn note_arrival(&mut self, now: Timestamp, queued_ns: u32) {
+        self.sh.rx_at = Timestamp::from_nanos(now.as_nanos().saturating_sub(u64::from(queued_ns)));
+        self.sh.stats.rx_datagrams += 1;
+        self.sh.stall.note(now, self.qps.timers.earliest());
     }
 
     /// Whether [`landings`](Self::landings) may name any: a READ response stream of large
@@ -898,9 +917,7 @@ impl Endpoint {
         if !landing.matches(head, landing.len(), tail) {
             return false;
         }
-        self.sh.rx_at = Timestamp::from_nanos(now.as_nanos().saturating_sub(u64::from(queued_ns)));
-        self.sh.stats.rx_datagrams += 1;
-        self.sh.stall.note(now, self.qps.timers.earliest());
+        self.note_arrival(now, queued_ns);
         // A landing lies in a live region (the caller holds this endpoint since it was
         // named), so its CRC is always read; were it not, the flipped value fails the check.
         let crc = |c: u32| landing.crc(c).unwrap_or(!c);
@@ -918,22 +935,9 @@ impl Endpoint {
                 return true;
             }
         };
-        let Some(mut guard) = self.qps.get_mut(h.dst_qpn) else {
-            self.sh.stats.rx_unknown_qp += 1;
+        let Some(mut qp) = plain_qp(&mut self.qps, &mut self.sh.stats, &h, src) else {
             return true;
         };
-        let qp = &mut *guard;
-        match qp.peer {
-            Some(p) if p.addr.ip() == src.ip() && p.qpn == h.src_qpn => {}
-            _ => {
-                self.sh.stats.rx_wrong_peer += 1;
-                return true;
-            }
-        }
-        if qp.seal.is_on() {
-            self.sh.stats.rx_auth_failed += 1;
-            return true;
-        }
         // READ responses carry no hop telemetry (only requests do).
         qp.rsp.rx_hop = 0;
         let ecn = Ecn::from_bits(ecn);
