@@ -939,20 +939,8 @@ impl<const C: usize, const CTRL: usize> RecvMmsg<C, CTRL> {
     unsafe fn call(&mut self, fd: RawFd, want: usize) -> io::Result<usize> {
         debug_assert!(want <= C && want <= self.prepared);
         // SAFETY: the caller's contract.
-        let n = unsafe {
-            libc::syscall(
-                libc::SYS_recvmmsg,
-                fd,
-                self.hdrs.as_mut_ptr(),
-                want as libc::c_uint,
-                libc::MSG_DONTWAIT,
-                std::ptr::null_mut::<libc::timespec>(),
-            )
-        };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        self.received = (n as usize).min(want);
+        let n = unsafe { recvmmsg(fd, &mut self.hdrs[..want])? };
+        self.received = n;
         self.received_at = realtime_ns();
         Ok(self.received)
     }
@@ -970,23 +958,64 @@ impl<const C: usize, const CTRL: usize> RecvMmsg<C, CTRL> {
         if i >= self.received {
             return None;
         }
-        let m = &self.hdrs[i];
-        if m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
-            return None;
-        }
-        let src = decode_addr(&self.addrs[i], m.msg_hdr.msg_namelen)?;
-        // `msg_controllen` is a size_t on glibc and a socklen_t on musl.
-        #[allow(clippy::unnecessary_cast)]
-        let control = self.control[i].bytes(m.msg_hdr.msg_controllen as usize);
-        let c = read_control(control, m.msg_hdr.msg_flags);
-        let meta = RecvMeta {
-            src,
-            len: m.msg_len as usize,
-            ecn: c.ecn,
-            queued_ns: queued_ns(c.rx_realtime_ns, self.received_at),
-        };
-        Some((meta, c.segment))
+        received_meta(
+            &self.hdrs[i],
+            &self.addrs[i],
+            &self.control[i],
+            self.received_at,
+        )
     }
+}
+
+/// The bare `recvmmsg(MSG_DONTWAIT)` system call into `hdrs` (see `RecvMmsg::call` for why
+/// not glibc's wrapper): how many messages arrived, or the OS error.
+///
+/// # Safety
+/// Every header points at address storage, control space and iovecs that are valid for the
+/// kernel's writes (of the lengths the header and iovecs give) during the call and that
+/// nothing else accesses meanwhile.
+unsafe fn recvmmsg(fd: RawFd, hdrs: &mut [libc::mmsghdr]) -> io::Result<usize> {
+    // SAFETY: the caller's contract; `hdrs` is a live array of `hdrs.len()` headers.
+    let n = unsafe {
+        libc::syscall(
+            libc::SYS_recvmmsg,
+            fd,
+            hdrs.as_mut_ptr(),
+            hdrs.len() as libc::c_uint,
+            libc::MSG_DONTWAIT,
+            std::ptr::null_mut::<libc::timespec>(),
+        )
+    };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok((n as usize).min(hdrs.len()))
+}
+
+/// The metadata of one message a `recvmmsg` filled (`received_at`: the clock when it
+/// returned) and the GRO segment size of its buffer, or `None` if it is to be dropped
+/// (truncated, or from an address family we do not know).
+fn received_meta<const CTRL: usize>(
+    m: &libc::mmsghdr,
+    addr: &libc::sockaddr_storage,
+    control: &Control<CTRL>,
+    received_at: Option<u64>,
+) -> Option<(RecvMeta, Option<usize>)> {
+    if m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
+        return None;
+    }
+    let src = decode_addr(addr, m.msg_hdr.msg_namelen)?;
+    // `msg_controllen` is a size_t on glibc and a socklen_t on musl.
+    #[allow(clippy::unnecessary_cast)]
+    let control = control.bytes(m.msg_hdr.msg_controllen as usize);
+    let c = read_control(control, m.msg_hdr.msg_flags);
+    let meta = RecvMeta {
+        src,
+        len: m.msg_len as usize,
+        ecn: c.ecn,
+        queued_ns: queued_ns(c.rx_realtime_ns, received_at),
+    };
+    Some((meta, c.segment))
 }
 
 /// Longest head a landing receive takes into its own buffer.
@@ -1085,20 +1114,7 @@ impl<const K: usize, const CTRL: usize> LandMmsg<K, CTRL> {
         // own address storage, control, head and tail buffers (sized as the iovecs say) and
         // at the caller's zones, valid for writes of their lengths by the caller's contract;
         // all are exclusively ours until the call returns.
-        let n = unsafe {
-            libc::syscall(
-                libc::SYS_recvmmsg,
-                fd,
-                self.hdrs.as_mut_ptr(),
-                want as libc::c_uint,
-                libc::MSG_DONTWAIT,
-                std::ptr::null_mut::<libc::timespec>(),
-            )
-        };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        self.received = (n as usize).min(want);
+        self.received = unsafe { recvmmsg(fd, &mut self.hdrs[..want])? };
         self.received_at = realtime_ns();
         Ok(self.received)
     }
@@ -1114,27 +1130,19 @@ impl<const K: usize, const CTRL: usize> LandMmsg<K, CTRL> {
         if i >= self.received {
             return None;
         }
-        let m = &self.hdrs[i];
-        if m.msg_hdr.msg_flags & libc::MSG_TRUNC != 0 {
-            return None;
-        }
-        let src = decode_addr(&self.addrs[i], m.msg_hdr.msg_namelen)?;
-        // `msg_controllen` is a size_t on glibc and a socklen_t on musl.
-        #[allow(clippy::unnecessary_cast)]
-        let control = self.control[i].bytes(m.msg_hdr.msg_controllen as usize);
-        let c = read_control(control, m.msg_hdr.msg_flags);
-        let len = m.msg_len as usize;
+        let (meta, segment) = received_meta(
+            &self.hdrs[i],
+            &self.addrs[i],
+            &self.control[i],
+            self.received_at,
+        )?;
+        let len = meta.len;
         let head = len.min(zone.head.min(LAND_HEAD_MAX));
         let landed = (len - head).min(zone.len);
         let tail = len - head - landed;
         Some(crate::LandedPieces {
-            meta: RecvMeta {
-                src,
-                len,
-                ecn: c.ecn,
-                queued_ns: queued_ns(c.rx_realtime_ns, self.received_at),
-            },
-            segment: c.segment,
+            meta,
+            segment,
             head: &self.heads[i][..head],
             landed,
             tail: self.tails[i].get(..tail)?,
