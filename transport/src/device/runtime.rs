@@ -1393,27 +1393,11 @@ impl Inner {
                 } => {
                     let from = (meta.src, meta.ecn as u8);
                     let head = &head[..head_len];
-                    let l = &lands[i];
-                    if !core
-                        .ep
-                        .handle_landed(now, meta.queued_ns, from, l, head, &tail)
-                    {
-                        // Not what `matches` said (it cannot be): handled as any datagram.
-                        let mut whole = head.to_vec();
-                        let mid = whole.len();
-                        whole.resize(mid + l.len(), 0);
-                        l.read_landed(&mut whole[mid..]);
-                        whole.extend_from_slice(&tail);
-                        self.deliver(
-                            core,
-                            now,
-                            &RecvMeta {
-                                len: whole.len(),
-                                ..meta
-                            },
-                            &whole,
-                        );
-                    }
+                    let handled =
+                        core.ep
+                            .handle_landed(now, meta.queued_ns, from, &lands[i], head, &tail);
+                    // `matches` said so above, for these very pieces.
+                    debug_assert!(handled, "a landing refused what it predicted");
                 }
                 Landed::Whole { meta, segment, at } => {
                     for (off, len) in braid_datapath::segments(meta.len, segment) {
