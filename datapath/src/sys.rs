@@ -905,17 +905,8 @@ impl<const C: usize, const CTRL: usize> RecvMmsg<C, CTRL> {
                 continue;
             }
             self.iovs[i] = iov;
-            let mut hdr: libc::msghdr = zeroed();
-            hdr.msg_name = (&mut self.addrs[i] as *mut libc::sockaddr_storage).cast();
-            hdr.msg_namelen = mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            hdr.msg_iov = &mut self.iovs[i];
-            hdr.msg_iovlen = 1;
-            hdr.msg_control = self.control[i].as_mut_ptr();
-            hdr.msg_controllen = CTRL as _;
-            self.hdrs[i] = libc::mmsghdr {
-                msg_hdr: hdr,
-                msg_len: 0,
-            };
+            let iovs = core::slice::from_mut(&mut self.iovs[i]);
+            self.hdrs[i] = recv_header(&mut self.addrs[i], iovs, &mut self.control[i]);
         }
         self.prepared = self.prepared.max(want);
         // SAFETY: the first `want <= C` headers point at this scratch's own address storage
@@ -964,6 +955,26 @@ impl<const C: usize, const CTRL: usize> RecvMmsg<C, CTRL> {
             &self.control[i],
             self.received_at,
         )
+    }
+}
+
+/// A `recvmmsg` header receiving into `iovs`, the source address into `addr` and control
+/// messages into `control` (the pointers are the kernel's to write through during a call).
+fn recv_header<const CTRL: usize>(
+    addr: &mut libc::sockaddr_storage,
+    iovs: &mut [libc::iovec],
+    control: &mut Control<CTRL>,
+) -> libc::mmsghdr {
+    let mut hdr: libc::msghdr = zeroed();
+    hdr.msg_name = (addr as *mut libc::sockaddr_storage).cast();
+    hdr.msg_namelen = mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
+    hdr.msg_iov = iovs.as_mut_ptr();
+    hdr.msg_iovlen = iovs.len() as _;
+    hdr.msg_control = control.as_mut_ptr();
+    hdr.msg_controllen = CTRL as _;
+    libc::mmsghdr {
+        msg_hdr: hdr,
+        msg_len: 0,
     }
 }
 
@@ -1097,17 +1108,7 @@ impl<const K: usize, const CTRL: usize> LandMmsg<K, CTRL> {
                     iov_len: self.tails[i].len(),
                 },
             ];
-            let mut hdr: libc::msghdr = zeroed();
-            hdr.msg_name = (&mut self.addrs[i] as *mut libc::sockaddr_storage).cast();
-            hdr.msg_namelen = mem::size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            hdr.msg_iov = self.iovs[i].as_mut_ptr();
-            hdr.msg_iovlen = 3;
-            hdr.msg_control = self.control[i].as_mut_ptr();
-            hdr.msg_controllen = CTRL as _;
-            self.hdrs[i] = libc::mmsghdr {
-                msg_hdr: hdr,
-                msg_len: 0,
-            };
+            self.hdrs[i] = recv_header(&mut self.addrs[i], &mut self.iovs[i], &mut self.control[i]);
         }
         self.received = 0;
         // SAFETY: the first `want <= K` headers were just written to point at this scratch's
