@@ -221,6 +221,9 @@ impl QpTable {
 
 /// The QP a plain (not sealed) packet with header `h` from `src` is for, if `src` is its
 /// connected peer and it takes plain packets; else the drop is counted and `None`.
+/// [`Endpoint::handle_received`] makes the same checks in its own body: through this
+/// function every small packet cost measurably more (the engine probe,
+/// bench/results/session-2026-12-07-s38.md).
 fn plain_qp<'a>(
     qps: &'a mut QpTable,
     stats: &mut EndpointStats,
@@ -842,9 +845,23 @@ impl Endpoint {
                 return;
             }
         };
-        let Some(mut qp) = plain_qp(&mut self.qps, &mut self.sh.stats, &pkt.header, src) else {
+        let Some(mut guard) = self.qps.get_mut(pkt.header.dst_qpn) else {
+            self.sh.stats.rx_unknown_qp += 1;
             return;
         };
+        let qp = &mut *guard;
+        match qp.peer {
+            Some(p) if p.addr.ip() == src.ip() && p.qpn == pkt.header.src_qpn => {}
+            _ => {
+                self.sh.stats.rx_wrong_peer += 1;
+                return;
+            }
+        }
+        if qp.seal.is_on() {
+            // A plain packet on an encrypted connection: unauthenticated, so refused.
+            self.sh.stats.rx_auth_failed += 1;
+            return;
+        }
         qp.dispatch(now, ecn, wire::hop_queue(datagram), &pkt, &mut self.sh);
     }
 
