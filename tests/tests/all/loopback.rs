@@ -102,6 +102,33 @@ fn read_returns_byte_exact_over_udp() {
     want.check("read", "destination", &contents(&dst));
 }
 
+/// Two devices on loopback sending 64 KiB datagrams, with connected QPs (encrypted if asked),
+/// in progress mode `mode` (`None`: the default).
+fn large_datagram_pair(mode: Option<braid::Progress>, encrypted: bool) -> (End, End) {
+    let open = || {
+        let mut cfg = DeviceConfig::udp("127.0.0.1:0".parse().expect("addr"))
+            .paths(4)
+            .max_datagram(65_507);
+        if let Some(mode) = mode {
+            cfg = cfg.progress(mode);
+        }
+        let dev = Device::open(cfg).expect("open a UDP device");
+        let pd = dev.alloc_pd();
+        let cq = dev.create_cq();
+        let qp = if encrypted {
+            pd.create_encrypted_qp(&cq, &cq)
+        } else {
+            pd.create_qp(&cq, &cq)
+        }
+        .expect("qp");
+        End { dev, pd, cq, qp }
+    };
+    let (a, b) = (open(), open());
+    a.qp.connect(b.qp.info()).expect("connect a");
+    b.qp.connect(a.qp.info()).expect("connect b");
+    (a, b)
+}
+
 /// READs of 64 KiB datagrams, the largest loopback carries: their responses are received
 /// straight into the destination (`braid::proto::Landing`), in both progress modes, byte
 /// exact; a destination cut into segments still gets every byte (responses that span two
@@ -109,20 +136,7 @@ fn read_returns_byte_exact_over_udp() {
 #[test]
 fn large_read_responses_land_in_place_over_udp() {
     for mode in [braid::Progress::Thread, braid::Progress::Inline] {
-        let open = || {
-            let cfg = DeviceConfig::udp("127.0.0.1:0".parse().expect("addr"))
-                .paths(4)
-                .max_datagram(65_507)
-                .progress(mode);
-            let dev = Device::open(cfg).expect("open a UDP device");
-            let pd = dev.alloc_pd();
-            let cq = dev.create_cq();
-            let qp = pd.create_qp(&cq, &cq).expect("qp");
-            End { dev, pd, cq, qp }
-        };
-        let (a, b) = (open(), open());
-        a.qp.connect(b.qp.info()).expect("connect a");
-        b.qp.connect(a.qp.info()).expect("connect b");
+        let (a, b) = large_datagram_pair(Some(mode), false);
         let (dst, before) = random_mr(&a.pd, 4 << 20, Access::LOCAL_WRITE, 11);
         let (src, data) = random_mr(&b.pd, 4 << 20, Access::REMOTE_READ, 12);
         let mut want = Memory::new(before);
@@ -170,19 +184,7 @@ fn large_read_responses_land_in_place_over_udp() {
 /// the same large READs go the usual way, byte exact.
 #[test]
 fn large_encrypted_read_responses_do_not_land() {
-    let open = || {
-        let cfg = DeviceConfig::udp("127.0.0.1:0".parse().expect("addr"))
-            .paths(4)
-            .max_datagram(65_507);
-        let dev = Device::open(cfg).expect("open a UDP device");
-        let pd = dev.alloc_pd();
-        let cq = dev.create_cq();
-        let qp = pd.create_encrypted_qp(&cq, &cq).expect("qp");
-        End { dev, pd, cq, qp }
-    };
-    let (a, b) = (open(), open());
-    a.qp.connect(b.qp.info()).expect("connect a");
-    b.qp.connect(a.qp.info()).expect("connect b");
+    let (a, b) = large_datagram_pair(None, true);
     let (dst, before) = random_mr(&a.pd, 2 << 20, Access::LOCAL_WRITE, 13);
     let (src, data) = random_mr(&b.pd, 2 << 20, Access::REMOTE_READ, 14);
     let mut want = Memory::new(before);
