@@ -250,20 +250,27 @@ fn plain_qp<'a>(
 }
 
 /// Asks the QP for its next datagram, written into `buf`, counting the visit in `visits` and
-/// the datagram in the statistics. Returns it with whether the QP keeps its turn: only a new
-/// packet of an unfinished burst does (an ACK or a retransmission in between does not).
+/// the datagram in the statistics. Sets `keeps_turn` to whether the QP keeps its turn: only a
+/// new packet of an unfinished burst does (an ACK or a retransmission in between does not).
+/// (The flag goes out through a reference: returned beside the datagram, the pair was
+/// rebuilt from the fresh `Transmit` by wide loads after its narrow stores, a
+/// store-forwarding stall per datagram.)
 fn ask(
     qp: &mut QpMut<'_>,
     now: Timestamp,
     buf: &mut [u8],
     sh: &mut Shared,
     visits: &mut u64,
-) -> Option<(Transmit, bool)> {
+    keeps_turn: &mut bool,
+) -> Option<Transmit> {
     *visits += 1;
     let left = qp.burst_left();
-    let t = qp.poll_transmit(now, buf, sh)?;
-    sh.stats.tx_datagrams += 1;
-    Some((t, qp.burst_left() > 0 && qp.burst_left() != left))
+    let t = qp.poll_transmit(now, buf, sh);
+    if t.is_some() {
+        sh.stats.tx_datagrams += 1;
+        *keeps_turn = qp.burst_left() > 0 && qp.burst_left() != left;
+    }
+    t
 }
 
 /// One device's protocol state. See the module documentation for the driving order.
@@ -1045,9 +1052,17 @@ impl Endpoint {
     pub fn poll_transmit(&mut self, now: Timestamp, buf: &mut [u8]) -> Option<Transmit> {
         while let Some(i) = self.qps.ready.take_next() {
             let mut qp = self.qps.at_mut_quiet(i);
-            let t = ask(&mut qp, now, buf, &mut self.sh, &mut self.tx_visits);
+            let mut keeps_turn = false;
+            let t = ask(
+                &mut qp,
+                now,
+                buf,
+                &mut self.sh,
+                &mut self.tx_visits,
+                &mut keeps_turn,
+            );
             drop(qp);
-            if let Some((t, keeps_turn)) = t {
+            if let Some(t) = t {
                 // It may have more, after the others' turns (or at once, mid-burst).
                 self.qps.ready.sent(i, keeps_turn);
                 return Some(t);
@@ -1085,12 +1100,18 @@ impl Endpoint {
             while out.len() < max {
                 let k = out.len();
                 let buf = &mut bufs[k * size..(k + 1) * size];
-                let Some((t, keeps)) = ask(&mut qp, now, buf, &mut self.sh, &mut self.tx_visits)
-                else {
+                let t = ask(
+                    &mut qp,
+                    now,
+                    buf,
+                    &mut self.sh,
+                    &mut self.tx_visits,
+                    &mut keeps_turn,
+                );
+                let Some(t) = t else {
                     dry = true;
                     break;
                 };
-                keeps_turn = keeps;
                 sent = true;
                 out.push(t);
                 // Its turn passes to the next ready QP, if there is one; else the next
