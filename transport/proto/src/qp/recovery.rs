@@ -68,6 +68,25 @@ pub(crate) struct SentPkt {
     pub(crate) cc_loss_ts: Option<Timestamp>,
 }
 
+impl SentPkt {
+    /// A record to push and then fill in place (`Qp::send_new`'s record of a new packet).
+    pub(crate) const BLANK: SentPkt = SentPkt {
+        psn: 0,
+        what: SentWhat::Revoked { msn: 0 },
+        send_ts: Timestamp::ZERO,
+        batch: 0,
+        path: 0,
+        wire_len: 0,
+        acked: false,
+        lost: false,
+        retransmitted: false,
+        first_path: 0,
+        first_ts: Timestamp::ZERO,
+        hold_until: Timestamp::ZERO,
+        cc_loss_ts: None,
+    };
+}
+
 /// What one ACK frame says beyond which packets arrived: the measurement for the packet it
 /// echoes, and whether new CE marks were reported.
 #[derive(Copy, Clone, Debug)]

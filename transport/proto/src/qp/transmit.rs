@@ -457,21 +457,19 @@ impl Qp {
         };
         let len = self.emit(&what, psn, path, flags, now, buf)?;
         self.rec.next_psn += 1;
-        self.rec.sent.push_back(SentPkt {
-            psn,
-            what,
-            send_ts: now,
-            batch: sh.departures.current(),
-            path,
-            wire_len: len as u32,
-            acked: false,
-            lost: false,
-            retransmitted: false,
-            first_path: path,
-            first_ts: now,
-            hold_until: Timestamp::ZERO,
-            cc_loss_ts: None,
-        });
+        // Filled in place: a record built on the stack field by field and then pushed was
+        // copied out in wide loads right after its narrow stores (a store-forwarding stall
+        // per packet, since the push is not inlined).
+        self.rec.sent.push_back(SentPkt::BLANK);
+        let s = self.rec.sent.back_mut().expect("just pushed");
+        s.psn = psn;
+        s.what = what;
+        s.send_ts = now;
+        s.batch = sh.departures.current();
+        s.path = path;
+        s.wire_len = len as u32;
+        s.first_path = path;
+        s.first_ts = now;
         self.rec.in_flight_bytes += len as u64;
         self.rec.in_flight_pkts += 1;
         self.counters.packets_sent += 1;
