@@ -584,7 +584,7 @@ impl Endpoint {
     pub fn set_error(&mut self, qpn: u32) -> Result<(), ResourceError> {
         let mut guard = self.qps.get_mut(qpn).ok_or(ResourceError::UnknownQp)?;
         let qp = &mut *guard;
-        qp.enter_error(&mut self.sh);
+        qp.fail_by_application(&mut self.sh);
         Ok(())
     }
 

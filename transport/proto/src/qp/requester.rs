@@ -515,6 +515,30 @@ impl Qp {
         true
     }
 
+    /// Moved to the error state by its application ([`crate::Endpoint::set_error`]). A
+    /// refusal the peer reported that has not settled yet (packets sent before the refused
+    /// one still unacknowledged) is not reported: the peer fails only once it has those
+    /// packets, which nobody sends any more, so it never fails the receive or whatever the
+    /// refusal stood for. The refused request flushes, as every unfinished one does.
+    pub(crate) fn fail_by_application(&mut self, sh: &mut Shared) {
+        if !self.refusal_settled() {
+            for w in &mut self.req.sq {
+                if matches!(
+                    w.status,
+                    Some(
+                        WcStatus::RemoteInvalidRequest
+                            | WcStatus::RemoteAccessError
+                            | WcStatus::RemoteOperationError
+                            | WcStatus::RnrRetryExceeded
+                    )
+                ) {
+                    w.status = Some(WcStatus::Flushed);
+                }
+            }
+        }
+        self.enter_error(sh);
+    }
+
     /// A fatal refusal of packet `i` of work request `wi`: the packet was not executed and
     /// is never sent again, the request will complete with `status`, and nothing new is sent.
     fn refused(
