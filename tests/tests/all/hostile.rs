@@ -1332,3 +1332,57 @@ fn a_receive_refused_after_the_fact_fails_the_qp_in_posting_order() {
         "a bad receive buffer fails the QP, as verbs reports it"
     );
 }
+
+/// A peer whose request is refused for good while a packet before it never comes (it died, or
+/// lies): the responder waits for that packet only within the retry budget, then the QP
+/// fails, and its own request, held back since the refusal, completes as flushed instead of
+/// never.
+#[test]
+fn a_refusal_whose_earlier_packets_never_come_fails_the_qp_within_the_retry_budget() {
+    let (mut ep, pd, cq) = endpoint();
+    let (qpn, keys) = connected(&mut ep, pd, cq, Access::ALL);
+    let peer: SocketAddr = "10.0.0.2:4791".parse().expect("addr");
+    let start = braid::proto::Timestamp::from_nanos(1_000);
+    // PSN 1 with a key nobody issued; PSN 0 never arrives.
+    let refused = forged_write(qpn, 5, 1, keys.rkey ^ 0x5a5a, 0, &[7; 64]);
+    ep.handle_datagram(start, peer, 0, &refused);
+    assert_eq!(ep.qp_stats(qpn).expect("qp").state, QpState::Connected);
+    ep.post_send(
+        qpn,
+        write_wr(vec![Sge {
+            lkey: keys.lkey,
+            offset: 0,
+            len: 64,
+        }]),
+    )
+    .expect("post");
+    let mut now = start;
+    let mut completions = Vec::new();
+    for _ in 0..64 {
+        transmitted(&mut ep, now);
+        while let Some((_, c)) = ep.poll_completion() {
+            completions.push(c);
+        }
+        let Some(t) = ep.poll_timeout() else { break };
+        now = now.max(t);
+        ep.handle_timeout(now);
+    }
+    while let Some((_, c)) = ep.poll_completion() {
+        completions.push(c);
+    }
+    let st = ep.qp_stats(qpn).expect("qp");
+    assert_eq!(st.state, QpState::Error, "{st:?}");
+    assert_eq!(
+        completions
+            .iter()
+            .map(|c| (c.wr_id, c.status))
+            .collect::<Vec<_>>(),
+        vec![(1, WcStatus::Flushed)]
+    );
+    let budget = EndpointConfig::default().retry_timeout_ns;
+    assert!(
+        now.nanos_since(start) <= budget + 1_000_000,
+        "failed {} ns after the refusal, the budget is {budget} ns",
+        now.nanos_since(start)
+    );
+}

@@ -224,6 +224,7 @@ impl Qp {
         let mut next = earlier(nak, self.rec.rto_deadline);
         next = earlier(next, self.rec.reorder_deadline);
         next = earlier(next, self.rsp.ack_due);
+        next = earlier(next, self.rsp.fence_deadline);
         if self.route.paced_out {
             next = earlier(next, Some(self.pace_at()));
         }

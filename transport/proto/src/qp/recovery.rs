@@ -778,6 +778,13 @@ impl Qp {
         if self.state != QpState::Connected {
             return;
         }
+        if self.rsp.fence_deadline.is_some_and(|d| d <= now) {
+            // The packets before a fatal refusal did not come: the QP fails as it would
+            // have with them (its receives and its own requests flush).
+            self.rsp.fence_deadline = None;
+            self.enter_error(sh);
+            return;
+        }
         self.ack_timer(now);
         self.release_held(now);
         if self.rec.reorder_deadline.is_some_and(|d| d <= now) {

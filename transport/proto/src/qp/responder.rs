@@ -99,6 +99,10 @@ pub(crate) struct Responder {
     /// When an ACK owed for fewer than `ack_every` packets becomes due
     /// ([`EndpointConfig::ack_delay_ns`]).
     pub(crate) ack_due: Option<Timestamp>,
+    /// Stopped by a fatal refusal, this side waits for the packets before it
+    /// ([`RcOrder::fence_reached`]) at most until then: a dead or lying peer would otherwise
+    /// leave the QP, and every request of its own (held back meanwhile), waiting forever.
+    pub(crate) fence_deadline: Option<Timestamp>,
     /// A duplicate arrived since the last ACK was sent (reported with `FLAG_DUPLICATE`).
     pub(crate) dup_since_ack: bool,
     pub(crate) echo: Option<(u32, u64, Timestamp)>,
@@ -130,6 +134,7 @@ impl Responder {
             ack_pending: false,
             unacked: 0,
             ack_due: None,
+            fence_deadline: None,
             dup_since_ack: false,
             echo: None,
             echo_ce: false,
@@ -262,6 +267,18 @@ impl Qp {
             Err(None) => sh.stats.rx_bad_response += 1,
         }
         self.after_accept(sh);
+        if self.state == QpState::Connected && self.rsp.order.fence.is_some() {
+            // Still waiting for packets before the refusal: they have the retry budget from
+            // the last request packet that came.
+            let wait = match sh.cfg.retry_timeout_ns {
+                0 => sh
+                    .cfg
+                    .rto_max_ns
+                    .saturating_mul(u64::from(sh.cfg.retry_limit.max(1))),
+                t => t,
+            };
+            self.rsp.fence_deadline = Some(now.add_nanos(wait));
+        }
     }
     /// The requester sent a READ or atomic request again that this side had executed: its
     /// retransmit timer fired while it still waits for the response ([`Qp::queue_reask`]),
