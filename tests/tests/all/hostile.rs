@@ -1385,4 +1385,16 @@ fn a_refusal_whose_earlier_packets_never_come_fails_the_qp_within_the_retry_budg
         "failed {} ns after the refusal, the budget is {budget} ns",
         now.nanos_since(start)
     );
+    // The missing packet comes after all: the QP failed by the wait, so it is told so (an
+    // acknowledgement would have the requester retransmit it for ever).
+    let late = forged_write(qpn, 5, 0, keys.rkey, 0, &[9; 64]);
+    ep.handle_datagram(now, peer, 0, &late);
+    let answers: Vec<Body> = transmitted(&mut ep, now)
+        .iter()
+        .map(|d| wire::Packet::parse(d).expect("valid").body)
+        .collect();
+    assert!(
+        matches!(answers[..], [Body::Nak(n)] if n.syndrome == wire::Syndrome::RemoteOperation),
+        "{answers:?}"
+    );
 }

@@ -779,9 +779,12 @@ impl Qp {
             return;
         }
         if self.rsp.fence_deadline.is_some_and(|d| d <= now) {
-            // The packets before a fatal refusal did not come: the QP fails as it would
-            // have with them (its receives and its own requests flush).
+            // The packets before a fatal refusal did not come: the QP fails (its receives
+            // and its own requests flush). Failed by the wait, not at the fence: a packet
+            // from before the fence that comes after all is answered as by any failed QP (a
+            // remote operation error), not acknowledged as one it already had.
             self.rsp.fence_deadline = None;
+            self.rsp.order.fence = None;
             self.enter_error(sh);
             return;
         }
