@@ -11,7 +11,12 @@
 //!   before the fence has arrived, its outstanding receives complete as flushed, and once the
 //!   responses to the requests before it (READ data, atomic results) are delivered, the QP
 //!   goes to the error state. The requester fails once every packet before the refused one is
-//!   acknowledged, so both sides agree on what executed.
+//!   acknowledged, so both sides agree on what executed. The packets before the fence are
+//!   waited for only within the retry budget (`EndpointConfig::retry_timeout_ns`, from the last
+//!   request packet that came): a peer that died or lies fails the QP then, and a packet from
+//!   before the fence that comes later finds a failed QP (a remote operation error). An
+//!   application that fails a requester whose refusal has not settled gets that request
+//!   flushed, not refused, since its peer never failed the receive the refusal stood for.
 //! - **Ordered receive completions.** By default a receive (consumed by SEND, SEND with
 //!   immediate or WRITE with immediate) completes only when its own bytes are all placed *and*
 //!   every packet the peer sent before its last one has arrived, so every earlier request of
