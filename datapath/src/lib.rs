@@ -103,6 +103,20 @@ pub struct LandedPieces<'a> {
     pub tail: &'a [u8],
 }
 
+/// Where the payload of one datagram sent by [`Datapath::send_in_place`] lies: the
+/// datagram is its [`Transmit::contents`] but for the `len` bytes from `at`, which are read
+/// from `src` instead (memory of the caller's, such as a registered region, so the payload
+/// is not copied into the transmit buffer first).
+#[derive(Debug, Clone, Copy)]
+pub struct InPlace {
+    /// Offset of the payload in the datagram.
+    pub at: usize,
+    /// Where the payload's bytes are.
+    pub src: *const u8,
+    /// Payload bytes.
+    pub len: usize,
+}
+
 /// Buffers for one batched receive, owned by the caller and reused across calls.
 #[derive(Debug)]
 pub struct RecvBatch {
@@ -163,6 +177,27 @@ pub trait Datapath: Send + Sync + core::fmt::Debug {
     /// Sends as many of `batch` as it can without blocking for long; returns how many were
     /// handed to the kernel (the rest should be retried or treated as lost).
     fn send(&self, batch: &[Transmit<'_>]) -> io::Result<usize>;
+    /// The shortest payload [`send_in_place`](Datapath::send_in_place) sends from where it
+    /// lies, or `None` (the default) if this backend copies every datagram it sends.
+    fn in_place_min(&self) -> Option<usize> {
+        None
+    }
+    /// [`send`](Datapath::send), where `payloads[i]`, if given, says where datagram `i`'s
+    /// payload lies ([`InPlace`]); `payloads` may be shorter than `batch` (the rest have
+    /// none). A backend whose [`in_place_min`](Datapath::in_place_min) is `None` refuses
+    /// with `Unsupported` (the default).
+    ///
+    /// # Safety
+    /// Each payload's `src` is valid for reads of its `len` bytes until the call returns,
+    /// and `at + len` is at most its datagram's `contents.len()`.
+    unsafe fn send_in_place(
+        &self,
+        batch: &[Transmit<'_>],
+        payloads: &[Option<InPlace>],
+    ) -> io::Result<usize> {
+        let _ = (batch, payloads);
+        Err(io::ErrorKind::Unsupported.into())
+    }
     /// Waits up to `timeout` (forever if `None`) for datagrams, then fills `batch` with as
     /// many as are ready without waiting again. Returns the number received (0 on timeout or
     /// wake-up).

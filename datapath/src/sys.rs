@@ -16,7 +16,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
-use crate::{Ecn, RecvMeta};
+use crate::{Ecn, InPlace, RecvMeta};
 
 /// C structs made only of integers, raw pointers and byte arrays, for which all-zero bytes
 /// are a valid value.
@@ -663,8 +663,63 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
         socket_ecn: Ecn,
         connected: bool,
     ) -> bool {
+        if !self.begin(dest, ipv6_socket, ecn, socket_ecn, connected, 1) {
+            return false;
+        }
+        self.add_iov(contents.as_ptr(), contents.len());
+        self.a.spans[self.len - 1].segment = contents.len();
+        true
+    }
+
+    /// [`push`](Self::push) of a datagram whose bytes `[p.at, p.at + p.len)` are read from
+    /// `p.src` instead of `contents`: a message of up to three iovecs. The caller adds no
+    /// GSO segment to it ([`add_segment`](Self::add_segment) would extend its last iovec).
+    ///
+    /// # Safety
+    /// `p.src` is valid for reads of `p.len` bytes until the last [`send`](Self::send) of
+    /// this queue returns, and `p.at + p.len <= contents.len()`.
+    #[allow(clippy::too_many_arguments)] // `push`'s, and the payload
+    pub(crate) unsafe fn push_in_place(
+        &mut self,
+        dest: SocketAddr,
+        ipv6_socket: bool,
+        contents: &'a [u8],
+        p: InPlace,
+        ecn: Ecn,
+        socket_ecn: Ecn,
+        connected: bool,
+    ) -> bool {
+        if !self.begin(dest, ipv6_socket, ecn, socket_ecn, connected, 3) {
+            return false;
+        }
+        let (head, rest) = contents.split_at(p.at);
+        let tail = &rest[p.len..];
+        for (base, len) in [
+            (head.as_ptr(), head.len()),
+            (p.src, p.len),
+            (tail.as_ptr(), tail.len()),
+        ] {
+            if len > 0 {
+                self.add_iov(base, len);
+            }
+        }
+        self.a.spans[self.len - 1].segment = contents.len();
+        true
+    }
+
+    /// Opens a message to `dest` with room for `iovs` iovecs (see [`push`](Self::push));
+    /// false if there is no room or `dest` cannot be addressed.
+    fn begin(
+        &mut self,
+        dest: SocketAddr,
+        ipv6_socket: bool,
+        ecn: Ecn,
+        socket_ecn: Ecn,
+        connected: bool,
+        iovs: usize,
+    ) -> bool {
         let n = self.len;
-        if n >= C || self.slots >= C {
+        if n >= C || self.slots + iovs > C {
             return false;
         }
         let Some((addr_len, family)) = encode_addr(dest, ipv6_socket, &mut self.a.addrs[n]) else {
@@ -675,17 +730,22 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
         self.a.tos[n] = (ecn != socket_ecn).then_some((family, ecn));
         self.a.spans[n] = Span {
             first: self.slots,
-            iovs: 1,
+            iovs: 0,
             datagrams: 1,
-            segment: contents.len(),
+            segment: 0,
         };
-        self.a.iovs[self.slots] = libc::iovec {
-            iov_base: contents.as_ptr() as *mut libc::c_void,
-            iov_len: contents.len(),
-        };
-        self.slots += 1;
         self.len += 1;
         true
+    }
+
+    /// Appends an iovec to the last message.
+    fn add_iov(&mut self, base: *const u8, len: usize) {
+        self.a.iovs[self.slots] = libc::iovec {
+            iov_base: base as *mut libc::c_void,
+            iov_len: len,
+        };
+        self.slots += 1;
+        self.a.spans[self.len - 1].iovs += 1;
     }
 
     /// Adds `contents` as one more GSO segment to the last queued message (same destination
@@ -701,12 +761,7 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
             if self.slots >= C {
                 return false;
             }
-            self.a.iovs[self.slots] = libc::iovec {
-                iov_base: contents.as_ptr() as *mut libc::c_void,
-                iov_len: contents.len(),
-            };
-            self.slots += 1;
-            self.a.spans[self.len - 1].iovs += 1;
+            self.add_iov(contents.as_ptr(), contents.len());
         }
         self.a.spans[self.len - 1].datagrams += 1;
         true
@@ -747,9 +802,10 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
         }
         // SAFETY: the first `len` headers were just pointed at this scratch's own address,
         // control and iovec arrays (each header's `span.iovs` iovecs lie inside `iovs`: spans
-        // are built by `push`/`add_segment`, which stop at C), which stay put while `&mut
-        // self` is held, and the iovecs at payloads borrowed for `'a`; `len <= C`. The kernel
-        // only reads them.
+        // are built by `push`/`push_in_place`/`add_segment`, which stop at C), which stay put
+        // while `&mut self` is held, and the iovecs at payloads borrowed for `'a` or, for
+        // payloads in place, valid until this returns (`push_in_place`'s contract); `len <=
+        // C`. The kernel only reads them.
         let r = unsafe {
             libc::syscall(
                 libc::SYS_sendmmsg,

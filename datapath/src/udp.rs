@@ -44,7 +44,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 use crate::sys::{self, EventFd, LandMmsg, RecvMmsg, SendArrays, SendMmsg};
 use crate::{
-    Datapath, Ecn, LandedPieces, LandingZone, MAX_DATAGRAM, RecvBatch, RecvMeta, Transmit,
+    Datapath, Ecn, InPlace, LandedPieces, LandingZone, MAX_DATAGRAM, RecvBatch, RecvMeta, Transmit,
 };
 
 /// The most paths (sockets, source ports) one datapath opens.
@@ -58,6 +58,9 @@ pub const DEFAULT_MAX_PAYLOAD_V6: usize = 1452;
 
 /// Socket buffer size asked for on every socket (the kernel may grant less).
 const SOCKET_BUFFER_BYTES: usize = 8 << 20;
+
+/// The shortest payload sent from where it lies ([`Datapath::in_place_min`]).
+const IN_PLACE_MIN: usize = 16 << 10;
 
 /// Datagrams handed to one `sendmmsg` call at most.
 const SEND_CHUNK: usize = 64;
@@ -210,11 +213,16 @@ impl UdpDatapath {
         self.sockets.local_addr(path)
     }
 
-    /// [`Datapath::send`], queueing in `arrays`.
-    fn send_in(
+    /// [`Datapath::send_in_place`] (and with no payloads [`Datapath::send`]), queueing in
+    /// `arrays`.
+    ///
+    /// # Safety
+    /// `send_in_place`'s contract for `payloads`.
+    unsafe fn send_in(
         &self,
         arrays: &mut SendArrays<SEND_CHUNK, SEND_CONTROL_BYTES>,
         batch: &[Transmit<'_>],
+        payloads: &[Option<InPlace>],
     ) -> io::Result<usize> {
         let mut scratch = SendMmsg::new(arrays);
         let mut sent = 0;
@@ -230,7 +238,10 @@ impl UdpDatapath {
             scratch.clear();
             let path = rest[0].path;
             let setup = self.sockets.setup(path, rest[0].dest, rest[0].ecn);
-            queue_path_run(&mut scratch, rest, self.sockets.ipv6, gso, setup);
+            let in_place = payloads.get(sent..).unwrap_or_default();
+            // SAFETY: the caller's contract for `payloads`, which holds until this returns,
+            // after the last send of `scratch`.
+            unsafe { queue_path_run(&mut scratch, rest, in_place, self.sockets.ipv6, gso, setup) };
             if scratch.len() == 0 {
                 // The first datagram cannot be addressed from this socket family.
                 sent += 1;
@@ -351,7 +362,27 @@ impl Datapath for UdpDatapath {
     /// 10 ms, returns the number sent so far. Other errors end the call: with `Ok(sent)` if
     /// some datagrams went out, with the error if none did.
     fn send(&self, batch: &[Transmit<'_>]) -> io::Result<usize> {
-        SEND_ARRAYS.with_borrow_mut(|arrays| self.send_in(arrays, batch))
+        // SAFETY: no payloads in place.
+        SEND_ARRAYS.with_borrow_mut(|arrays| unsafe { self.send_in(arrays, batch, &[]) })
+    }
+
+    /// Datagrams this long go out without GSO anyway (at most four fit in a GSO send), so
+    /// their payload costs the kernel one iovec more, not one per segment: measured with
+    /// `udp-blast send --in-place`, iovecs cost more than the gather for GSO runs of
+    /// 1472-byte datagrams (bench/results/session-2026-12-07-s39.md).
+    fn in_place_min(&self) -> Option<usize> {
+        Some(IN_PLACE_MIN)
+    }
+
+    /// [`send`](Datapath::send), each payload in place taking one message of up to three
+    /// iovecs (the headers, the payload, the trailer), never a GSO run.
+    unsafe fn send_in_place(
+        &self,
+        batch: &[Transmit<'_>],
+        payloads: &[Option<InPlace>],
+    ) -> io::Result<usize> {
+        // SAFETY: the caller's contract.
+        SEND_ARRAYS.with_borrow_mut(|arrays| unsafe { self.send_in(arrays, batch, payloads) })
     }
 
     /// Waits for the path-0 socket or a [`wake`](Datapath::wake), then receives up to
@@ -721,10 +752,15 @@ impl OffloadCounters {
 /// (stopping at one that cannot be addressed from this socket family, or when the scratch is
 /// full). With `gso`, each run of consecutive datagrams with the same destination, ECN and
 /// length (the last may be shorter, none empty) becomes one message of up to
-/// [`GSO_SEGMENTS_MAX`] segments and [`GSO_BYTES_MAX`] bytes.
-fn queue_path_run<'a, const C: usize, const CTRL: usize>(
+/// [`GSO_SEGMENTS_MAX`] segments and [`GSO_BYTES_MAX`] bytes. A datagram with a payload in
+/// place (`in_place[i]`, aligned with `rest`) is a message of its own.
+///
+/// # Safety
+/// [`Datapath::send_in_place`]'s contract for `in_place`, until the last send of `scratch`.
+unsafe fn queue_path_run<'a, const C: usize, const CTRL: usize>(
     scratch: &mut SendMmsg<'a, C, CTRL>,
     rest: &[Transmit<'a>],
+    in_place: &[Option<InPlace>],
     ipv6: bool,
     gso: bool,
     socket: SocketSetup,
@@ -732,17 +768,33 @@ fn queue_path_run<'a, const C: usize, const CTRL: usize>(
     let Some(path) = rest.first().map(|t| t.path) else {
         return;
     };
+    let payload = |i: usize| in_place.get(i).copied().flatten();
     let mut i = 0;
     while let Some(t) = rest.get(i) {
         let to_connected = socket.connected == Some(t.dest);
-        if t.path != path
-            || !scratch.push(t.dest, ipv6, t.contents, t.ecn, socket.ecn, to_connected)
-        {
+        let queued = t.path == path
+            && match payload(i) {
+                // SAFETY: the caller's contract for `in_place`.
+                Some(p) => unsafe {
+                    scratch.push_in_place(
+                        t.dest,
+                        ipv6,
+                        t.contents,
+                        p,
+                        t.ecn,
+                        socket.ecn,
+                        to_connected,
+                    )
+                },
+                None => scratch.push(t.dest, ipv6, t.contents, t.ecn, socket.ecn, to_connected),
+            };
+        if !queued {
             return;
         }
+        let alone = payload(i).is_some();
         i += 1;
         let seg = t.contents.len();
-        if !gso || seg == 0 {
+        if !gso || seg == 0 || alone {
             continue;
         }
         let max = GSO_SEGMENTS_MAX.min(GSO_BYTES_MAX / seg);
@@ -751,6 +803,7 @@ fn queue_path_run<'a, const C: usize, const CTRL: usize>(
             let Some(u) = rest.get(i) else { break };
             let len = u.contents.len();
             if u.path != path
+                || payload(i).is_some()
                 || u.dest != t.dest
                 || u.ecn != t.ecn
                 || len == 0
@@ -1119,6 +1172,71 @@ mod tests {
         if a.uses_gso() {
             // Each run of three (one per path) went out as one message.
             assert_eq!(a.offload_stats().messages_sent, 2);
+        }
+    }
+
+    /// A datagram whose payload lies elsewhere (`send_in_place`) arrives as its headers, that
+    /// payload and its trailer, byte for byte, among datagrams sent whole on the same path;
+    /// it takes a message of its own, and the GSO run around it is cut there, not merged
+    /// across it.
+    #[test]
+    fn a_payload_sent_in_place_arrives_between_its_header_and_trailer() {
+        let a = loopback(1);
+        let mut config = UdpConfig::new("127.0.0.1:0".parse().unwrap(), 1);
+        config.max_payload = MAX_DATAGRAM;
+        let b = UdpDatapath::bind(config).unwrap();
+        let payload: Vec<u8> = (0..20_000u32).map(|i| (i * 7 % 253) as u8).collect();
+        // The buffer's payload bytes are not the payload: they must not be sent.
+        let mut framed = vec![0xEE; 40 + payload.len() + 4];
+        framed[..40].fill(0x11);
+        framed[40 + payload.len()..].fill(0x22);
+        let whole: Vec<Vec<u8>> = (0..4).map(|k| vec![0x30 + k as u8; 300]).collect();
+        let mut batch: Vec<Transmit<'_>> = whole
+            .iter()
+            .map(|c| Transmit {
+                dest: b.local_addr(),
+                path: 0,
+                ecn: Ecn::Ect0,
+                contents: c,
+            })
+            .collect();
+        let t = Transmit {
+            dest: b.local_addr(),
+            path: 0,
+            ecn: Ecn::Ect0,
+            contents: &framed,
+        };
+        batch.insert(2, t);
+        let mut in_place = vec![None; batch.len()];
+        in_place[2] = Some(InPlace {
+            at: 40,
+            src: payload.as_ptr(),
+            len: payload.len(),
+        });
+        assert_eq!(a.in_place_min(), Some(IN_PLACE_MIN));
+        // SAFETY: `payload` outlives the call; 40 + len ends before the 4-byte trailer.
+        let n = unsafe { a.send_in_place(&batch, &in_place) }.unwrap();
+        assert_eq!(n, batch.len());
+        let mut want: BTreeSet<Vec<u8>> = whole.iter().cloned().collect();
+        let mut sent = framed.clone();
+        sent[40..40 + payload.len()].copy_from_slice(&payload);
+        want.insert(sent);
+        let mut rx = RecvBatch::new(8, MAX_DATAGRAM);
+        let mut got = BTreeSet::new();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while got.len() < want.len() && Instant::now() < deadline {
+            b.recv(&mut rx, Some(Duration::from_millis(100))).unwrap();
+            got.extend(rx.iter().map(|(_, bytes)| bytes.to_vec()));
+        }
+        assert!(
+            got == want,
+            "{} datagrams, as sent: {}",
+            got.len(),
+            got == want
+        );
+        if a.uses_gso() {
+            // Two whole ones, the one in place, two whole ones.
+            assert_eq!(a.offload_stats().messages_sent, 3);
         }
     }
 

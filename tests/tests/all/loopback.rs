@@ -105,10 +105,20 @@ fn read_returns_byte_exact_over_udp() {
 /// Two devices on loopback sending 64 KiB datagrams, with connected QPs (encrypted if asked),
 /// in progress mode `mode` (`None`: the default).
 fn large_datagram_pair(mode: Option<braid::Progress>, encrypted: bool) -> (End, End) {
+    large_datagram_pair_sending(mode, encrypted, true)
+}
+
+/// [`large_datagram_pair`], sending payloads from their regions or not (`send_in_place`).
+fn large_datagram_pair_sending(
+    mode: Option<braid::Progress>,
+    encrypted: bool,
+    send_in_place: bool,
+) -> (End, End) {
     let open = || {
         let mut cfg = DeviceConfig::udp("127.0.0.1:0".parse().expect("addr"))
             .paths(4)
-            .max_datagram(65_507);
+            .max_datagram(65_507)
+            .send_in_place(send_in_place);
         if let Some(mode) = mode {
             cfg = cfg.progress(mode);
         }
@@ -172,6 +182,9 @@ fn large_read_responses_land_in_place_over_udp() {
         // 16 or 17 responses a READ; the first of each and those cut by a segment's end
         // go the copying way.
         assert!(s.rx_landed >= 30, "{mode:?}: {s:?}");
+        // The responses left the responder from the source region, none copied first.
+        let sent = b.dev.stats();
+        assert!(sent.tx_in_place >= 60, "{mode:?}: {sent:?}");
         assert_eq!(
             s.rx_bad_crc + s.rx_malformed + s.rx_bad_response,
             0,
@@ -204,6 +217,47 @@ fn large_encrypted_read_responses_do_not_land() {
     let s = a.dev.stats();
     assert_eq!(s.rx_landed, 0, "{s:?}");
     assert_eq!(s.rx_bad_crc + s.rx_malformed + s.rx_auth_failed, 0, "{s:?}");
+    // Nor is anything sent from where it lies: the datagram carries the sealed payload.
+    assert_eq!(b.dev.stats().tx_in_place, 0);
+}
+
+/// WRITEs of 64 KiB datagrams leave from the source region (`DeviceConfig::send_in_place`):
+/// byte exact, from a gather list whose second entry starts mid-datagram (the datagrams
+/// that span both entries are gathered as usual), in both progress modes; with the setting
+/// off, every payload is gathered.
+#[test]
+fn large_writes_leave_from_the_source_region_over_udp() {
+    for (mode, in_place) in [
+        (braid::Progress::Thread, true),
+        (braid::Progress::Inline, true),
+        (braid::Progress::Thread, false),
+    ] {
+        let (a, b) = large_datagram_pair_sending(Some(mode), false, in_place);
+        let (src, data) = random_mr(&a.pd, 3 << 20, Access::NONE, 21);
+        let (dst, before) = random_mr(&b.pd, 3 << 20, Access::REMOTE_WRITE, 22);
+        let mut want = Memory::new(before);
+        let (first, second) = (700_001usize, 1_300_000usize);
+        let sges = vec![src.sge(5, first as u32), src.sge(1_000_000, second as u32)];
+        a.qp.post_send(wr(1, SendOp::Write(dst.remote(99)), sges))
+            .expect("post");
+        let wc = wait(&a.cq);
+        assert_eq!(
+            (wc.wr_id, wc.status, wc.byte_len),
+            (1, WcStatus::Success, (first + second) as u32),
+            "{mode:?}"
+        );
+        want.write(99, &data[5..5 + first]);
+        want.write(99 + first, &data[1_000_000..1_000_000 + second]);
+        want.check("large writes", "destination", &contents(&dst));
+        let s = a.dev.stats();
+        if in_place {
+            // 31 datagrams of 65 KB: all but the one across the two entries.
+            assert!(s.tx_in_place >= 28, "{mode:?}: {s:?}");
+        } else {
+            assert_eq!(s.tx_in_place, 0, "{s:?}");
+        }
+        assert_eq!(b.dev.stats().rx_bad_crc, 0, "{mode:?}");
+    }
 }
 
 #[test]

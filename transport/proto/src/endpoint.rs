@@ -328,6 +328,7 @@ impl Endpoint {
             rx_at: Timestamp::ZERO,
             departures: Departures::default(),
             landing: None,
+            in_place: Default::default(),
         };
         Endpoint {
             local,
@@ -530,7 +531,7 @@ impl Endpoint {
         };
         let psn = self.sh.rng.next_u32();
         let cc = self.sh.cfg.cc.build(self.sh.cfg.max_datagram as u32);
-        let qp = Qp::new(
+        let mut qp = Qp::new(
             QpIds {
                 qpn,
                 pd: pd.0,
@@ -542,6 +543,7 @@ impl Endpoint {
             &opts,
             &self.sh.cfg,
         );
+        qp.in_place_min = self.sh.in_place.min;
         let seal_key = qp.seal.public_key();
         self.qps.insert(qpn, qp);
         if let Some(n) = self.pds.get_mut(&pd.0) {
@@ -1039,6 +1041,25 @@ impl Endpoint {
     /// (see the `departure` module). Optional: without it, delays start at the write.
     pub fn departed(&mut self, batch: u32, at: Timestamp) {
         self.sh.departures.departed(batch, at);
+    }
+
+    /// Lets [`poll_transmit`](Self::poll_transmit) leave the payload of a datagram in its
+    /// registered region when it is at least `min` bytes (and the QP does not seal), for a
+    /// datapath that sends a datagram from pieces: the datagram's [`Transmit::payload`] then
+    /// says where the payload is, and the buffer holds the rest (see the `in_place` module).
+    /// `None`, the default, writes every payload into the buffer. Applies to the QPs created
+    /// from now on: set it before creating any.
+    ///
+    /// Each region a payload was left in stays pinned until
+    /// [`unpin_payloads`](Self::unpin_payloads), so the addresses stay valid until then.
+    pub fn set_in_place_min(&mut self, min: Option<usize>) {
+        self.sh.in_place.min = min.unwrap_or(usize::MAX);
+    }
+
+    /// Releases the regions pinned for payloads left in place: call it once the datagrams
+    /// [`poll_transmit`](Self::poll_transmit) wrote before are sent (or dropped).
+    pub fn unpin_payloads(&mut self) {
+        self.sh.in_place.clear();
     }
 
     /// The next datagram to send, written at the start of `buf` (which must hold

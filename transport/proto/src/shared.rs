@@ -59,6 +59,9 @@ pub(crate) struct Shared {
     /// The READ response stream whose next datagrams may be received straight into place
     /// ([`crate::landing`]).
     pub(crate) landing: Option<crate::landing::LandingHint>,
+    /// Payloads left in their regions: the setting and the regions pinned
+    /// ([`crate::in_place`]).
+    pub(crate) in_place: crate::in_place::Pins,
 }
 
 impl Shared {

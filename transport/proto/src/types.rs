@@ -531,6 +531,10 @@ pub struct EndpointStats {
     /// READ response datagrams the datapath received straight into place and the engine
     /// accepted as such ([`crate::Landing`]): their payload was never copied by Braid.
     pub rx_landed: u64,
+    /// Datagrams whose payload the engine left in its region for the datapath to send from
+    /// there ([`Endpoint::set_in_place_min`](crate::Endpoint::set_in_place_min)): Braid never
+    /// copied it.
+    pub tx_in_place: u64,
 }
 
 /// Counters for one path (summed over the endpoint's QPs).

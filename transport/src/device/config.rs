@@ -168,6 +168,14 @@ pub struct DeviceConfig {
     /// but one fed by several cannot sleep in all of them and waits on the queue's event in
     /// slices of a millisecond: for latency, give each shard's QPs queues of their own.
     pub shards: usize,
+    /// Send large payloads straight from their registered regions, where the datapath can
+    /// (UDP sockets, payloads of 16 KiB and more: loopback's 64 KiB datagrams), instead of
+    /// copying each into a transmit buffer first (default: on, unless `BRAID_SEND_IN_PLACE`
+    /// is `0`). The CRC32C is computed where the payload lies and the kernel copies it from
+    /// there: if the application changes the bytes an operation reads while it runs (as
+    /// RDMA leaves undefined), the receiver drops the datagram for its CRC and it is sent
+    /// again.
+    pub send_in_place: bool,
 }
 
 /// The most engine shards a device may have (see [`DeviceConfig::shards`]).
@@ -195,6 +203,7 @@ impl DeviceConfig {
             progress: Progress::from_env(),
             backend: Backend::Software,
             shards: shards_from_env(),
+            send_in_place: std::env::var("BRAID_SEND_IN_PLACE").map_or(true, |v| v.trim() != "0"),
         }
     }
 
@@ -207,6 +216,13 @@ impl DeviceConfig {
     /// Sets the number of engine shards, 1 to 64 (see [`shards`](Self::shards)).
     pub fn shards(mut self, n: usize) -> Self {
         self.shards = n;
+        self
+    }
+
+    /// Sends large payloads from their regions where the datapath can, or always copies them
+    /// (see [`send_in_place`](Self::send_in_place)).
+    pub fn send_in_place(mut self, on: bool) -> Self {
+        self.send_in_place = on;
         self
     }
 

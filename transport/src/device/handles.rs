@@ -110,7 +110,14 @@ impl Device {
             engine.max_datagram = engine.max_datagram.min(d.max_payload());
         }
         engine.ack_every = device_ack_every(engine.ack_every, datapaths.iter().map(|d| d.kind()));
-        let owner = Owner::start(engine, datapaths, report, cfg.busy_poll, cfg.progress)?;
+        let owner = Owner::start(
+            engine,
+            datapaths,
+            report,
+            cfg.busy_poll,
+            cfg.progress,
+            cfg.send_in_place,
+        )?;
         Ok(Device {
             imp: DeviceImp::Software(Arc::new(owner)),
             backend: backend.into(),

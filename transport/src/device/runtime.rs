@@ -60,7 +60,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, TryLockError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use braid_datapath::{Datapath, Ecn, LandingZone, RecvBatch, RecvMeta};
+use braid_datapath::{Datapath, Ecn, InPlace, LandingZone, RecvBatch, RecvMeta};
 use braid_proto::validate::{self, LocalMr};
 use braid_proto::{
     Access, Completion, CqId, Endpoint, EndpointConfig, EndpointStats, KeyHasher, KeyMap, Landing,
@@ -468,6 +468,9 @@ pub(super) struct Inner {
     landing: AtomicBool,
     /// The scratch of `receive_landed` (taken by whoever receives: uncontended).
     land: Mutex<LandScratch>,
+    /// The engine may leave payloads in their regions ([`braid_proto::PayloadAt`]): its
+    /// batches are sent with `send_in_place`, and take no GSO run top-ups (see `TxBatch`).
+    in_place: bool,
 }
 
 /// The receive and transmit buffers of the thread driving an inline-progress device.
@@ -484,10 +487,10 @@ pub(super) struct Driver {
 }
 
 impl Driver {
-    fn new(max_payload: usize) -> Driver {
+    fn new(max_payload: usize, in_place: bool) -> Driver {
         Driver {
             rx: RecvBatch::new(rx_slots(max_payload), max_payload),
-            tx: TxBatch::new(max_payload),
+            tx: TxBatch::new(max_payload, in_place),
             timers_checked: Timestamp::ZERO,
             clock_in: 0,
             engine_owed: false,
@@ -575,6 +578,7 @@ impl Owner {
         report: String,
         busy_poll: bool,
         mode: Progress,
+        send_in_place: bool,
     ) -> Result<Owner, OpenError> {
         let mrs = Arc::new(MrTable::default());
         let mut owner = Owner {
@@ -597,6 +601,7 @@ impl Owner {
                 busy_poll,
                 mode,
                 mrs.clone(),
+                send_in_place,
             ));
             let worker = inner.clone();
             let name = if index == 0 {
@@ -802,6 +807,7 @@ impl Owner {
             sum.rx_replayed += s.rx_replayed;
             sum.stalled_samples += s.stalled_samples;
             sum.rx_landed += s.rx_landed;
+            sum.tx_in_place += s.tx_in_place;
         }
         sum
     }
@@ -877,7 +883,8 @@ impl Owner {
 
 impl Inner {
     /// A shard: an engine with `engine` settings over `datapath`, sharing the region table
-    /// `mrs` with the device's other shards. Its progress thread is started by the caller.
+    /// `mrs` with the device's other shards, sending payloads from their regions where the
+    /// datapath can if `send_in_place`. Its progress thread is started by the caller.
     fn new(
         engine: EndpointConfig,
         datapath: Box<dyn Datapath>,
@@ -885,11 +892,17 @@ impl Inner {
         busy_poll: bool,
         mode: Progress,
         mrs: Arc<MrTable>,
+        send_in_place: bool,
     ) -> Inner {
-        let ep = Endpoint::new(engine, datapath.local_addr());
+        let mut ep = Endpoint::new(engine, datapath.local_addr());
         let max_wr = (ep.config().max_send_wr, ep.config().max_recv_wr);
         let (posts, posts_rx) = Mpsc::new(POST_RING);
         let max_payload = datapath.max_payload();
+        let in_place_min = datapath
+            .in_place_min()
+            .filter(|&min| send_in_place && min <= max_payload);
+        ep.set_in_place_min(in_place_min);
+        let in_place = in_place_min.is_some();
         Inner {
             core: Mutex::new(Core {
                 ep,
@@ -908,7 +921,8 @@ impl Inner {
             mrs,
             max_wr,
             mode,
-            driver: Mutex::new(Driver::new(max_payload)),
+            driver: Mutex::new(Driver::new(max_payload, in_place)),
+            in_place,
             poller_seen: AtomicU64::new(0),
             sleeper: Doorbell::new(),
             progress_asleep: AtomicBool::new(false),
@@ -963,9 +977,16 @@ impl TxBatch {
         &mut bufs[i * size..(i + 1) * size]
     }
 
-    fn new(size: usize) -> TxBatch {
+    /// A batch of datagrams of up to `size` bytes. With payloads `in_place`, no run is topped
+    /// up: a top-up may take a datagram that does not continue the run and carry it over to
+    /// a later batch, after its region's pin was released (`drain`).
+    fn new(size: usize, in_place: bool) -> TxBatch {
         let size = size.max(1);
-        let run_max = (braid_datapath::MAX_DATAGRAM / size).clamp(1, GSO_RUN_MAX);
+        let run_max = if in_place {
+            1
+        } else {
+            (braid_datapath::MAX_DATAGRAM / size).clamp(1, GSO_RUN_MAX)
+        };
         let max = if run_max > 1 {
             BATCH
         } else {
@@ -1092,6 +1113,9 @@ impl Inner {
     /// that ends it is carried over to the next batch. Returns whether the engine may have
     /// more to send (always when a datagram was carried over).
     fn drain(&self, core: &mut Core, now: Timestamp, batch: &mut TxBatch) -> bool {
+        // Every batch drained before was sent (drains and sends take turns under the
+        // transmit order): the regions their payloads were left in may go.
+        core.ep.unpin_payloads();
         while let Some((cq, c)) = core.ep.poll_completion() {
             if let Some(sink) = core.cqs.get_mut(&cq) {
                 sink.push(c);
@@ -1171,9 +1195,29 @@ impl Inner {
                     contents: &b[..t.len],
                 }),
         );
+        let mut in_place: SmallVec<[Option<InPlace>; BATCH + GSO_RUN_MAX]> = SmallVec::new();
+        if self.in_place && batch.metas.iter().any(|t| t.payload.is_some()) {
+            in_place.extend(batch.metas.iter().map(|t| {
+                t.payload.map(|p| InPlace {
+                    at: p.at as usize,
+                    src: p.addr as *const u8,
+                    len: p.len as usize,
+                })
+            }));
+        }
         let mut sent = 0;
         while sent < txs.len() {
-            match self.datapath.send(&txs[sent..]) {
+            let r = if in_place.is_empty() {
+                self.datapath.send(&txs[sent..])
+            } else {
+                // SAFETY: each payload lies in a region the engine pinned when it wrote the
+                // datagram, until the next `drain`, which comes after this returns (both run
+                // under the transmit order); `at + len` ends before the trailer, inside the
+                // datagram. Caller memory registered as a region lives until its
+                // deregistration returns, which waits for the transmit order (it flushes).
+                unsafe { self.datapath.send_in_place(&txs[sent..], &in_place[sent..]) }
+            };
+            match r {
                 Ok(0) | Err(_) => break, // the rest are lost; the engine retransmits them
                 Ok(n) => sent += n,
             }
@@ -1186,7 +1230,7 @@ impl Inner {
         let mut batch = self
             .tx_pool
             .get()
-            .unwrap_or_else(|| Box::new(TxBatch::new(self.datapath.max_payload())));
+            .unwrap_or_else(|| Box::new(TxBatch::new(self.datapath.max_payload(), self.in_place)));
         self.flush(&mut batch);
         let _ = self.tx_pool.put(batch);
     }
@@ -1661,7 +1705,8 @@ impl Inner {
     fn progress(self: Arc<Inner>) {
         // A thread-progress device's progress thread keeps its buffers; an inline one uses
         // the driver slot's.
-        let mut own = (!self.inline()).then(|| Driver::new(self.datapath.max_payload()));
+        let mut own =
+            (!self.inline()).then(|| Driver::new(self.datapath.max_payload(), self.in_place));
         let mut timers_checked = Timestamp::ZERO;
         let mut received_at = Timestamp::ZERO;
         let threaded = own.is_some();

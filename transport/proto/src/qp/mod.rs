@@ -26,6 +26,7 @@ use rand_core::RngCore;
 
 use crate::coverage::{Coverage, RangeBudget};
 use crate::hist::RttHistogram;
+use crate::in_place::{self, PayloadAt};
 use crate::landing::{LANDING_MIN_BYTES, Landing, LandingHint};
 use crate::mem::{Access, Region};
 use crate::nak_repeat::{NakRepeat, Until};
@@ -97,6 +98,19 @@ pub(crate) fn gather(segs: &[Seg], mut off: u64, out: &mut [u8], mut crc: Option
     crc.unwrap_or(0)
 }
 
+/// The region and offset of message bytes `[off, off + len)` of a gather list, if they lie
+/// in one entry.
+pub(crate) fn seg_span(segs: &[Seg], mut off: u64, len: usize) -> Option<(&Arc<Region>, u64)> {
+    for s in segs {
+        let seg_len = u64::from(s.len);
+        if off < seg_len {
+            return (off + len as u64 <= seg_len).then_some((&s.region, s.offset + off));
+        }
+        off -= seg_len;
+    }
+    None
+}
+
 /// Copies `data` into a scatter list at message offset `off`. False if it does not fit.
 pub(crate) fn scatter(segs: &[Seg], mut off: u64, data: &[u8]) -> bool {
     let total: u64 = segs.iter().map(|s| u64::from(s.len)).sum();
@@ -142,6 +156,9 @@ pub(crate) struct Qp {
     pub(crate) cc: Box<dyn Controller>,
     /// Encryption of this QP's packets, if any ([`crate::seal`]).
     pub(crate) seal: QpSeal,
+    /// The shortest payload left in its region when sent ([`crate::in_place`]; `usize::MAX`:
+    /// none), the endpoint's setting.
+    pub(crate) in_place_min: usize,
     /// Counters behind [`QpStats`] ([`stats`]).
     pub(crate) counters: Counters,
     /// Port map, re-pathing and pacing ([`paths`]).
@@ -184,6 +201,7 @@ impl Qp {
             ranges: RangeBudget::default(),
             cc,
             seal: QpSeal::new(opts.seal_secret),
+            in_place_min: usize::MAX,
             counters: Counters::new(cfg.paths),
             route: Route::new(cfg.paths, opts.burst.unwrap_or(cfg.burst), cfg.path),
             rec: Recovery::new(psn),

@@ -15,8 +15,11 @@ pub struct Transmit {
     pub path: u16,
     /// ECN codepoint to set in the IP header.
     pub ecn: u8,
-    /// Bytes written at the start of the buffer.
+    /// Bytes written at the start of the buffer: the datagram's length.
     pub len: usize,
+    /// Where the payload lies if it was left in its region instead of written into the
+    /// buffer ([`Endpoint::set_in_place_min`](crate::Endpoint::set_in_place_min)).
+    pub payload: Option<PayloadAt>,
 }
 
 impl Qp {
@@ -39,6 +42,25 @@ impl Qp {
             send_ts_ns: now.as_nanos(),
         })
     }
+    /// The datagram description of an emitted datagram (`emit`'s result), its payload's
+    /// region pinned if the payload was left there.
+    fn transmit_emitted(
+        &self,
+        peer: &QpInfo,
+        (len, source): (usize, Option<in_place::Source>),
+        path: u8,
+        sh: &mut Shared,
+    ) -> Transmit {
+        let mut t = self.transmit(peer, len, path, Ecn::Ect0);
+        if let Some(source) = source {
+            // The payload is followed by the trailer only.
+            let at = len - wire::TRAILER_LEN - source.2;
+            t.payload = Some(sh.in_place.pin(source, at));
+            sh.stats.tx_in_place += 1;
+        }
+        t
+    }
+
     /// The datagram description for `len` bytes on logical path `path`.
     pub(crate) fn transmit(&self, peer: &QpInfo, len: usize, path: u8, ecn: Ecn) -> Transmit {
         let port = self
@@ -52,9 +74,12 @@ impl Qp {
             path: port,
             ecn: ecn.to_bits(),
             len,
+            payload: None,
         }
     }
     /// Emits the packet described by `what` with sequence number `psn`.
+    /// Writes the datagram of `what` into `buf`; returns its length and, if its payload was
+    /// left in its region ([`crate::in_place`]), where that is (its CRC32C was read there).
     pub(crate) fn emit(
         &self,
         what: &SentWhat,
@@ -63,8 +88,9 @@ impl Qp {
         flags: u8,
         now: Timestamp,
         buf: &mut [u8],
-    ) -> Option<usize> {
-        match what {
+    ) -> Option<(usize, Option<in_place::Source>)> {
+        let mut source = None;
+        let len = match what {
             SentWhat::Req { msn, offset, len } => {
                 let w = &self.req.sq[self.wqe_index(*msn)?];
                 let body = Body::Request(wire::Request {
@@ -86,13 +112,23 @@ impl Qp {
                     (0, None)
                 };
                 self.seal
-                    .emit_copied(buf, &h, &body, plen, |p, crc| match ops {
-                        Some((a, b)) => {
+                    .emit_copied(buf, &h, &body, plen, |p, crc| match (ops, crc) {
+                        (Some((a, b)), _) => {
                             p[..8].copy_from_slice(&a.to_be_bytes());
                             p[8..16].copy_from_slice(&b.to_be_bytes());
                             crc.map_or(0, |c| braid_crc::crc32c_append(c, p))
                         }
-                        None => gather(&w.segs, u64::from(*offset), p, crc),
+                        (None, Some(c)) if p.len() >= self.in_place_min => {
+                            match seg_span(&w.segs, u64::from(*offset), p.len()) {
+                                Some((region, at)) => {
+                                    let c = region.crc(at, p.len(), c).unwrap_or(c);
+                                    source = Some((Arc::clone(region), at, p.len()));
+                                    c
+                                }
+                                None => gather(&w.segs, u64::from(*offset), p, crc),
+                            }
+                        }
+                        (None, _) => gather(&w.segs, u64::from(*offset), p, crc),
                     })
                     .ok()
             }
@@ -115,6 +151,10 @@ impl Qp {
                         // Bounds were checked when the READ was accepted.
                         let at = base + u64::from(*offset);
                         match crc {
+                            Some(c) if p.len() >= self.in_place_min => {
+                                source = Some((Arc::clone(region), at, p.len()));
+                                region.crc(at, p.len(), c).unwrap_or(c)
+                            }
                             Some(c) => region.read_crc(at, p, c).unwrap_or(c),
                             None => {
                                 let _ = region.read(at, p);
@@ -134,7 +174,8 @@ impl Qp {
             }
             // Never resent: `send_retransmission` refuses its READ instead.
             SentWhat::Revoked { .. } => None,
-        }
+        }?;
+        Some((len, source))
     }
     /// The next datagram of this QP, in this order: a NAK (new, or a repeat that is due), an
     /// ACK, a retransmission, then a new packet (within the SACK span, window and pacing).
@@ -294,11 +335,11 @@ impl Qp {
             };
             let path = self.next_path(sh);
             let flags = wire::FLAG_RETRANSMIT | wire::FLAG_ACK_NOW;
-            let Some(len) = self.emit(&what, psn, path, flags, now, buf) else {
+            let Some(emitted) = self.emit(&what, psn, path, flags, now, buf) else {
                 continue;
             };
             self.count_retransmit(path, sh);
-            return Some(self.transmit(peer, len, path, Ecn::Ect0));
+            return Some(self.transmit_emitted(peer, emitted, path, sh));
         }
         None
     }
@@ -350,7 +391,7 @@ impl Qp {
                 .paths
                 .pick_other(u16::from(self.rec.sent[i].path), sh.rng.next_u32())
                 as u8;
-            let Some(len) = self.emit(
+            let Some(emitted) = self.emit(
                 &self.rec.sent[i].what,
                 psn,
                 path,
@@ -360,6 +401,7 @@ impl Qp {
             ) else {
                 continue;
             };
+            let len = emitted.0;
             let p = &mut self.rec.sent[i];
             p.lost = false;
             p.retransmitted = true;
@@ -375,7 +417,7 @@ impl Qp {
             if self.rec.rto_deadline.is_none() {
                 self.rec.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));
             }
-            return Some(self.transmit(peer, len, path, Ecn::Ect0));
+            return Some(self.transmit_emitted(peer, emitted, path, sh));
         }
         None
     }
@@ -455,7 +497,8 @@ impl Qp {
         } else {
             0
         };
-        let len = self.emit(&what, psn, path, flags, now, buf)?;
+        let emitted = self.emit(&what, psn, path, flags, now, buf)?;
+        let len = emitted.0;
         self.rec.next_psn += 1;
         // Filled in place: a record built on the stack field by field and then pushed was
         // copied out in wide loads right after its narrow stores (a store-forwarding stall
@@ -488,7 +531,7 @@ impl Qp {
         if self.rec.rto_deadline.is_none() {
             self.rec.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));
         }
-        Some(self.transmit(peer, len, path, Ecn::Ect0))
+        Some(self.transmit_emitted(peer, emitted, path, sh))
     }
 }
 
