@@ -672,8 +672,7 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
     }
 
     /// [`push`](Self::push) of a datagram whose bytes `[p.at, p.at + p.len)` are read from
-    /// `p.src` instead of `contents`: a message of up to three iovecs. The caller adds no
-    /// GSO segment to it ([`add_segment`](Self::add_segment) would extend its last iovec).
+    /// `p.src` instead of `contents`: a message of up to three iovecs.
     ///
     /// # Safety
     /// `p.src` is valid for reads of `p.len` bytes until the last [`send`](Self::send) of
@@ -692,18 +691,26 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
         if !self.begin(dest, ipv6_socket, ecn, socket_ecn, connected, 3) {
             return false;
         }
-        let (head, rest) = contents.split_at(p.at);
-        let tail = &rest[p.len..];
-        for (base, len) in [
-            (head.as_ptr(), head.len()),
-            (p.src, p.len),
-            (tail.as_ptr(), tail.len()),
-        ] {
-            if len > 0 {
-                self.add_iov(base, len);
-            }
+        for (base, len) in pieces(contents, p) {
+            self.add_iov(base, len);
         }
         self.a.spans[self.len - 1].segment = contents.len();
+        true
+    }
+
+    /// [`add_segment`](Self::add_segment) of a datagram whose payload lies elsewhere, as
+    /// [`push_in_place`](Self::push_in_place) queues one.
+    ///
+    /// # Safety
+    /// As [`push_in_place`](Self::push_in_place).
+    pub(crate) unsafe fn add_segment_in_place(&mut self, contents: &'a [u8], p: InPlace) -> bool {
+        if self.len == 0 || self.slots + 3 > C {
+            return false;
+        }
+        for (base, len) in pieces(contents, p) {
+            self.append(base, len);
+        }
+        self.a.spans[self.len - 1].datagrams += 1;
         true
     }
 
@@ -756,15 +763,26 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
         if self.len == 0 {
             return false;
         }
-        // The last message's last iovec is the last one queued.
-        if !extend_adjacent(&mut self.a.iovs[self.slots - 1], contents) {
-            if self.slots >= C {
-                return false;
-            }
-            self.add_iov(contents.as_ptr(), contents.len());
+        let last = self.a.iovs[self.slots - 1];
+        if !is_adjacent(&last, contents.as_ptr()) && self.slots >= C {
+            return false;
         }
+        self.append(contents.as_ptr(), contents.len());
         self.a.spans[self.len - 1].datagrams += 1;
         true
+    }
+
+    /// Appends `len` bytes at `base` to the last message: its last iovec grows if they
+    /// start where it ends, else they take an iovec of their own (the caller checked there
+    /// is room).
+    fn append(&mut self, base: *const u8, len: usize) {
+        // The last message's last iovec is the last one queued.
+        let last = &mut self.a.iovs[self.slots - 1];
+        if is_adjacent(last, base) {
+            last.iov_len += len;
+        } else {
+            self.add_iov(base, len);
+        }
     }
 
     /// `sendmmsg` of the queued messages on `fd`: how many messages the kernel took
@@ -823,14 +841,24 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
     }
 }
 
-/// Extends `iov` by `contents` if they start where it ends, and says whether it did. The
-/// caller holds both byte ranges borrowed, so the longer iovec covers borrowed bytes only.
-pub(crate) fn extend_adjacent(iov: &mut libc::iovec, contents: &[u8]) -> bool {
-    let adjacent = (iov.iov_base as usize).wrapping_add(iov.iov_len) == contents.as_ptr() as usize;
-    if adjacent {
-        iov.iov_len += contents.len();
-    }
-    adjacent
+/// Whether bytes at `base` start where `iov` ends (so one iovec can cover both; the caller
+/// holds both ranges, so the longer iovec covers valid bytes only).
+pub(crate) fn is_adjacent(iov: &libc::iovec, base: *const u8) -> bool {
+    (iov.iov_base as usize).wrapping_add(iov.iov_len) == base as usize
+}
+
+/// The non-empty pieces of a datagram whose payload lies elsewhere (`p`): the bytes of
+/// `contents` before it, the payload, the bytes after it.
+fn pieces(contents: &[u8], p: InPlace) -> impl Iterator<Item = (*const u8, usize)> + '_ {
+    let (head, rest) = contents.split_at(p.at);
+    let tail = &rest[p.len..];
+    [
+        (head.as_ptr(), head.len()),
+        (p.src, p.len),
+        (tail.as_ptr(), tail.len()),
+    ]
+    .into_iter()
+    .filter(|&(_, len)| len > 0)
 }
 
 /// The arrays one `recvmmsg` call points into, for up to `C` datagrams with `CTRL` bytes of

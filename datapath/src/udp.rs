@@ -60,7 +60,7 @@ pub const DEFAULT_MAX_PAYLOAD_V6: usize = 1452;
 const SOCKET_BUFFER_BYTES: usize = 8 << 20;
 
 /// The shortest payload sent from where it lies ([`Datapath::in_place_min`]).
-const IN_PLACE_MIN: usize = 16 << 10;
+const IN_PLACE_MIN: usize = 4096;
 
 /// Datagrams handed to one `sendmmsg` call at most.
 const SEND_CHUNK: usize = 64;
@@ -366,16 +366,16 @@ impl Datapath for UdpDatapath {
         SEND_ARRAYS.with_borrow_mut(|arrays| unsafe { self.send_in(arrays, batch, &[]) })
     }
 
-    /// Datagrams this long go out without GSO anyway (at most four fit in a GSO send), so
-    /// their payload costs the kernel one iovec more, not one per segment: measured with
-    /// `udp-blast send --in-place`, iovecs cost more than the gather for GSO runs of
-    /// 1472-byte datagrams (bench/results/session-2026-12-07-s39.md).
+    /// A page: measured with `udp-blast send --in-place`, the iovecs cost the kernel more
+    /// than the gather saves in GSO runs of 1472-byte datagrams (two iovecs a datagram),
+    /// less with 8972-byte ones (bench/results/session-2026-12-07-s39.md).
     fn in_place_min(&self) -> Option<usize> {
         Some(IN_PLACE_MIN)
     }
 
-    /// [`send`](Datapath::send), each payload in place taking one message of up to three
-    /// iovecs (the headers, the payload, the trailer), never a GSO run.
+    /// [`send`](Datapath::send), each payload in place taking up to three iovecs (the
+    /// headers, the payload, the trailer; the headers extend the iovec before them when
+    /// they follow it in memory, as full-size datagrams in consecutive slots do).
     unsafe fn send_in_place(
         &self,
         batch: &[Transmit<'_>],
@@ -753,7 +753,7 @@ impl OffloadCounters {
 /// full). With `gso`, each run of consecutive datagrams with the same destination, ECN and
 /// length (the last may be shorter, none empty) becomes one message of up to
 /// [`GSO_SEGMENTS_MAX`] segments and [`GSO_BYTES_MAX`] bytes. A datagram with a payload in
-/// place (`in_place[i]`, aligned with `rest`) is a message of its own.
+/// place (`in_place[i]`, aligned with `rest`) takes up to three iovecs instead of one.
 ///
 /// # Safety
 /// [`Datapath::send_in_place`]'s contract for `in_place`, until the last send of `scratch`.
@@ -791,10 +791,9 @@ unsafe fn queue_path_run<'a, const C: usize, const CTRL: usize>(
         if !queued {
             return;
         }
-        let alone = payload(i).is_some();
         i += 1;
         let seg = t.contents.len();
-        if !gso || seg == 0 || alone {
+        if !gso || seg == 0 {
             continue;
         }
         let max = GSO_SEGMENTS_MAX.min(GSO_BYTES_MAX / seg);
@@ -802,13 +801,17 @@ unsafe fn queue_path_run<'a, const C: usize, const CTRL: usize>(
         while count < max {
             let Some(u) = rest.get(i) else { break };
             let len = u.contents.len();
+            let mut added = || match payload(i) {
+                // SAFETY: the caller's contract for `in_place`.
+                Some(p) => unsafe { scratch.add_segment_in_place(u.contents, p) },
+                None => scratch.add_segment(u.contents),
+            };
             if u.path != path
-                || payload(i).is_some()
                 || u.dest != t.dest
                 || u.ecn != t.ecn
                 || len == 0
                 || len > seg
-                || !scratch.add_segment(u.contents)
+                || !added()
             {
                 break;
             }
@@ -1175,52 +1178,58 @@ mod tests {
         }
     }
 
-    /// A datagram whose payload lies elsewhere (`send_in_place`) arrives as its headers, that
-    /// payload and its trailer, byte for byte, among datagrams sent whole on the same path;
-    /// it takes a message of its own, and the GSO run around it is cut there, not merged
-    /// across it.
+    /// Datagrams whose payloads lie elsewhere (`send_in_place`) arrive as their headers, those
+    /// payloads and their trailers, byte for byte: a GSO run of them from consecutive slots
+    /// of one buffer (as the runtime's transmit batches lay them out), ended by a shorter
+    /// datagram sent whole, then one more sent whole.
     #[test]
-    fn a_payload_sent_in_place_arrives_between_its_header_and_trailer() {
+    fn payloads_sent_in_place_arrive_between_their_headers_and_trailers() {
+        const LEN: usize = 5000;
+        const AT: usize = 40;
+        const PAYLOAD: usize = LEN - AT - 4;
         let a = loopback(1);
         let mut config = UdpConfig::new("127.0.0.1:0".parse().unwrap(), 1);
         config.max_payload = MAX_DATAGRAM;
         let b = UdpDatapath::bind(config).unwrap();
-        let payload: Vec<u8> = (0..20_000u32).map(|i| (i * 7 % 253) as u8).collect();
-        // The buffer's payload bytes are not the payload: they must not be sent.
-        let mut framed = vec![0xEE; 40 + payload.len() + 4];
-        framed[..40].fill(0x11);
-        framed[40 + payload.len()..].fill(0x22);
-        let whole: Vec<Vec<u8>> = (0..4).map(|k| vec![0x30 + k as u8; 300]).collect();
-        let mut batch: Vec<Transmit<'_>> = whole
-            .iter()
-            .map(|c| Transmit {
-                dest: b.local_addr(),
-                path: 0,
-                ecn: Ecn::Ect0,
-                contents: c,
-            })
+        let payloads: Vec<u8> = (0..3 * PAYLOAD as u32)
+            .map(|i| (i * 7 % 253) as u8)
             .collect();
-        let t = Transmit {
+        // Three slots back to back; the buffer's payload bytes are not the payloads and must
+        // not be sent.
+        let mut slots = vec![0xEE; 3 * LEN];
+        for (k, slot) in slots.chunks_mut(LEN).enumerate() {
+            slot[..AT].fill(0x10 + k as u8);
+            slot[AT + PAYLOAD..].fill(0x20 + k as u8);
+        }
+        let whole: Vec<Vec<u8>> = (0..2).map(|k| vec![0x30 + k as u8; 300]).collect();
+        let to = |contents| Transmit {
             dest: b.local_addr(),
             path: 0,
             ecn: Ecn::Ect0,
-            contents: &framed,
+            contents,
         };
-        batch.insert(2, t);
-        let mut in_place = vec![None; batch.len()];
-        in_place[2] = Some(InPlace {
-            at: 40,
-            src: payload.as_ptr(),
-            len: payload.len(),
-        });
+        let mut batch: Vec<Transmit<'_>> = slots.chunks(LEN).map(to).collect();
+        batch.extend(whole.iter().map(|c| to(c)));
+        let in_place: Vec<Option<InPlace>> = (0..3)
+            .map(|k| {
+                Some(InPlace {
+                    at: AT,
+                    src: payloads[k * PAYLOAD..].as_ptr(),
+                    len: PAYLOAD,
+                })
+            })
+            .collect();
         assert_eq!(a.in_place_min(), Some(IN_PLACE_MIN));
-        // SAFETY: `payload` outlives the call; 40 + len ends before the 4-byte trailer.
+        // SAFETY: `payloads` outlives the call; each payload ends before its datagram's
+        // 4-byte trailer.
         let n = unsafe { a.send_in_place(&batch, &in_place) }.unwrap();
         assert_eq!(n, batch.len());
         let mut want: BTreeSet<Vec<u8>> = whole.iter().cloned().collect();
-        let mut sent = framed.clone();
-        sent[40..40 + payload.len()].copy_from_slice(&payload);
-        want.insert(sent);
+        for (k, slot) in slots.chunks(LEN).enumerate() {
+            let mut sent = slot.to_vec();
+            sent[AT..AT + PAYLOAD].copy_from_slice(&payloads[k * PAYLOAD..(k + 1) * PAYLOAD]);
+            want.insert(sent);
+        }
         let mut rx = RecvBatch::new(8, MAX_DATAGRAM);
         let mut got = BTreeSet::new();
         let deadline = Instant::now() + Duration::from_secs(5);
@@ -1230,13 +1239,13 @@ mod tests {
         }
         assert!(
             got == want,
-            "{} datagrams, as sent: {}",
+            "{} datagrams; as sent: {}",
             got.len(),
             got == want
         );
         if a.uses_gso() {
-            // Two whole ones, the one in place, two whole ones.
-            assert_eq!(a.offload_stats().messages_sent, 3);
+            // The three in place and the first short one, then the other.
+            assert_eq!(a.offload_stats().messages_sent, 2);
         }
     }
 

@@ -1147,7 +1147,8 @@ impl Tx {
             // extends it: the kernel's copy costs per iovec (see `sys::SendMmsg`).
             let mut iovs: usize = 0;
             for u in &batch[i..i + count] {
-                if iovs > 0 && sys::extend_adjacent(&mut self.iovs[slots + iovs - 1], u.contents) {
+                if iovs > 0 && sys::is_adjacent(&self.iovs[slots + iovs - 1], u.contents.as_ptr()) {
+                    self.iovs[slots + iovs - 1].iov_len += u.contents.len();
                     continue;
                 }
                 self.iovs[slots + iovs] = libc::iovec {

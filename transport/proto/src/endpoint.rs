@@ -1062,6 +1062,21 @@ impl Endpoint {
         self.sh.in_place.clear();
     }
 
+    /// Writes the payload `t` left in its region into its place in `buf` (the buffer `t` was
+    /// written into), so the datagram is whole and may be sent after
+    /// [`unpin_payloads`](Self::unpin_payloads); its CRC was read from the same bytes unless
+    /// the application changed them since. Returns false (and leaves `t` as it is) if `t`
+    /// has no payload in place or its region is no longer pinned.
+    pub fn copy_payload(&self, t: &mut Transmit, buf: &mut [u8]) -> bool {
+        let copied = t
+            .payload
+            .is_some_and(|p| self.sh.in_place.copy_into(p, buf));
+        if copied {
+            t.payload = None;
+        }
+        copied
+    }
+
     /// The next datagram to send, written at the start of `buf` (which must hold
     /// `config().max_datagram` bytes). QPs with work take turns, one datagram each, except
     /// that a QP that has just sent a new packet of an unfinished burst

@@ -71,6 +71,19 @@ impl Pins {
     pub(crate) fn clear(&mut self) {
         self.regions.clear();
     }
+
+    /// Copies the payload `p` describes from its pinned region into `buf` (the datagram's
+    /// buffer) at its place; false if no pinned region holds it.
+    pub(crate) fn copy_into(&self, p: PayloadAt, buf: &mut [u8]) -> bool {
+        let (at, len) = (p.at as usize, p.len as usize);
+        let Some(dst) = buf.get_mut(at..at + len) else {
+            return false;
+        };
+        self.regions.iter().any(|r| {
+            let offset = p.addr.wrapping_sub(r.as_ptr() as usize) as u64;
+            offset < r.len() as u64 && r.read(offset, dst).is_ok()
+        })
+    }
 }
 
 /// Where a payload left in place lies in its region, as `emit` finds it: the region, the

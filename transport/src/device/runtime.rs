@@ -469,7 +469,7 @@ pub(super) struct Inner {
     /// The scratch of `receive_landed` (taken by whoever receives: uncontended).
     land: Mutex<LandScratch>,
     /// The engine may leave payloads in their regions ([`braid_proto::PayloadAt`]): its
-    /// batches are sent with `send_in_place`, and take no GSO run top-ups (see `TxBatch`).
+    /// batches are sent with `send_in_place`.
     in_place: bool,
 }
 
@@ -487,10 +487,10 @@ pub(super) struct Driver {
 }
 
 impl Driver {
-    fn new(max_payload: usize, in_place: bool) -> Driver {
+    fn new(max_payload: usize) -> Driver {
         Driver {
             rx: RecvBatch::new(rx_slots(max_payload), max_payload),
-            tx: TxBatch::new(max_payload, in_place),
+            tx: TxBatch::new(max_payload),
             timers_checked: Timestamp::ZERO,
             clock_in: 0,
             engine_owed: false,
@@ -921,7 +921,7 @@ impl Inner {
             mrs,
             max_wr,
             mode,
-            driver: Mutex::new(Driver::new(max_payload, in_place)),
+            driver: Mutex::new(Driver::new(max_payload)),
             in_place,
             poller_seen: AtomicU64::new(0),
             sleeper: Doorbell::new(),
@@ -977,16 +977,9 @@ impl TxBatch {
         &mut bufs[i * size..(i + 1) * size]
     }
 
-    /// A batch of datagrams of up to `size` bytes. With payloads `in_place`, no run is topped
-    /// up: a top-up may take a datagram that does not continue the run and carry it over to
-    /// a later batch, after its region's pin was released (`drain`).
-    fn new(size: usize, in_place: bool) -> TxBatch {
+    fn new(size: usize) -> TxBatch {
         let size = size.max(1);
-        let run_max = if in_place {
-            1
-        } else {
-            (braid_datapath::MAX_DATAGRAM / size).clamp(1, GSO_RUN_MAX)
-        };
+        let run_max = (braid_datapath::MAX_DATAGRAM / size).clamp(1, GSO_RUN_MAX);
         let max = if run_max > 1 {
             BATCH
         } else {
@@ -1155,13 +1148,17 @@ impl Inner {
             .map_or(0, |i| i + 1);
         while batch.metas.len() < run_start + batch.run_max {
             let i = batch.metas.len();
-            let Some(t) = core
-                .ep
-                .poll_transmit(now, TxBatch::slot_mut(&mut batch.bufs, batch.size, i))
-            else {
+            let slot = TxBatch::slot_mut(&mut batch.bufs, batch.size, i);
+            let Some(mut t) = core.ep.poll_transmit(now, slot) else {
                 return false;
             };
             if (t.path, t.dest, t.ecn) != (last.path, last.dest, last.ecn) || t.len > last.len {
+                // It waits for the next batch, after its region's pin is gone (the next
+                // drain unpins): it goes whole. (Its region was pinned by this very call; were
+                // it not, the datagram is dropped, as if lost, rather than sent unpinned.)
+                if t.payload.is_some() && !core.ep.copy_payload(&mut t, slot) {
+                    return true;
+                }
                 batch.carry = Some((t, i));
                 return true;
             }
@@ -1230,7 +1227,7 @@ impl Inner {
         let mut batch = self
             .tx_pool
             .get()
-            .unwrap_or_else(|| Box::new(TxBatch::new(self.datapath.max_payload(), self.in_place)));
+            .unwrap_or_else(|| Box::new(TxBatch::new(self.datapath.max_payload())));
         self.flush(&mut batch);
         let _ = self.tx_pool.put(batch);
     }
@@ -1705,8 +1702,7 @@ impl Inner {
     fn progress(self: Arc<Inner>) {
         // A thread-progress device's progress thread keeps its buffers; an inline one uses
         // the driver slot's.
-        let mut own =
-            (!self.inline()).then(|| Driver::new(self.datapath.max_payload(), self.in_place));
+        let mut own = (!self.inline()).then(|| Driver::new(self.datapath.max_payload()));
         let mut timers_checked = Timestamp::ZERO;
         let mut received_at = Timestamp::ZERO;
         let threaded = own.is_some();
