@@ -18,6 +18,9 @@ enum MemId {
     Rcv = 4,
 }
 
+/// The shortest payload left in its region when configuration bit 4 is set.
+const IN_PLACE_MIN: usize = 64;
+
 const SRC_LEN: usize = 8192;
 const LAND_LEN: usize = 4096;
 const TGT_LEN: usize = 4096;
@@ -497,6 +500,13 @@ impl SimTarget {
             ..EndpointConfig::default()
         };
         let mut c = Cluster::new(0x5e_ed0f_f022, 2, &cfg, LinkConfig::default());
+        if config & 0x10 != 0 {
+            // Payloads left in their regions, which the driver copies in as it takes each
+            // datagram: the same bytes through another way of emitting them.
+            for n in 0..2 {
+                c.ep_mut(n).set_in_place_min(Some(IN_PLACE_MIN));
+            }
+        }
         let pds = [c.ep_mut(0).alloc_pd(), c.ep_mut(1).alloc_pd()];
         let cqs = [c.ep_mut(0).create_cq(), c.ep_mut(1).create_cq()];
         let specs: [(&'static str, usize, usize, Access); 5] = [
@@ -1447,7 +1457,8 @@ impl SimTarget {
 /// Arbitrary sequences of API calls, link changes and stray datagrams on the simulated
 /// network (two engines, up to three QP pairs), compared with an oracle.
 ///
-/// Input: a configuration byte (paths, datagram size), then [`SimOp`]s.
+/// Input: a configuration byte (paths, datagram size, payloads left in place), then
+/// [`SimOp`]s.
 ///
 /// Checked: `post_send`/`post_recv` fail exactly when the oracle predicts (bad key, bounds,
 /// local rights, alignment, queue depth) and with one of the predicted errors; completions
