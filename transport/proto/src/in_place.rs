@@ -36,12 +36,14 @@ pub struct PayloadAt {
     pub addr: usize,
 }
 
-/// The endpoint's side: the shortest payload left in place (`usize::MAX`: none) and the
-/// regions pinned since the last unpin.
+/// The endpoint's side: the shortest payload left in place (`usize::MAX`: none), the
+/// regions pinned since the last unpin, and where the payload of the datagram being
+/// emitted lies, if it was left in place.
 #[derive(Debug)]
 pub(crate) struct Pins {
     pub(crate) min: usize,
     regions: Vec<Arc<Region>>,
+    last: Option<PayloadAt>,
 }
 
 impl Default for Pins {
@@ -49,23 +51,29 @@ impl Default for Pins {
         Pins {
             min: usize::MAX,
             regions: Vec::new(),
+            last: None,
         }
     }
 }
 
 impl Pins {
-    /// Keeps the payload's region until the next [`clear`](Self::clear) and returns where
-    /// the payload is, `at` bytes into its datagram.
-    pub(crate) fn pin(&mut self, (region, offset, len): Source, at: usize) -> PayloadAt {
-        let addr = (region.as_ptr() as usize).wrapping_add(offset as usize);
-        if !self.regions.last().is_some_and(|r| Arc::ptr_eq(r, &region)) {
-            self.regions.push(region);
+    /// Keeps `region` until the next [`clear`](Self::clear), and where the `len` bytes at
+    /// its `offset` are, `at` bytes into the datagram being emitted, for
+    /// [`take_last`](Self::take_last).
+    pub(crate) fn pin(&mut self, region: &Arc<Region>, offset: u64, at: usize, len: usize) {
+        if !self.regions.last().is_some_and(|r| Arc::ptr_eq(r, region)) {
+            self.regions.push(Arc::clone(region));
         }
-        PayloadAt {
+        self.last = Some(PayloadAt {
             at: at as u32,
             len: len as u32,
-            addr,
-        }
+            addr: (region.as_ptr() as usize).wrapping_add(offset as usize),
+        });
+    }
+
+    /// Where the payload of the datagram just emitted lies, if it was left in place.
+    pub(crate) fn take_last(&mut self) -> Option<PayloadAt> {
+        self.last.take()
     }
 
     pub(crate) fn clear(&mut self) {
@@ -85,7 +93,3 @@ impl Pins {
         })
     }
 }
-
-/// Where a payload left in place lies in its region, as `emit` finds it: the region, the
-/// offset of the payload's first byte in it, and its length.
-pub(crate) type Source = (Arc<Region>, u64, usize);

@@ -42,20 +42,12 @@ impl Qp {
             send_ts_ns: now.as_nanos(),
         })
     }
-    /// The datagram description of an emitted datagram (`emit`'s result), its payload's
-    /// region pinned if the payload was left there.
-    fn transmit_emitted(
-        &self,
-        peer: &QpInfo,
-        (len, source): (usize, Option<in_place::Source>),
-        path: u8,
-        sh: &mut Shared,
-    ) -> Transmit {
+    /// The datagram description of the datagram `emit` just wrote (`len` bytes), with where
+    /// its payload lies if it was left in its region.
+    fn transmit_emitted(&self, peer: &QpInfo, len: usize, path: u8, sh: &mut Shared) -> Transmit {
         let mut t = self.transmit(peer, len, path, Ecn::Ect0);
-        if let Some(source) = source {
-            // The payload is followed by the trailer only.
-            let at = len - wire::TRAILER_LEN - source.2;
-            t.payload = Some(sh.in_place.pin(source, at));
+        if let Some(p) = sh.in_place.take_last() {
+            t.payload = Some(p);
             sh.stats.tx_in_place += 1;
         }
         t
@@ -78,8 +70,10 @@ impl Qp {
         }
     }
     /// Emits the packet described by `what` with sequence number `psn`.
-    /// Writes the datagram of `what` into `buf`; returns its length and, if its payload was
-    /// left in its region ([`crate::in_place`]), where that is (its CRC32C was read there).
+    /// Writes the datagram of `what` into `buf` and returns its length. A payload of at
+    /// least `in_place_min` bytes in one region is left there ([`crate::in_place`]): its
+    /// CRC32C is read in place, and `pins` pins the region and keeps where the payload is.
+    #[allow(clippy::too_many_arguments)] // the packet's fields, its buffer and the pins
     pub(crate) fn emit(
         &self,
         what: &SentWhat,
@@ -88,7 +82,8 @@ impl Qp {
         flags: u8,
         now: Timestamp,
         buf: &mut [u8],
-    ) -> Option<(usize, Option<in_place::Source>)> {
+        pins: &mut in_place::Pins,
+    ) -> Option<usize> {
         let mut source = None;
         let len = match what {
             SentWhat::Req { msn, offset, len } => {
@@ -121,9 +116,8 @@ impl Qp {
                         (None, Some(c)) if p.len() >= self.in_place_min => {
                             match seg_span(&w.segs, u64::from(*offset), p.len()) {
                                 Some((region, at)) => {
-                                    let c = region.crc(at, p.len(), c).unwrap_or(c);
-                                    source = Some((Arc::clone(region), at, p.len()));
-                                    c
+                                    source = Some((region, at, p.len()));
+                                    region.crc(at, p.len(), c).unwrap_or(c)
                                 }
                                 None => gather(&w.segs, u64::from(*offset), p, crc),
                             }
@@ -152,7 +146,7 @@ impl Qp {
                         let at = base + u64::from(*offset);
                         match crc {
                             Some(c) if p.len() >= self.in_place_min => {
-                                source = Some((Arc::clone(region), at, p.len()));
+                                source = Some((region, at, p.len()));
                                 region.crc(at, p.len(), c).unwrap_or(c)
                             }
                             Some(c) => region.read_crc(at, p, c).unwrap_or(c),
@@ -175,7 +169,11 @@ impl Qp {
             // Never resent: `send_retransmission` refuses its READ instead.
             SentWhat::Revoked { .. } => None,
         }?;
-        Some((len, source))
+        if let Some((region, offset, payload)) = source {
+            // The payload is followed by the trailer only.
+            pins.pin(region, offset, len - wire::TRAILER_LEN - payload, payload);
+        }
+        Some(len)
     }
     /// The next datagram of this QP, in this order: a NAK (new, or a repeat that is due), an
     /// ACK, a retransmission, then a new packet (within the SACK span, window and pacing).
@@ -335,11 +333,11 @@ impl Qp {
             };
             let path = self.next_path(sh);
             let flags = wire::FLAG_RETRANSMIT | wire::FLAG_ACK_NOW;
-            let Some(emitted) = self.emit(&what, psn, path, flags, now, buf) else {
+            let Some(len) = self.emit(&what, psn, path, flags, now, buf, &mut sh.in_place) else {
                 continue;
             };
             self.count_retransmit(path, sh);
-            return Some(self.transmit_emitted(peer, emitted, path, sh));
+            return Some(self.transmit_emitted(peer, len, path, sh));
         }
         None
     }
@@ -391,17 +389,17 @@ impl Qp {
                 .paths
                 .pick_other(u16::from(self.rec.sent[i].path), sh.rng.next_u32())
                 as u8;
-            let Some(emitted) = self.emit(
+            let Some(len) = self.emit(
                 &self.rec.sent[i].what,
                 psn,
                 path,
                 wire::FLAG_RETRANSMIT | wire::FLAG_ACK_NOW,
                 now,
                 buf,
+                &mut sh.in_place,
             ) else {
                 continue;
             };
-            let len = emitted.0;
             let p = &mut self.rec.sent[i];
             p.lost = false;
             p.retransmitted = true;
@@ -417,7 +415,7 @@ impl Qp {
             if self.rec.rto_deadline.is_none() {
                 self.rec.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));
             }
-            return Some(self.transmit_emitted(peer, emitted, path, sh));
+            return Some(self.transmit_emitted(peer, len, path, sh));
         }
         None
     }
@@ -497,8 +495,7 @@ impl Qp {
         } else {
             0
         };
-        let emitted = self.emit(&what, psn, path, flags, now, buf)?;
-        let len = emitted.0;
+        let len = self.emit(&what, psn, path, flags, now, buf, &mut sh.in_place)?;
         self.rec.next_psn += 1;
         // Filled in place: a record built on the stack field by field and then pushed was
         // copied out in wide loads right after its narrow stores (a store-forwarding stall
@@ -531,7 +528,7 @@ impl Qp {
         if self.rec.rto_deadline.is_none() {
             self.rec.rto_deadline = Some(now.add_nanos(self.rto_ns(&sh.cfg)));
         }
-        Some(self.transmit_emitted(peer, emitted, path, sh))
+        Some(self.transmit_emitted(peer, len, path, sh))
     }
 }
 
