@@ -69,10 +69,10 @@ impl Qp {
             payload: None,
         }
     }
-    /// Emits the packet described by `what` with sequence number `psn`.
-    /// Writes the datagram of `what` into `buf` and returns its length. A payload of at
-    /// least `in_place_min` bytes in one region is left there ([`crate::in_place`]): its
-    /// CRC32C is read in place, and `pins` pins the region and keeps where the payload is.
+    /// Writes the datagram of `what`, sequence number `psn`, into `buf` and returns its
+    /// length. A payload of at least `in_place_min` bytes in one region is left there
+    /// ([`crate::in_place`]): its CRC32C is read in place, and `pins` pins the region and
+    /// keeps where the payload is.
     #[allow(clippy::too_many_arguments)] // the packet's fields, its buffer and the pins
     pub(crate) fn emit(
         &self,
