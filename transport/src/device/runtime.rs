@@ -742,7 +742,9 @@ impl Owner {
     pub(super) fn deregister(&self, lkey: u32) {
         // First out of the table posts are checked against (waiting for posts being checked),
         // then out of each engine, whose lock first applies the posts checked before; through
-        // `with_engine`, so the refusals the revocation causes leave now.
+        // `with_engine`, so the refusals the revocation causes leave now. Its flush takes the
+        // transmit order, so a send in flight from the region's memory (a payload sent in
+        // place, `Inner::send`) has returned before this does, and caller memory may go.
         self.mrs
             .write()
             .unwrap_or_else(|e| e.into_inner())
