@@ -647,13 +647,8 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
             .sum()
     }
 
-    /// Queues a new message: `contents` for `dest` with ECN codepoint `ecn`. Returns `false`
-    /// (and queues nothing) if the scratch is full or `dest` cannot be addressed from a
-    /// socket of this family (`ipv6_socket`). The socket it goes out on marks its datagrams
-    /// `socket_ecn` unless told otherwise, so only another codepoint takes a control
-    /// message; `connected`: it is connected to `dest`, so the message names no address.
-    /// Both let the kernel send on the route the socket cached instead of looking one up (a
-    /// control message other than the segment size makes it look one up too).
+    /// [`push_in_place`](Self::push_in_place) of a datagram whole (the queue's tests).
+    #[cfg(test)]
     pub(crate) fn push(
         &mut self,
         dest: SocketAddr,
@@ -663,70 +658,47 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
         socket_ecn: Ecn,
         connected: bool,
     ) -> bool {
-        if !self.begin(dest, ipv6_socket, ecn, socket_ecn, connected, 1) {
-            return false;
+        // SAFETY: no payload in place.
+        unsafe {
+            self.push_in_place(
+                dest,
+                ipv6_socket,
+                contents,
+                None,
+                ecn,
+                socket_ecn,
+                connected,
+            )
         }
-        self.add_iov(contents.as_ptr(), contents.len());
-        self.a.spans[self.len - 1].segment = contents.len();
-        true
     }
 
-    /// [`push`](Self::push) of a datagram whose bytes `[p.at, p.at + p.len)` are read from
-    /// `p.src` instead of `contents`: a message of up to three iovecs.
+    /// Queues a new message: `contents` for `dest` with ECN codepoint `ecn`, except that
+    /// with `p` its bytes `[p.at, p.at + p.len)` are read from `p.src` (a message of up to
+    /// three iovecs). Returns `false` (and queues nothing) if the scratch is full or `dest`
+    /// cannot be addressed from a socket of this family (`ipv6_socket`). The socket it goes
+    /// out on marks its datagrams `socket_ecn` unless told otherwise, so only another
+    /// codepoint takes a control message; `connected`: it is connected to `dest`, so the
+    /// message names no address. Both let the kernel send on the route the socket cached
+    /// instead of looking one up (a control message other than the segment size makes it
+    /// look one up too).
     ///
     /// # Safety
     /// `p.src` is valid for reads of `p.len` bytes until the last [`send`](Self::send) of
     /// this queue returns, and `p.at + p.len <= contents.len()`.
-    #[allow(clippy::too_many_arguments)] // `push`'s, and the payload
+    #[allow(clippy::too_many_arguments)] // the message's fields and the payload
     pub(crate) unsafe fn push_in_place(
         &mut self,
         dest: SocketAddr,
         ipv6_socket: bool,
         contents: &'a [u8],
-        p: InPlace,
+        p: Option<InPlace>,
         ecn: Ecn,
         socket_ecn: Ecn,
         connected: bool,
-    ) -> bool {
-        if !self.begin(dest, ipv6_socket, ecn, socket_ecn, connected, 3) {
-            return false;
-        }
-        for (base, len) in pieces(contents, p) {
-            self.add_iov(base, len);
-        }
-        self.a.spans[self.len - 1].segment = contents.len();
-        true
-    }
-
-    /// [`add_segment`](Self::add_segment) of a datagram whose payload lies elsewhere, as
-    /// [`push_in_place`](Self::push_in_place) queues one.
-    ///
-    /// # Safety
-    /// As [`push_in_place`](Self::push_in_place).
-    pub(crate) unsafe fn add_segment_in_place(&mut self, contents: &'a [u8], p: InPlace) -> bool {
-        if self.len == 0 || self.slots + 3 > C {
-            return false;
-        }
-        for (base, len) in pieces(contents, p) {
-            self.append(base, len);
-        }
-        self.a.spans[self.len - 1].datagrams += 1;
-        true
-    }
-
-    /// Opens a message to `dest` with room for `iovs` iovecs (see [`push`](Self::push));
-    /// false if there is no room or `dest` cannot be addressed.
-    fn begin(
-        &mut self,
-        dest: SocketAddr,
-        ipv6_socket: bool,
-        ecn: Ecn,
-        socket_ecn: Ecn,
-        connected: bool,
-        iovs: usize,
     ) -> bool {
         let n = self.len;
-        if n >= C || self.slots + iovs > C {
+        let (pieces, count) = pieces(contents, p);
+        if n >= C || self.slots + count > C {
             return false;
         }
         let Some((addr_len, family)) = encode_addr(dest, ipv6_socket, &mut self.a.addrs[n]) else {
@@ -739,9 +711,55 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
             first: self.slots,
             iovs: 0,
             datagrams: 1,
-            segment: 0,
+            segment: contents.len(),
         };
         self.len += 1;
+        for &(base, len) in &pieces[..count] {
+            self.add_iov(base, len);
+        }
+        true
+    }
+
+    /// [`add_segment_in_place`](Self::add_segment_in_place) of a datagram whole (the
+    /// queue's tests).
+    #[cfg(test)]
+    pub(crate) fn add_segment(&mut self, contents: &'a [u8]) -> bool {
+        // SAFETY: no payload in place.
+        unsafe { self.add_segment_in_place(contents, None) }
+    }
+
+    /// Adds `contents` (its payload read from `p.src` with `p`, as
+    /// [`push_in_place`](Self::push_in_place) does) as one more GSO segment to the last
+    /// queued message (same destination and ECN); each piece that starts where the last
+    /// iovec ends extends it. The caller keeps the run valid for the kernel: every segment
+    /// but the last as long as the first, at most 64 segments and 65507 bytes. Returns
+    /// `false` (and adds nothing) if there is no message or no room.
+    ///
+    /// # Safety
+    /// As [`push_in_place`](Self::push_in_place).
+    pub(crate) unsafe fn add_segment_in_place(
+        &mut self,
+        contents: &'a [u8],
+        p: Option<InPlace>,
+    ) -> bool {
+        if self.len == 0 {
+            return false;
+        }
+        let (pieces, count) = pieces(contents, p);
+        // The last message's last iovec is the last one queued.
+        let extends = is_adjacent(&self.a.iovs[self.slots - 1], pieces[0].0);
+        if self.slots + count - usize::from(extends) > C {
+            return false;
+        }
+        for &(base, len) in &pieces[..count] {
+            let last = &mut self.a.iovs[self.slots - 1];
+            if is_adjacent(last, base) {
+                last.iov_len += len;
+            } else {
+                self.add_iov(base, len);
+            }
+        }
+        self.a.spans[self.len - 1].datagrams += 1;
         true
     }
 
@@ -753,36 +771,6 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
         };
         self.slots += 1;
         self.a.spans[self.len - 1].iovs += 1;
-    }
-
-    /// Adds `contents` as one more GSO segment to the last queued message (same destination
-    /// and ECN). The caller keeps the run valid for the kernel: every segment but the last
-    /// as long as the first, at most 64 segments and 65507 bytes. Returns `false` (and adds
-    /// nothing) if there is no message or no room.
-    pub(crate) fn add_segment(&mut self, contents: &'a [u8]) -> bool {
-        if self.len == 0 {
-            return false;
-        }
-        let last = self.a.iovs[self.slots - 1];
-        if !is_adjacent(&last, contents.as_ptr()) && self.slots >= C {
-            return false;
-        }
-        self.append(contents.as_ptr(), contents.len());
-        self.a.spans[self.len - 1].datagrams += 1;
-        true
-    }
-
-    /// Appends `len` bytes at `base` to the last message: its last iovec grows if they
-    /// start where it ends, else they take an iovec of their own (the caller checked there
-    /// is room).
-    fn append(&mut self, base: *const u8, len: usize) {
-        // The last message's last iovec is the last one queued.
-        let last = &mut self.a.iovs[self.slots - 1];
-        if is_adjacent(last, base) {
-            last.iov_len += len;
-        } else {
-            self.add_iov(base, len);
-        }
     }
 
     /// `sendmmsg` of the queued messages on `fd`: how many messages the kernel took
@@ -820,7 +808,7 @@ impl<'a, const C: usize, const CTRL: usize> SendMmsg<'a, C, CTRL> {
         }
         // SAFETY: the first `len` headers were just pointed at this scratch's own address,
         // control and iovec arrays (each header's `span.iovs` iovecs lie inside `iovs`: spans
-        // are built by `push`/`push_in_place`/`add_segment`, which stop at C), which stay put
+        // are built by `push_in_place`/`add_segment_in_place`, which stop at C), which stay put
         // while `&mut self` is held, and the iovecs at payloads borrowed for `'a` or, for
         // payloads in place, valid until this returns (`push_in_place`'s contract); `len <=
         // C`. The kernel only reads them.
@@ -847,18 +835,27 @@ pub(crate) fn is_adjacent(iov: &libc::iovec, base: *const u8) -> bool {
     (iov.iov_base as usize).wrapping_add(iov.iov_len) == base as usize
 }
 
-/// The non-empty pieces of a datagram whose payload lies elsewhere (`p`): the bytes of
-/// `contents` before it, the payload, the bytes after it.
-fn pieces(contents: &[u8], p: InPlace) -> impl Iterator<Item = (*const u8, usize)> + '_ {
+/// The pieces of a datagram, and how many: `contents` whole, or with its payload elsewhere
+/// (`p`) the non-empty ones of the bytes before it, the payload, the bytes after it.
+fn pieces(contents: &[u8], p: Option<InPlace>) -> ([(*const u8, usize); 3], usize) {
+    let mut out = [(contents.as_ptr(), contents.len()); 3];
+    let Some(p) = p else {
+        return (out, 1);
+    };
     let (head, rest) = contents.split_at(p.at);
     let tail = &rest[p.len..];
-    [
+    let mut n = 0;
+    for piece in [
         (head.as_ptr(), head.len()),
         (p.src, p.len),
         (tail.as_ptr(), tail.len()),
-    ]
-    .into_iter()
-    .filter(|&(_, len)| len > 0)
+    ] {
+        if piece.1 > 0 {
+            out[n] = piece;
+            n += 1;
+        }
+    }
+    (out, n)
 }
 
 /// The arrays one `recvmmsg` call points into, for up to `C` datagrams with `CTRL` bytes of

@@ -772,21 +772,18 @@ unsafe fn queue_path_run<'a, const C: usize, const CTRL: usize>(
     let mut i = 0;
     while let Some(t) = rest.get(i) {
         let to_connected = socket.connected == Some(t.dest);
+        // SAFETY: the caller's contract for `in_place`.
         let queued = t.path == path
-            && match payload(i) {
-                // SAFETY: the caller's contract for `in_place`.
-                Some(p) => unsafe {
-                    scratch.push_in_place(
-                        t.dest,
-                        ipv6,
-                        t.contents,
-                        p,
-                        t.ecn,
-                        socket.ecn,
-                        to_connected,
-                    )
-                },
-                None => scratch.push(t.dest, ipv6, t.contents, t.ecn, socket.ecn, to_connected),
+            && unsafe {
+                scratch.push_in_place(
+                    t.dest,
+                    ipv6,
+                    t.contents,
+                    payload(i),
+                    t.ecn,
+                    socket.ecn,
+                    to_connected,
+                )
             };
         if !queued {
             return;
@@ -801,11 +798,8 @@ unsafe fn queue_path_run<'a, const C: usize, const CTRL: usize>(
         while count < max {
             let Some(u) = rest.get(i) else { break };
             let len = u.contents.len();
-            let mut added = || match payload(i) {
-                // SAFETY: the caller's contract for `in_place`.
-                Some(p) => unsafe { scratch.add_segment_in_place(u.contents, p) },
-                None => scratch.add_segment(u.contents),
-            };
+            // SAFETY: the caller's contract for `in_place`.
+            let mut added = || unsafe { scratch.add_segment_in_place(u.contents, payload(i)) };
             if u.path != path
                 || u.dest != t.dest
                 || u.ecn != t.ecn
