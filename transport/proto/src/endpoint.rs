@@ -531,7 +531,7 @@ impl Endpoint {
         };
         let psn = self.sh.rng.next_u32();
         let cc = self.sh.cfg.cc.build(self.sh.cfg.max_datagram as u32);
-        let mut qp = Qp::new(
+        let qp = Qp::new(
             QpIds {
                 qpn,
                 pd: pd.0,
@@ -543,7 +543,6 @@ impl Endpoint {
             &opts,
             &self.sh.cfg,
         );
-        qp.in_place_min = self.sh.in_place.min;
         let seal_key = qp.seal.public_key();
         self.qps.insert(qpn, qp);
         if let Some(n) = self.pds.get_mut(&pd.0) {
@@ -1047,8 +1046,7 @@ impl Endpoint {
     /// registered region when it is at least `min` bytes (and the QP does not seal), for a
     /// datapath that sends a datagram from pieces: the datagram's [`Transmit::payload`] then
     /// says where the payload is, and the buffer holds the rest (see the `in_place` module).
-    /// `None`, the default, writes every payload into the buffer. Applies to the QPs created
-    /// from now on: set it before creating any.
+    /// `None`, the default, writes every payload into the buffer.
     ///
     /// Each region a payload was left in stays pinned until
     /// [`unpin_payloads`](Self::unpin_payloads), so the addresses stay valid until then.

@@ -156,9 +156,6 @@ pub(crate) struct Qp {
     pub(crate) cc: Box<dyn Controller>,
     /// Encryption of this QP's packets, if any ([`crate::seal`]).
     pub(crate) seal: QpSeal,
-    /// The shortest payload left in its region when sent ([`crate::in_place`]; `usize::MAX`:
-    /// none), the endpoint's setting.
-    pub(crate) in_place_min: usize,
     /// Counters behind [`QpStats`] ([`stats`]).
     pub(crate) counters: Counters,
     /// Port map, re-pathing and pacing ([`paths`]).
@@ -201,7 +198,6 @@ impl Qp {
             ranges: RangeBudget::default(),
             cc,
             seal: QpSeal::new(opts.seal_secret),
-            in_place_min: usize::MAX,
             counters: Counters::new(cfg.paths),
             route: Route::new(cfg.paths, opts.burst.unwrap_or(cfg.burst), cfg.path),
             rec: Recovery::new(psn),

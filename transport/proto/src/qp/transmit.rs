@@ -70,7 +70,7 @@ impl Qp {
         }
     }
     /// Writes the datagram of `what`, sequence number `psn`, into `buf` and returns its
-    /// length. A payload of at least `in_place_min` bytes in one region is left there
+    /// length. A payload of at least `pins.min` bytes in one region is left there
     /// ([`crate::in_place`]): its CRC32C is read in place, and `pins` pins the region and
     /// keeps where the payload is.
     #[allow(clippy::too_many_arguments)] // the packet's fields, its buffer and the pins
@@ -84,6 +84,7 @@ impl Qp {
         buf: &mut [u8],
         pins: &mut in_place::Pins,
     ) -> Option<usize> {
+        let min = pins.min;
         let mut source = None;
         let len = match what {
             SentWhat::Req { msn, offset, len } => {
@@ -113,7 +114,7 @@ impl Qp {
                             p[8..16].copy_from_slice(&b.to_be_bytes());
                             crc.map_or(0, |c| braid_crc::crc32c_append(c, p))
                         }
-                        (None, Some(c)) if p.len() >= self.in_place_min => {
+                        (None, Some(c)) if p.len() >= min => {
                             match seg_span(&w.segs, u64::from(*offset), p.len()) {
                                 Some((region, at)) => {
                                     source = Some((region, at, p.len()));
@@ -145,7 +146,7 @@ impl Qp {
                         // Bounds were checked when the READ was accepted.
                         let at = base + u64::from(*offset);
                         match crc {
-                            Some(c) if p.len() >= self.in_place_min => {
+                            Some(c) if p.len() >= min => {
                                 source = Some((region, at, p.len()));
                                 region.crc(at, p.len(), c).unwrap_or(c)
                             }
