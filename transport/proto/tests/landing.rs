@@ -264,15 +264,15 @@ fn reordered_responses_are_put_back_together() {
     p.check(5);
     let s = p.a.stats().clone();
     assert_eq!(s.rx_bad_crc + s.rx_bad_response, 0, "{s:?}");
-    // The next READ: its first batch goes the usual way (the responder's acknowledgement of
-    // the request and three responses, the first of which shows the stream's piece size);
-    // every later response lands.
+    // The next READ: its first batch of four responses goes the usual way (the first shows
+    // the stream's piece size; no acknowledgement of the request goes ahead of them, the
+    // responses acknowledge it); every later response lands.
     p.read(2, 0);
     p.drive(2, |_| {}, |_| false);
     p.check(0);
     let responses = MSG.div_ceil(65_507 - 24 - 16 - 4) as u64;
     let landed = p.a.stats().rx_landed - s.rx_landed;
-    assert_eq!(landed, responses - 3, "{:?}", p.a.stats());
+    assert_eq!(landed, responses - 4, "{:?}", p.a.stats());
 }
 
 /// A landed payload with a flipped bit fails its CRC, read where it landed: the packet is

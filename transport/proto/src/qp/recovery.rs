@@ -495,10 +495,7 @@ impl Qp {
             .paths
             .set_delay_target_ns(self.cc.target_delay_ns());
         self.repath(sh);
-        while self.rec.sent.front().is_some_and(|p| p.acked) {
-            self.rec.sent.pop_front();
-            self.rec.snd_una += 1;
-        }
+        self.release_acked();
         if newest.is_some() {
             self.made_progress();
             self.detect_losses(now, sh);
@@ -509,6 +506,15 @@ impl Qp {
             self.cc.on_idle(now);
         }
         self.settle_fence(sh);
+    }
+
+    /// Drops the acknowledged packets at the front of the sent record, advancing `snd_una`
+    /// past them.
+    pub(crate) fn release_acked(&mut self) {
+        while self.rec.sent.front().is_some_and(|p| p.acked) {
+            self.rec.sent.pop_front();
+            self.rec.snd_una += 1;
+        }
     }
 
     /// New CE marks the ACK reports (its counter is cumulative and wraps); flags them in `fb`.
@@ -604,7 +610,7 @@ impl Qp {
     /// covers a quarter of the sample or more), or the peer's (the packet was outstanding for
     /// longer than a counted retransmit timeout that fired meanwhile). Such a sample feeds
     /// neither the RTT estimate nor path scoring nor the controller.
-    fn sample_spans_a_stall(
+    pub(crate) fn sample_spans_a_stall(
         &mut self,
         now: Timestamp,
         sent_ns: u64,

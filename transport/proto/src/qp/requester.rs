@@ -361,6 +361,7 @@ impl Qp {
             sh.stats.rx_bad_response += 1;
             return false;
         }
+        self.response_acknowledges(now, r.msn, sh);
         self.accepted(now, h, ecn, sh);
         self.after_accept(sh);
         self.complete_sq(sh);
@@ -395,10 +396,43 @@ impl Qp {
             sh.stats.rx_bad_response += 1;
             return;
         }
+        self.response_acknowledges(now, r.msn, sh);
         self.accepted(now, h, ecn, sh);
         self.after_accept(sh);
         self.complete_sq(sh);
         self.rearm_rto(now, sh);
+    }
+    /// A response of READ or atomic `msn` was accepted: the responder had the request, so its
+    /// packet is acknowledged if no ACK did that yet, as InfiniBand's responses acknowledge
+    /// the requests before them (here only the request itself: sprayed, the packets before
+    /// it may not have arrived). The responder spares the ACK of a request it answers at
+    /// once ([`Qp::accepted_as`]), which would otherwise leave before the response.
+    ///
+    /// The time from the request to the response is a round trip for the retransmit
+    /// timeout (which must outlast it), unless the request was sent again (which copy was
+    /// answered is unknown) or the sample spans a stall; without it a requester that only
+    /// reads would never measure one. It is no delay sample for the controller or the paths:
+    /// it includes the responder's own work, which an ACK's holding time would take out.
+    fn response_acknowledges(&mut self, now: Timestamp, msn: u32, sh: &mut Shared) {
+        let Some(wi) = self.wqe_index(msn) else {
+            return;
+        };
+        let Some(i) = self.sent_index(self.req.sq[wi].req_psn) else {
+            return;
+        };
+        let p = &self.rec.sent[i];
+        if p.acked || !matches!(p.what, SentWhat::Req { msn: m, .. } if m == msn) {
+            return;
+        }
+        let (sent, again) = (p.send_ts.as_nanos(), p.retransmitted);
+        let full = now.as_nanos().saturating_sub(sent).max(1);
+        if !again && !self.sample_spans_a_stall(now, sent, full, sh) {
+            self.rec.rtt.sample(full);
+        }
+        let mut none = AckFeedback::NONE;
+        self.packet_acked(i, now, &mut none);
+        self.feed_controller(now, &mut none);
+        self.release_acked();
     }
     /// Whether a READ or atomic still awaits its response: O(1) from the count kept as they
     /// are sent and answered; debug builds check it against a scan of the send queue.

@@ -157,13 +157,38 @@ impl Qp {
     /// holding time counts) is unknown, and the peer would take this host's stall for fabric
     /// delay ([`crate::stall`]); the previous echo, whose receipt time is known, stays.
     pub(crate) fn accepted(&mut self, now: Timestamp, h: &Header, ecn: Ecn, sh: &Shared) {
+        self.accepted_as(now, h, ecn, false, sh);
+    }
+    /// [`accepted`](Self::accepted) for a packet that may be `answered`: a READ or atomic
+    /// request whose response was just queued. Its response acknowledges it (as
+    /// InfiniBand's responses acknowledge their requests; the requester's side is
+    /// [`Qp::response_acknowledges`]), so when it came in order, nothing else waits for an
+    /// ACK, and the response may leave at once (the only one queued, with room in the
+    /// window), no ACK is owed for it: the response is not held behind an ACK datagram of
+    /// its own. A later ACK covers it in its cumulative point.
+    pub(crate) fn accepted_as(
+        &mut self,
+        now: Timestamp,
+        h: &Header,
+        ecn: Ecn,
+        answered: bool,
+        sh: &Shared,
+    ) {
         // The next PSN with nothing accepted beyond it (so none missing before it after).
         let in_order = self.rsp.rx.cum() == h.psn && !self.rsp.rx.has_holes();
         self.rsp.rx.accept(h.psn);
-        // Out of order (a hole before it, or it filled one): at once, as TCP does; a sender
-        // asking for an ACK may be waiting for exactly the packets that came late.
-        let at_once = !in_order || h.flags & wire::FLAG_ACK_NOW != 0;
-        self.owe_ack(now, at_once, sh);
+        let spared = answered
+            && in_order
+            && self.rsp.unacked == 0
+            && !self.rsp.ack_pending
+            && self.rsp.resp.len() == 1
+            && self.rec.in_flight_bytes + sh.cfg.max_datagram as u64 <= self.cc.window();
+        if !spared {
+            // Out of order (a hole before it, or it filled one): at once, as TCP does; a
+            // sender asking for an ACK may be waiting for exactly the packets that came late.
+            let at_once = !in_order || h.flags & wire::FLAG_ACK_NOW != 0;
+            self.owe_ack(now, at_once, sh);
+        }
         let keep_marked = self.rsp.echo_ce && !ecn.is_ce();
         if !keep_marked && (self.rsp.echo.is_none() || !sh.stall.catching_up(now)) {
             // Held from its arrival at this host, not from when the engine got to it.
@@ -255,7 +280,10 @@ impl Qp {
             return;
         }
         match self.execute(h.psn, r, payload, sh) {
-            Ok(()) => self.accepted(now, h, ecn, sh),
+            Ok(()) => {
+                let answered = r.op == Op::Read || r.op.is_atomic();
+                self.accepted_as(now, h, ecn, answered, sh);
+            }
             Err(Some(Syndrome::ReceiverNotReady)) => self.nak(h, r.msn, Syndrome::ReceiverNotReady),
             Err(Some(syndrome)) => {
                 // Fatal: the responder stops at this packet ([`crate::rc_order`]), and this
