@@ -36,9 +36,9 @@
 //! the domain's first endpoint; aimed at a further endpoint they fail with `FI_EACCES`
 //! (messages, tagged messages and RMA *issued* by any endpoint work everywhere).
 //!
-//! Memory per peer: [`RX_SLOTS`] receive buffers of [`SLOT_LEN`] bytes (about 132 KiB) while a
+//! Memory per peer: [`RX_SLOTS`] receive buffers of [`SLOT_LEN`] bytes (about 257 KiB) while a
 //! connection is up, plus the Braid QP; an endpoint holds [`TX_SLOTS`] send buffers (about
-//! 2 MiB) whatever the number of peers.
+//! 4 MiB) whatever the number of peers.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
 #![warn(missing_docs, unreachable_pub)]
@@ -60,8 +60,10 @@ mod util;
 use bindings as fi;
 
 /// Largest message payload sent eagerly (into the peer's provider buffers); larger messages
-/// use rendezvous (a Braid READ into the receiver's buffer).
-pub const EAGER_MAX: usize = 8192;
+/// use rendezvous (a Braid READ into the receiver's buffer), whose two extra one-way trips
+/// (the request to send, the READ) cost more than the eager copies up to here (`ofi_rxm`'s
+/// default eager limit too; measured in bench/results/session-2026-12-07-s41.md).
+pub const EAGER_MAX: usize = 16 << 10;
 /// Bytes of the provider's message header in front of every eager payload.
 pub const HEADER_LEN: usize = 40;
 /// Size of one provider buffer (a header and an eager payload).
