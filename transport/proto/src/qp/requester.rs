@@ -25,6 +25,9 @@ pub(crate) struct SendWqe {
     pub(crate) rnr_retries: u32,
     pub(crate) rnr_until: Timestamp,
     pub(crate) status: Option<WcStatus>,
+    /// The packet whose refusal (a NAK, or receiver-not-ready retries running out) set
+    /// `status`, if one did ([`Qp::refused`]).
+    pub(crate) refused_at: Option<u32>,
     /// PSN of the request's (last) packet, once sent: a READ or atomic still waiting for its
     /// response when the retransmit timer fires asks for it again under this number.
     pub(crate) req_psn: u32,
@@ -80,6 +83,7 @@ impl SendWqe {
             rnr_retries: 0,
             rnr_until: Timestamp::ZERO,
             status: None,
+            refused_at: None,
             req_psn: 0,
         }
     }
@@ -593,11 +597,21 @@ impl Qp {
         // statuses read in posting order. Nothing new is sent meanwhile. The responder stops
         // at its first refusal and refuses everything after it the same way, so the earliest
         // refused request in posting order carries the status (the later ones flush, see
-        // `enter_error`); later NAKs for a request do not overwrite its status.
-        if self.req.sq[wi].status.is_none()
+        // `enter_error`). Within one request the refusal of its earliest packet decides,
+        // whichever NAK came first: the packets of a SEND are sprayed, so its first one may
+        // run out of receiver-not-ready retries while later ones, arriving once a receive
+        // was posted, are refused as too long for it; the responder then never reaches its
+        // own refusal (the first packets never arrive), and only the earlier status is true
+        // of what the responder did.
+        let w = &self.req.sq[wi];
+        let earlier = w
+            .refused_at
+            .is_some_and(|p| crate::rc_order::psn_before(n.psn, p));
+        if (w.status.is_none() || earlier)
             && !self.req.sq.iter().take(wi).any(|w| w.status.is_some())
         {
             self.req.sq[wi].status = Some(status);
+            self.req.sq[wi].refused_at = Some(n.psn);
         }
         self.req.failing = true;
         if n.syndrome == Syndrome::RemoteOperation {
