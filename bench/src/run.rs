@@ -440,6 +440,40 @@ pub fn run_write_lat(
     busy: bool,
     check: &mut dyn Check,
 ) -> Result<LatResult, String> {
+    run_rdma_lat(c, BwOp::Write, size, (iters, warmup), progress, busy, check)
+}
+
+/// Runs a READ latency test, as perftest's `ib_read_lat`: each round trip posts one
+/// signaled READ of `size` bytes from the peer's region into the local one and waits for
+/// its completion (= the last byte of the response placed), as [`run_write_lat`] waits.
+pub fn run_read_lat(
+    c: &Conn<'_>,
+    size: u32,
+    (iters, warmup): (u64, u64),
+    progress: bool,
+    busy: bool,
+) -> Result<LatResult, String> {
+    run_rdma_lat(
+        c,
+        BwOp::Read,
+        size,
+        (iters, warmup),
+        progress,
+        busy,
+        &mut NoCheck,
+    )
+}
+
+/// The round trips of [`run_write_lat`] and [`run_read_lat`]: `op` is `Write` or `Read`.
+fn run_rdma_lat(
+    c: &Conn<'_>,
+    op: BwOp,
+    size: u32,
+    (iters, warmup): (u64, u64),
+    progress: bool,
+    busy: bool,
+    check: &mut dyn Check,
+) -> Result<LatResult, String> {
     if u64::from(size) > c.remote_len || size as usize > c.local.len() {
         return Err(format!("regions too small for {size}-byte messages"));
     }
@@ -447,15 +481,19 @@ pub fn run_write_lat(
     let mut mismatches = 0u64;
     let mut verified = 0u64;
     let mut wcs = [empty_completion()];
-    let mut prog = Progress::new(progress, format!("write_lat {size} B"));
+    let mut prog = Progress::new(progress, format!("{}_lat {size} B", op.name()));
+    let remote = RemoteAddr {
+        rkey: c.rkey,
+        offset: 0,
+    };
     for i in 0..warmup + iters {
         check.before(i, 0);
         let wr = SendWr {
             wr_id: i,
-            op: SendOp::Write(RemoteAddr {
-                rkey: c.rkey,
-                offset: 0,
-            }),
+            op: match op {
+                BwOp::Read => SendOp::Read(remote),
+                _ => SendOp::Write(remote),
+            },
             sges: vec![c.local.sge(0, size)],
             signaled: true,
         };
@@ -463,7 +501,7 @@ pub fn run_write_lat(
         c.qp.post_send(wr).map_err(|e| format!("post_send: {e}"))?;
         next_completions(c.cq, &mut wcs, busy)?;
         let dt = t0.elapsed();
-        check_wc(&wcs[0], i, "write")?;
+        check_wc(&wcs[0], i, op.name())?;
         record(check.after(i, 0), &mut verified, &mut mismatches);
         if i >= warmup {
             samples.push(dt.as_nanos() as u64);
@@ -471,7 +509,7 @@ pub fn run_write_lat(
         }
     }
     Ok(LatResult {
-        op: "write".into(),
+        op: op.name().into(),
         size: u64::from(size),
         iterations: iters,
         lat: stats::summarize(&mut samples),

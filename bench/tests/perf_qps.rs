@@ -1,5 +1,5 @@
-//! `braid-perf client --qps`: a bandwidth test over several QPs (and shards) against a real
-//! `braid-perf server` on loopback, both processes as a user runs them.
+//! `braid-perf client` against a real `braid-perf server` on loopback, both processes as a user
+//! runs them: a bandwidth test over several QPs (and shards), and the latency tests.
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 
@@ -69,4 +69,20 @@ fn a_test_of_one_qp_refuses_more() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--qps 2"), "{err}");
+}
+
+#[test]
+fn every_latency_test_counts_its_round_trips() {
+    for (test, size) in [
+        ("write_lat", "8"),
+        ("read_lat", "8"),
+        ("read_lat", "64K"),
+        ("send_lat", "8"),
+    ] {
+        let rep = client(&["--test", test, "--size", size, "--iters", "200"]);
+        assert_eq!(rep["iterations"], 200, "{test} {size}: {rep}");
+        assert_eq!(rep["verified"], true, "{test} {size}: {rep}");
+        let p50 = rep["lat"]["p50_us"].as_f64().expect("p50_us");
+        assert!(p50 > 0.0, "{test} {size}: {rep}");
+    }
 }

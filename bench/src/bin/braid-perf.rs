@@ -244,6 +244,9 @@ enum Test {
     /// RDMA READ bandwidth.
     #[value(name = "read_bw", alias = "read-bw")]
     ReadBw,
+    /// RDMA READ round trip (post, wait for the completion), as perftest's ib_read_lat.
+    #[value(name = "read_lat", alias = "read-lat")]
+    ReadLat,
     /// SEND bandwidth (the server keeps receives posted and reposts each as it completes).
     #[value(name = "send_bw", alias = "send-bw")]
     SendBw,
@@ -261,13 +264,14 @@ impl Test {
             Test::WriteBw => "write_bw",
             Test::WriteLat => "write_lat",
             Test::ReadBw => "read_bw",
+            Test::ReadLat => "read_lat",
             Test::SendBw => "send_bw",
             Test::SendLat => "send_lat",
             Test::Sweep => "sweep",
         }
     }
     fn is_lat(self) -> bool {
-        matches!(self, Test::WriteLat | Test::SendLat)
+        matches!(self, Test::WriteLat | Test::ReadLat | Test::SendLat)
     }
 }
 
@@ -980,7 +984,7 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
     let size = a.size.unwrap_or(match test {
         Test::WriteBw | Test::ReadBw | Test::SendBw => 64 << 10,
         Test::Sweep => 8 << 20,
-        Test::WriteLat | Test::SendLat => 8,
+        Test::WriteLat | Test::ReadLat | Test::SendLat => 8,
     });
     let size32 = to_u32(size)?;
     if a.qps > 1 && !matches!(test, Test::WriteBw | Test::ReadBw) {
@@ -1016,7 +1020,7 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
             let slots = (2 * w).min(run::RECV_SLOTS_MAX as u64);
             (w * size, slots * size)
         }
-        Test::WriteLat => (size, size),
+        Test::WriteLat | Test::ReadLat => (size, size),
         Test::SendLat => (2 * align8(size), run::ECHO_SLOTS as u64 * align8(size)),
     };
     let server_addr = parse_target(&a.target)?;
@@ -1138,8 +1142,8 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
                 (None, None) => 10_000,
             };
             let warmup = (iters / 10).clamp(10, 1000);
-            let lat = if test == Test::WriteLat {
-                run::run_write_lat(
+            let lat = match test {
+                Test::WriteLat => run::run_write_lat(
                     &conn,
                     size32,
                     iters,
@@ -1147,9 +1151,11 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
                     progress,
                     !a.lat_wait,
                     &mut NoCheck,
-                )?
-            } else {
-                run::run_send_lat(&conn, size32, iters, warmup, progress)?
+                )?,
+                Test::ReadLat => {
+                    run::run_read_lat(&conn, size32, (iters, warmup), progress, !a.lat_wait)?
+                }
+                _ => run::run_send_lat(&conn, size32, iters, warmup, progress)?,
             };
             let secs = lat.lat.mean_us * lat.iterations as f64 / 1e6;
             let bw = BwResult::new(&lat.op, size, lat.iterations, secs, 1);
@@ -1158,10 +1164,14 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
             rep.msg_rate = bw.msg_rate;
             rep.verified = lat.mismatches == 0;
             if !a.json {
-                let title = if test == Test::WriteLat {
-                    "RDMA WRITE latency: post signaled WRITE, spin on the CQ until its completion (one RTT)"
-                } else {
-                    "SEND latency: ping-pong, the server echoes each SEND (one RTT)"
+                let title = match test {
+                    Test::WriteLat => {
+                        "RDMA WRITE latency: post signaled WRITE, spin on the CQ until its completion (one RTT)"
+                    }
+                    Test::ReadLat => {
+                        "RDMA READ latency: post signaled READ, spin on the CQ until its completion (one RTT)"
+                    }
+                    _ => "SEND latency: ping-pong, the server echoes each SEND (one RTT)",
                 };
                 report::print_lat(title, &lat);
             }
