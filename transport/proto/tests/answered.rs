@@ -12,6 +12,8 @@ use braid_proto::{
     WcStatus,
 };
 
+mod common;
+
 struct Pair {
     a: Endpoint,
     b: Endpoint,
@@ -38,21 +40,20 @@ fn kind(d: &[u8]) -> Kind {
 
 impl Pair {
     fn new() -> Pair {
-        let at = |s: &str| s.parse::<SocketAddr>().expect("address");
-        let (ea, eb) = (at("10.0.0.1:4791"), at("10.0.0.2:4791"));
-        let cfg = |seed| EndpointConfig {
-            seed,
+        let common::Connected {
+            mut a,
+            mut b,
+            a_addr: ea,
+            b_addr: eb,
+            pa,
+            pb,
+            ca,
+            qa,
+            ..
+        } = common::connected(EndpointConfig {
             max_datagram: 1500,
             ..EndpointConfig::default()
-        };
-        let mut a = Endpoint::new(cfg(1), ea);
-        let mut b = Endpoint::new(cfg(2), eb);
-        let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
-        let (ca, cb) = (a.create_cq(), b.create_cq());
-        let ia = a.create_qp(pa, ca, ca).expect("qp");
-        let ib = b.create_qp(pb, cb, cb).expect("qp");
-        a.connect(ia.qpn, ib).expect("connect");
-        b.connect(ib.qpn, ia).expect("connect");
+        });
         let (dst, src) = (Region::new(8192), Region::new(8192));
         let data: Vec<u8> = (0..8192).map(|i| (i * 7 + 1) as u8).collect();
         src.write(0, &data).expect("fill");
@@ -71,7 +72,7 @@ impl Pair {
             b,
             ea,
             eb,
-            qpn: ia.qpn,
+            qpn: qa,
             cq: ca,
             lkey: kd.lkey,
             rkey: ks.rkey,

@@ -13,6 +13,8 @@ use braid_proto::{
     WcStatus,
 };
 
+mod common;
+
 const LEN: usize = 400_000;
 const MIN: usize = 4096;
 
@@ -34,22 +36,20 @@ fn on_the_wire(t: &Transmit, buf: &[u8], src: &Region) -> Vec<u8> {
 }
 
 fn run(in_place: Option<usize>) -> (u64, u64) {
-    let at = |s: &str| s.parse::<SocketAddr>().expect("address");
-    let (ea, eb) = (at("10.0.0.1:4791"), at("10.0.0.2:4791"));
-    let cfg = |seed| EndpointConfig {
-        seed,
+    let common::Connected {
+        mut a,
+        mut b,
+        a_addr: ea,
+        b_addr: eb,
+        pa,
+        pb,
+        qa,
+        ..
+    } = common::connected(EndpointConfig {
         max_datagram: 9000,
         ..EndpointConfig::default()
-    };
-    let mut a = Endpoint::new(cfg(1), ea);
-    let mut b = Endpoint::new(cfg(2), eb);
+    });
     a.set_in_place_min(in_place);
-    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
-    let (ca, cb) = (a.create_cq(), b.create_cq());
-    let ia = a.create_qp(pa, ca, ca).expect("qp");
-    let ib = b.create_qp(pb, cb, cb).expect("qp");
-    a.connect(ia.qpn, ib).expect("connect");
-    b.connect(ib.qpn, ia).expect("connect");
     let (src, dst) = (Region::new(LEN + 100), Region::new(LEN + 10));
     let data: Vec<u8> = (0..LEN + 100).map(|i| (i * 13 + i / 7001) as u8).collect();
     src.write(0, &data).expect("fill");
@@ -79,7 +79,7 @@ fn run(in_place: Option<usize>) -> (u64, u64) {
         ],
         signaled: true,
     };
-    a.post_send(ia.qpn, wr).expect("post");
+    a.post_send(qa, wr).expect("post");
     let mut now = Timestamp::from_micros(1);
     let mut buf = vec![0u8; 9000];
     let mut n = 0u64;

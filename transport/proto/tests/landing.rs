@@ -13,6 +13,8 @@ use braid_proto::{
     SendWr, Sge, Timestamp, WcStatus,
 };
 
+mod common;
+
 const MSG: usize = 1 << 20;
 
 struct Pair {
@@ -30,21 +32,19 @@ struct Pair {
 
 impl Pair {
     fn new(max_datagram: usize) -> Pair {
-        let a_addr: SocketAddr = "10.0.0.1:4791".parse().expect("literal");
-        let b_addr: SocketAddr = "10.0.0.2:4791".parse().expect("literal");
-        let cfg = |seed| EndpointConfig {
-            seed,
+        let common::Connected {
+            mut a,
+            mut b,
+            a_addr,
+            b_addr,
+            pa,
+            pb,
+            qa,
+            ..
+        } = common::connected(EndpointConfig {
             max_datagram,
             ..EndpointConfig::default()
-        };
-        let mut a = Endpoint::new(cfg(1), a_addr);
-        let mut b = Endpoint::new(cfg(2), b_addr);
-        let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
-        let (ca, cb) = (a.create_cq(), b.create_cq());
-        let ia = a.create_qp(pa, ca, ca).expect("qp");
-        let ib = b.create_qp(pb, cb, cb).expect("qp");
-        a.connect(ia.qpn, ib).expect("connect");
-        b.connect(ib.qpn, ia).expect("connect");
+        });
         let (dst, src) = (Region::new(MSG + 64), Region::new(MSG));
         let pattern: Vec<u8> = (0..MSG).map(|i| (i * 7 + i / 4093) as u8).collect();
         src.write(0, &pattern).expect("fill");
@@ -59,7 +59,7 @@ impl Pair {
             b,
             a_addr,
             b_addr,
-            qa: ia.qpn,
+            qa,
             a_lkey: ka.lkey,
             b_rkey: kb.rkey,
             dst,

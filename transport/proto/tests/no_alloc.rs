@@ -73,6 +73,8 @@ fn allocations_in<T>(f: impl FnOnce() -> T) -> (T, u64) {
     (out, ALLOCS.with(|n| n.get()))
 }
 
+mod common;
+
 const MSG: u32 = 256 * 1024;
 
 struct Pair {
@@ -92,20 +94,17 @@ struct Pair {
 
 impl Pair {
     fn new() -> Pair {
-        let a_addr: SocketAddr = "10.0.0.1:4791".parse().expect("literal");
-        let b_addr: SocketAddr = "10.0.0.2:4791".parse().expect("literal");
-        let cfg = |seed| EndpointConfig {
-            seed,
-            ..EndpointConfig::default()
-        };
-        let mut a = Endpoint::new(cfg(1), a_addr);
-        let mut b = Endpoint::new(cfg(2), b_addr);
-        let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
-        let (ca, cb) = (a.create_cq(), b.create_cq());
-        let ia = a.create_qp(pa, ca, ca).expect("qp");
-        let ib = b.create_qp(pb, cb, cb).expect("qp");
-        a.connect(ia.qpn, ib).expect("connect");
-        b.connect(ib.qpn, ia).expect("connect");
+        let common::Connected {
+            mut a,
+            mut b,
+            a_addr,
+            b_addr,
+            pa,
+            pb,
+            qa,
+            qb,
+            ..
+        } = common::connected(EndpointConfig::default());
         let (ra, rb) = (Region::new(MSG as usize), Region::new(MSG as usize));
         let ka = a
             .register(pa, ra.clone(), Access::LOCAL_WRITE)
@@ -118,8 +117,8 @@ impl Pair {
             b,
             a_addr,
             b_addr,
-            qa: ia.qpn,
-            qb: ib.qpn,
+            qa,
+            qb,
             a_lkey: ka.lkey,
             b_lkey: kb.lkey,
             b_rkey: kb.rkey,

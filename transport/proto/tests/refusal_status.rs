@@ -5,12 +5,12 @@
 //! packets are refused as invalid. A hears the invalid-request NAK before the RNR NAK, and
 //! still reports what happened to the first packet: B never had it, so B never got to the
 //! refusal it would report as a length error.
-use std::net::SocketAddr;
-
 use braid_proto::wire::{Body, Packet, Syndrome};
 use braid_proto::{
-    Access, Endpoint, EndpointConfig, RecvWr, Region, SendOp, SendWr, Sge, Timestamp, WcStatus,
+    Access, EndpointConfig, RecvWr, Region, SendOp, SendWr, Sge, Timestamp, WcStatus,
 };
+
+mod common;
 
 fn nak_of(d: &[u8]) -> Option<(u32, Syndrome)> {
     match Packet::parse(d).expect("a datagram the engine made").body {
@@ -21,28 +21,27 @@ fn nak_of(d: &[u8]) -> Option<(u32, Syndrome)> {
 
 #[test]
 fn the_earliest_refused_packet_decides_the_status() {
-    let at = |s: &str| s.parse::<SocketAddr>().expect("address");
-    let (ea, eb) = (at("10.0.0.1:4791"), at("10.0.0.2:4791"));
-    let cfg = |seed| EndpointConfig {
-        seed,
+    let common::Connected {
+        mut a,
+        mut b,
+        a_addr: ea,
+        b_addr: eb,
+        pa,
+        pb,
+        qa,
+        qb,
+        ..
+    } = common::connected(EndpointConfig {
         max_datagram: 1500,
         rnr_retry_limit: 0,
         ..EndpointConfig::default()
-    };
-    let mut a = Endpoint::new(cfg(1), ea);
-    let mut b = Endpoint::new(cfg(2), eb);
-    let (pa, pb) = (a.alloc_pd(), b.alloc_pd());
-    let (ca, cb) = (a.create_cq(), b.create_cq());
-    let ia = a.create_qp(pa, ca, ca).expect("qp");
-    let ib = b.create_qp(pb, cb, cb).expect("qp");
-    a.connect(ia.qpn, ib).expect("connect");
-    b.connect(ib.qpn, ia).expect("connect");
+    });
     let src = Region::new(4000);
     let dst = Region::new(4000);
     let ks = a.register(pa, src, Access::NONE).expect("src");
     let kd = b.register(pb, dst, Access::LOCAL_WRITE).expect("dst");
     a.post_send(
-        ia.qpn,
+        qa,
         SendWr {
             wr_id: 1,
             op: SendOp::Send,
@@ -65,7 +64,7 @@ fn the_earliest_refused_packet_decides_the_status() {
     // The first packet finds no receive.
     b.handle_datagram(now, ea, 0, &sent[0]);
     b.post_recv(
-        ib.qpn,
+        qb,
         RecvWr {
             wr_id: 9,
             sges: vec![Sge {
