@@ -268,6 +268,8 @@ struct State {
     tx_op_flags: u64,
     rx_op_flags: u64,
     min_multi_recv: usize,
+    /// Where an eager send is put together before it goes into its provider buffer.
+    tx_buf: Vec<u8>,
 }
 
 /// The endpoint's shared state.
@@ -451,6 +453,7 @@ pub(crate) unsafe extern "C" fn endpoint_open2(
                 tx_op_flags,
                 rx_op_flags,
                 min_multi_recv: 64,
+                tx_buf: Vec::with_capacity(SLOT_LEN),
             }),
             stop: AtomicBool::new(false),
             ops_seq: AtomicU64::new(0),
@@ -1314,12 +1317,16 @@ impl EpInner {
                 len: len as u64,
                 token: 0,
             };
-            let mut buf = [0u8; SLOT_LEN];
-            buf[..HEADER_LEN].copy_from_slice(&h.encode());
-            // SAFETY: the iovs describe readable application memory (the send contract).
-            unsafe { gather(&req.iovs, &mut buf[HEADER_LEN..HEADER_LEN + len]) };
             let off = u64::from(slot) * SLOT_LEN as u64;
-            if st.tx_mr.write(off, &buf[..HEADER_LEN + len]).is_err() {
+            // The message is put together in a buffer of the endpoint's, as long as it is
+            // (a buffer of the slot's size on the stack was zeroed whole for every send).
+            let State { tx_buf, tx_mr, .. } = &mut *st;
+            tx_buf.clear();
+            tx_buf.extend_from_slice(&h.encode());
+            tx_buf.resize(HEADER_LEN + len, 0);
+            // SAFETY: the iovs describe readable application memory (the send contract).
+            unsafe { gather(&req.iovs, &mut tx_buf[HEADER_LEN..]) };
+            if tx_mr.write(off, tx_buf).is_err() {
                 st.free_tx.push(slot);
                 return -(fi::FI_EIO as isize);
             }
