@@ -440,7 +440,15 @@ pub fn run_write_lat(
     busy: bool,
     check: &mut dyn Check,
 ) -> Result<LatResult, String> {
-    run_rdma_lat(c, BwOp::Write, size, (iters, warmup), progress, busy, check)
+    run_rdma_lat(
+        c,
+        LatOp::Write,
+        size,
+        (iters, warmup),
+        progress,
+        busy,
+        check,
+    )
 }
 
 /// Runs a READ latency test, as perftest's `ib_read_lat`: each round trip posts one
@@ -455,7 +463,7 @@ pub fn run_read_lat(
 ) -> Result<LatResult, String> {
     run_rdma_lat(
         c,
-        BwOp::Read,
+        LatOp::Read,
         size,
         (iters, warmup),
         progress,
@@ -464,10 +472,70 @@ pub fn run_read_lat(
     )
 }
 
-/// The round trips of [`run_write_lat`] and [`run_read_lat`]: `op` is `Write` or `Read`.
+/// Runs an atomic latency test, as perftest's `ib_atomic_lat`: each round trip posts one
+/// signaled fetch-and-add of 1 to the peer's first 8 bytes and waits for its completion
+/// (= the original value landed in the local region). The peer's region starts zeroed and
+/// nothing else adds to it, so round trip `i` (warm-up included) must fetch `i`: every
+/// result is checked, outside the timed part.
+pub fn run_atomic_lat(
+    c: &Conn<'_>,
+    (iters, warmup): (u64, u64),
+    progress: bool,
+    busy: bool,
+) -> Result<LatResult, String> {
+    let mut check = Fetched(c.local);
+    run_rdma_lat(
+        c,
+        LatOp::FetchAdd,
+        8,
+        (iters, warmup),
+        progress,
+        busy,
+        &mut check,
+    )
+}
+
+/// What a latency test's work request does.
+#[derive(Copy, Clone, Debug, PartialEq, Eq)]
+enum LatOp {
+    Write,
+    Read,
+    /// Fetch-and-add of 1 (8 bytes).
+    FetchAdd,
+}
+
+impl LatOp {
+    fn name(self) -> &'static str {
+        match self {
+            LatOp::Write => "write",
+            LatOp::Read => "read",
+            LatOp::FetchAdd => "fetch_add",
+        }
+    }
+}
+
+/// The check of [`run_atomic_lat`]: round trip `msg` fetched `msg` into the region's first
+/// 8 bytes.
+struct Fetched<'a>(&'a MemoryRegion);
+
+impl Check for Fetched<'_> {
+    fn before(&mut self, _: u64, _: u64) {}
+    fn after(&mut self, msg: u64, _: u64) -> Result<u64, String> {
+        let mut b = [0u8; 8];
+        self.0
+            .read(0, &mut b)
+            .map_err(|e| format!("local read: {e:?}"))?;
+        match u64::from_ne_bytes(b) {
+            got if got == msg => Ok(8),
+            got => Err(format!("fetch_add {msg} fetched {got}")),
+        }
+    }
+}
+
+/// The round trips of [`run_write_lat`], [`run_read_lat`] and [`run_atomic_lat`].
 fn run_rdma_lat(
     c: &Conn<'_>,
-    op: BwOp,
+    op: LatOp,
     size: u32,
     (iters, warmup): (u64, u64),
     progress: bool,
@@ -491,8 +559,9 @@ fn run_rdma_lat(
         let wr = SendWr {
             wr_id: i,
             op: match op {
-                BwOp::Read => SendOp::Read(remote),
-                _ => SendOp::Write(remote),
+                LatOp::Write => SendOp::Write(remote),
+                LatOp::Read => SendOp::Read(remote),
+                LatOp::FetchAdd => SendOp::FetchAdd(remote, 1),
             },
             sges: vec![c.local.sge(0, size)],
             signaled: true,

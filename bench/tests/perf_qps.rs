@@ -77,6 +77,7 @@ fn every_latency_test_counts_its_round_trips() {
         ("write_lat", "8"),
         ("read_lat", "8"),
         ("read_lat", "64K"),
+        ("atomic_lat", "8"),
         ("send_lat", "8"),
     ] {
         let rep = client(&["--test", test, "--size", size, "--iters", "200"]);

@@ -247,6 +247,10 @@ enum Test {
     /// RDMA READ round trip (post, wait for the completion), as perftest's ib_read_lat.
     #[value(name = "read_lat", alias = "read-lat")]
     ReadLat,
+    /// 8-byte fetch-and-add round trip (post, wait for the completion, check the value
+    /// fetched), as perftest's ib_atomic_lat.
+    #[value(name = "atomic_lat", alias = "atomic-lat")]
+    AtomicLat,
     /// SEND bandwidth (the server keeps receives posted and reposts each as it completes).
     #[value(name = "send_bw", alias = "send-bw")]
     SendBw,
@@ -265,13 +269,17 @@ impl Test {
             Test::WriteLat => "write_lat",
             Test::ReadBw => "read_bw",
             Test::ReadLat => "read_lat",
+            Test::AtomicLat => "atomic_lat",
             Test::SendBw => "send_bw",
             Test::SendLat => "send_lat",
             Test::Sweep => "sweep",
         }
     }
     fn is_lat(self) -> bool {
-        matches!(self, Test::WriteLat | Test::ReadLat | Test::SendLat)
+        matches!(
+            self,
+            Test::WriteLat | Test::ReadLat | Test::AtomicLat | Test::SendLat
+        )
     }
 }
 
@@ -984,8 +992,13 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
     let size = a.size.unwrap_or(match test {
         Test::WriteBw | Test::ReadBw | Test::SendBw => 64 << 10,
         Test::Sweep => 8 << 20,
-        Test::WriteLat | Test::ReadLat | Test::SendLat => 8,
+        Test::WriteLat | Test::ReadLat | Test::AtomicLat | Test::SendLat => 8,
     });
+    if test == Test::AtomicLat && size != 8 {
+        return Err(format!(
+            "--size {size}: atomic_lat's operations are 8 bytes"
+        ));
+    }
     let size32 = to_u32(size)?;
     if a.qps > 1 && !matches!(test, Test::WriteBw | Test::ReadBw) {
         return Err(format!(
@@ -1020,7 +1033,7 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
             let slots = (2 * w).min(run::RECV_SLOTS_MAX as u64);
             (w * size, slots * size)
         }
-        Test::WriteLat | Test::ReadLat => (size, size),
+        Test::WriteLat | Test::ReadLat | Test::AtomicLat => (size, size),
         Test::SendLat => (2 * align8(size), run::ECHO_SLOTS as u64 * align8(size)),
     };
     let server_addr = parse_target(&a.target)?;
@@ -1155,6 +1168,9 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
                 Test::ReadLat => {
                     run::run_read_lat(&conn, size32, (iters, warmup), progress, !a.lat_wait)?
                 }
+                Test::AtomicLat => {
+                    run::run_atomic_lat(&conn, (iters, warmup), progress, !a.lat_wait)?
+                }
                 _ => run::run_send_lat(&conn, size32, iters, warmup, progress)?,
             };
             let secs = lat.lat.mean_us * lat.iterations as f64 / 1e6;
@@ -1170,6 +1186,9 @@ fn client(a: &ClientArgs) -> Result<bool, String> {
                     }
                     Test::ReadLat => {
                         "RDMA READ latency: post signaled READ, spin on the CQ until its completion (one RTT)"
+                    }
+                    Test::AtomicLat => {
+                        "RDMA atomic latency: post signaled 8 B fetch-and-add, spin on the CQ until its completion (one RTT)"
                     }
                     _ => "SEND latency: ping-pong, the server echoes each SEND (one RTT)",
                 };
